@@ -7,3 +7,5 @@
 pub mod backoff;
 pub mod clock;
 pub mod job;
+pub mod executor;
+pub mod scheduler;
