@@ -6,6 +6,8 @@
 
 pub mod backoff;
 pub mod clock;
-pub mod job;
 pub mod executor;
+pub mod job;
+pub mod metrics;
+pub mod notify;
 pub mod scheduler;

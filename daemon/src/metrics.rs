@@ -1,0 +1,377 @@
+//! The closed vocabulary of qd's Prometheus metrics, defined in one place.
+//!
+//! This module owns every exported series name ([`METRIC_NAMES`]), its label set,
+//! its help text ([`describe`]) and the exporter ([`install`]). The rest of the
+//! daemon never calls the `metrics` macros itself: it calls one small typed event
+//! function per thing that happened ([`job_enqueued`], [`attempt_finished`], ...),
+//! and each call is exactly one metric update.
+//!
+//! Labels are bounded (an idea taken from vector's `internal_events`): `queue` is a
+//! configured queue name, `tenant` is a configured tenant or `"other"`
+//! ([`TenantLabels`]), `actor` is a `&'static str`, and every other label value
+//! comes from a closed enum. Job ids, payloads and error texts never become labels.
+//!
+//! Names follow the Prometheus conventions: base units (seconds), counters end in
+//! `_total`. The exporter is `metrics-exporter-prometheus` with an HTTP listener
+//! that runs as a task on the daemon's tokio runtime.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
+
+use crate::job::Outcome;
+
+/// Counter `{queue,tenant}`: jobs durably accepted by enqueue.
+pub const JOBS_ENQUEUED: &str = "qd_jobs_enqueued_total";
+/// Counter `{queue,tenant,outcome}`: jobs that reached a final state ([`Completion`]).
+pub const JOBS_COMPLETED: &str = "qd_jobs_completed_total";
+/// Counter `{queue,outcome}`: finished attempts, by [`Outcome`] name.
+pub const JOB_ATTEMPTS: &str = "qd_job_attempts_total";
+/// Gauge `{queue,state}`: jobs per [`DepthState`].
+pub const QUEUE_DEPTH: &str = "qd_queue_depth";
+/// Gauge `{queue}`, seconds: age of the oldest ready job (0 when none is ready).
+pub const QUEUE_OLDEST_READY_AGE: &str = "qd_queue_oldest_ready_age_seconds";
+/// Gauge `{queue}`: jobs in the dead-letter queue.
+pub const DLQ_DEPTH: &str = "qd_dlq_depth";
+/// Gauge `{queue}`, seconds: age of the oldest dead-lettered job (0 when empty).
+pub const DLQ_OLDEST_AGE: &str = "qd_dlq_oldest_age_seconds";
+/// Histogram `{queue}`, seconds: time from ready to leased.
+pub const JOB_WAIT: &str = "qd_job_wait_seconds";
+/// Histogram `{queue,outcome}`, seconds: run time of one attempt.
+pub const JOB_RUN: &str = "qd_job_run_seconds";
+/// Counter `{queue}`: leases that expired without an ack.
+pub const LEASES_EXPIRED: &str = "qd_leases_expired_total";
+/// Counter `{queue,reason}`: enqueue requests refused, by [`RejectReason`].
+pub const ENQUEUE_REJECTED: &str = "qd_enqueue_rejected_total";
+/// Gauge `{queue,state}`: workers that are `busy` or `idle`.
+pub const WORKERS: &str = "qd_workers";
+/// Gauge `{queue}`: the pool size the autoscaler currently wants.
+pub const WORKERS_DESIRED: &str = "qd_workers_desired";
+/// Counter `{actor}`: restarts of a supervised actor.
+pub const ACTOR_RESTARTS: &str = "qd_actor_restarts_total";
+/// Counter `{limiter}`: times a rate limiter made a worker wait.
+pub const RATE_LIMITER_THROTTLED: &str = "qd_rate_limiter_throttled_total";
+/// Gauge `{version}`, always 1: which build is running.
+pub const BUILD_INFO: &str = "qd_build_info";
+
+/// Every exported series name (for histograms the base name, without
+/// `_bucket`/`_sum`/`_count`). Dashboards and alert rules may use only these;
+/// `daemon/tests/deploy.rs` checks that they do.
+pub const METRIC_NAMES: &[&str] = &[
+    JOBS_ENQUEUED,
+    JOBS_COMPLETED,
+    JOB_ATTEMPTS,
+    QUEUE_DEPTH,
+    QUEUE_OLDEST_READY_AGE,
+    DLQ_DEPTH,
+    DLQ_OLDEST_AGE,
+    JOB_WAIT,
+    JOB_RUN,
+    LEASES_EXPIRED,
+    ENQUEUE_REJECTED,
+    WORKERS,
+    WORKERS_DESIRED,
+    ACTOR_RESTARTS,
+    RATE_LIMITER_THROTTLED,
+    BUILD_INFO,
+];
+
+/// Histogram bucket upper bounds in seconds, 1 ms to 1 h, roughly 1-2.5-5 steps:
+/// wide enough for a 5 ms HTTP call and a 45 min batch job in the same family.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
+/// The `tenant` label value for any tenant that is not configured.
+pub const OTHER_TENANT: &str = "other";
+
+/// The `queue` label value of a rejected enqueue whose request named no configured queue.
+pub const UNKNOWN_QUEUE: &str = "unknown";
+
+/// Why the exporter could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// [`install`] was called outside a tokio runtime (the listener is a task on it).
+    #[error("the metrics exporter must be installed from inside a tokio runtime")]
+    NoRuntime,
+    /// The scrape listener could not bind (address in use, permission, bad interface).
+    #[error("cannot listen for Prometheus scrapes on {addr} (daemon.metrics_listen): {reason}")]
+    Bind {
+        /// The configured `daemon.metrics_listen` address.
+        addr: SocketAddr,
+        /// The operating system's reason.
+        reason: String,
+    },
+    /// The recorder could not be built or installed (e.g. one is already installed).
+    #[error("cannot install the Prometheus recorder: {0}")]
+    Install(String),
+}
+
+/// Starts the Prometheus exporter: an HTTP listener on `listen` serving `/metrics`
+/// (any path, in fact) as a task on the current tokio runtime, and installs the
+/// process-wide recorder, then registers help texts ([`describe`]) and sets
+/// `qd_build_info`.
+///
+/// Errors: [`MetricsError::NoRuntime`] outside a runtime, [`MetricsError::Bind`] naming
+/// the address when the port cannot be bound, [`MetricsError::Install`] when a
+/// recorder is already installed. Call it once, early in start-up.
+pub fn install(listen: SocketAddr) -> Result<(), MetricsError> {
+    tokio::runtime::Handle::try_current().map_err(|_| MetricsError::NoRuntime)?;
+    // `build()` binds the socket synchronously, so a busy port fails here, before
+    // the recorder is installed, rather than later inside a detached task.
+    let (recorder, exporter) =
+        builder()
+            .with_http_listener(listen)
+            .build()
+            .map_err(|e| match e {
+                BuildError::FailedToCreateHTTPListener(reason) => MetricsError::Bind {
+                    addr: listen,
+                    reason,
+                },
+                other => MetricsError::Install(other.to_string()),
+            })?;
+    metrics::set_global_recorder(recorder).map_err(|e| MetricsError::Install(e.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(error) = exporter.await {
+            tracing::error!(?error, addr = %listen, "Metrics listener stopped; scrapes will fail.");
+        }
+    });
+    describe();
+    set_build_info();
+    Ok(())
+}
+
+/// The exporter settings shared by [`install`] and the tests: seconds buckets for
+/// every histogram, names exported exactly as written here (no suffixes added).
+fn builder() -> PrometheusBuilder {
+    PrometheusBuilder::new()
+        .set_buckets(SECONDS_BUCKETS)
+        .expect("invariant: SECONDS_BUCKETS is not empty")
+}
+
+/// Registers the help text and unit of every metric in [`METRIC_NAMES`] with the
+/// installed recorder (shown as `# HELP` lines). Idempotent.
+pub fn describe() {
+    describe_counter!(
+        JOBS_ENQUEUED,
+        Unit::Count,
+        "Jobs durably accepted by enqueue."
+    );
+    describe_counter!(
+        JOBS_COMPLETED,
+        Unit::Count,
+        "Jobs that reached a final state (outcome: succeeded, dead, cancelled)."
+    );
+    describe_counter!(JOB_ATTEMPTS, Unit::Count, "Finished attempts by outcome.");
+    describe_gauge!(
+        QUEUE_DEPTH,
+        Unit::Count,
+        "Jobs per state (ready, delayed, leased, dead)."
+    );
+    describe_gauge!(
+        QUEUE_OLDEST_READY_AGE,
+        Unit::Seconds,
+        "Age of the oldest ready job; 0 when none is ready."
+    );
+    describe_gauge!(DLQ_DEPTH, Unit::Count, "Jobs in the dead-letter queue.");
+    describe_gauge!(
+        DLQ_OLDEST_AGE,
+        Unit::Seconds,
+        "Age of the oldest dead-lettered job; 0 when the DLQ is empty."
+    );
+    describe_histogram!(
+        JOB_WAIT,
+        Unit::Seconds,
+        "Time a job waited from ready to leased."
+    );
+    describe_histogram!(
+        JOB_RUN,
+        Unit::Seconds,
+        "Run time of one attempt, by outcome."
+    );
+    describe_counter!(
+        LEASES_EXPIRED,
+        Unit::Count,
+        "Leases that expired without an ack."
+    );
+    describe_counter!(
+        ENQUEUE_REJECTED,
+        Unit::Count,
+        "Enqueue requests refused, by reason."
+    );
+    describe_gauge!(WORKERS, Unit::Count, "Workers by state (busy, idle).");
+    describe_gauge!(
+        WORKERS_DESIRED,
+        Unit::Count,
+        "Pool size the autoscaler wants."
+    );
+    describe_counter!(
+        ACTOR_RESTARTS,
+        Unit::Count,
+        "Restarts of a supervised actor."
+    );
+    describe_counter!(
+        RATE_LIMITER_THROTTLED,
+        Unit::Count,
+        "Times a rate limiter made a worker wait."
+    );
+    describe_gauge!(
+        BUILD_INFO,
+        "Always 1; the version label names the running build."
+    );
+}
+
+/// Sets `qd_build_info{version="<crate version>"} 1`.
+fn set_build_info() {
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}
+
+/// Bounds the `tenant` label to the configured tenants, so a producer inventing
+/// tenant names cannot create unbounded series. Build it from the config's
+/// `[tenants.*]` names; rebuild it on reload.
+#[derive(Clone, Debug, Default)]
+pub struct TenantLabels {
+    known: HashSet<String>,
+}
+
+impl TenantLabels {
+    /// A label set allowing exactly `names` (the configured tenant names).
+    pub fn new<I, S>(names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            known: names.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// The label value for `tenant`: the name itself when configured, else
+    /// [`OTHER_TENANT`]. (A tenant configured as `other` shares that series.)
+    pub fn label<'a>(&'a self, tenant: &'a str) -> &'a str {
+        if self.known.contains(tenant) {
+            tenant
+        } else {
+            OTHER_TENANT
+        }
+    }
+}
+
+mod labels;
+pub use labels::{Completion, DepthState, RejectReason};
+
+/// A job was durably enqueued: `qd_jobs_enqueued_total{queue,tenant} += 1`.
+/// `tenant` is bounded through `tenants`.
+pub fn job_enqueued(tenants: &TenantLabels, queue: &str, tenant: &str) {
+    counter!(JOBS_ENQUEUED, "queue" => queue.to_owned(), "tenant" => tenants.label(tenant).to_owned())
+        .increment(1);
+}
+
+/// An enqueue was refused: `qd_enqueue_rejected_total{queue,reason} += 1`.
+/// `queue` is `None` when the request named no configured queue (label [`UNKNOWN_QUEUE`]),
+/// so a typo in a producer cannot create a series per typo.
+pub fn enqueue_rejected(queue: Option<&str>, reason: RejectReason) {
+    let queue = queue.unwrap_or(UNKNOWN_QUEUE).to_owned();
+    counter!(ENQUEUE_REJECTED, "queue" => queue, "reason" => reason.as_str()).increment(1);
+}
+
+/// An attempt finished after running for `run`: `qd_job_attempts_total{queue,outcome} += 1`
+/// and `run` (seconds) into `qd_job_run_seconds{queue,outcome}`.
+///
+/// This is the one event that updates two series, a count and a duration, because
+/// they describe the same attempt and must never disagree.
+pub fn attempt_finished(queue: &str, outcome: Outcome, run: Duration) {
+    counter!(JOB_ATTEMPTS, "queue" => queue.to_owned(), "outcome" => outcome.as_str()).increment(1);
+    histogram!(JOB_RUN, "queue" => queue.to_owned(), "outcome" => outcome.as_str()).record(run);
+}
+
+/// A job reached a final state: `qd_jobs_completed_total{queue,tenant,outcome} += 1`.
+pub fn job_completed(tenants: &TenantLabels, queue: &str, tenant: &str, outcome: Completion) {
+    counter!(
+        JOBS_COMPLETED,
+        "queue" => queue.to_owned(),
+        "tenant" => tenants.label(tenant).to_owned(),
+        "outcome" => outcome.as_str()
+    )
+    .increment(1);
+}
+
+/// A job was leased after waiting `wait` since it became ready:
+/// observed (seconds) in `qd_job_wait_seconds{queue}`.
+pub fn job_waited(queue: &str, wait: Duration) {
+    histogram!(JOB_WAIT, "queue" => queue.to_owned()).record(wait);
+}
+
+/// A lease expired without an ack: `qd_leases_expired_total{queue} += 1`.
+pub fn lease_expired(queue: &str) {
+    counter!(LEASES_EXPIRED, "queue" => queue.to_owned()).increment(1);
+}
+
+/// The supervisor restarted `actor`: `qd_actor_restarts_total{actor} += 1`.
+/// `actor` is `'static` so it is always a name written in the code, never input.
+pub fn actor_restarted(actor: &'static str) {
+    counter!(ACTOR_RESTARTS, "actor" => actor).increment(1);
+}
+
+/// Rate limiter `limiter` (a configured `[rate_limiters.*]` name) made a worker
+/// wait: `qd_rate_limiter_throttled_total{limiter} += 1`.
+pub fn limiter_throttled(limiter: &str) {
+    counter!(RATE_LIMITER_THROTTLED, "limiter" => limiter.to_owned()).increment(1);
+}
+
+/// Sets `qd_queue_depth{queue,state}` to `jobs`.
+pub fn set_queue_depth(queue: &str, state: DepthState, jobs: u64) {
+    gauge!(QUEUE_DEPTH, "queue" => queue.to_owned(), "state" => state.as_str()).set(jobs as f64);
+}
+
+/// Sets `qd_queue_oldest_ready_age_seconds{queue}`; pass `Duration::ZERO` when no job is ready.
+pub fn set_oldest_ready_age(queue: &str, age: Duration) {
+    gauge!(QUEUE_OLDEST_READY_AGE, "queue" => queue.to_owned()).set(age);
+}
+
+/// Sets `qd_dlq_depth{queue}` to `depth` and `qd_dlq_oldest_age_seconds{queue}` to
+/// `oldest_age` (`Duration::ZERO` when the DLQ is empty). One snapshot, two gauges.
+pub fn set_dlq(queue: &str, depth: u64, oldest_age: Duration) {
+    gauge!(DLQ_DEPTH, "queue" => queue.to_owned()).set(depth as f64);
+    gauge!(DLQ_OLDEST_AGE, "queue" => queue.to_owned()).set(oldest_age);
+}
+
+/// Sets `qd_workers{queue,state="busy"|"idle"}` and `qd_workers_desired{queue}` from
+/// one pool snapshot, so busy + idle and desired are always read together.
+pub fn set_workers(queue: &str, busy: u32, idle: u32, desired: u32) {
+    gauge!(WORKERS, "queue" => queue.to_owned(), "state" => "busy").set(busy);
+    gauge!(WORKERS, "queue" => queue.to_owned(), "state" => "idle").set(idle);
+    gauge!(WORKERS_DESIRED, "queue" => queue.to_owned()).set(desired);
+}
+
+/// Creates `queue`'s counters at 0 for every bounded label value (attempt outcomes,
+/// rejection reasons, expired leases). Call once per configured queue at start-up.
+///
+/// Why: Prometheus' `rate()`/`increase()` see nothing for a series whose first sample
+/// is already 1, so without this the first failure after a restart is invisible.
+pub fn register_queue(queue: &str) {
+    for outcome in Outcome::ALL {
+        counter!(JOB_ATTEMPTS, "queue" => queue.to_owned(), "outcome" => outcome.as_str())
+            .increment(0);
+    }
+    for reason in RejectReason::ALL {
+        counter!(ENQUEUE_REJECTED, "queue" => queue.to_owned(), "reason" => reason.as_str())
+            .increment(0);
+    }
+    counter!(LEASES_EXPIRED, "queue" => queue.to_owned()).increment(0);
+}
+
+/// Creates `qd_actor_restarts_total{actor}` at 0, so the `QdActorRestarts` alert
+/// (`increase(...[15m]) > 0`) sees the first restart. Call when the actor is first spawned.
+pub fn register_actor(actor: &'static str) {
+    counter!(ACTOR_RESTARTS, "actor" => actor).increment(0);
+}
+
+#[cfg(test)]
+mod tests;
