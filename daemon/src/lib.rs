@@ -6,6 +6,7 @@
 
 pub mod backoff;
 pub mod clock;
+pub mod config;
 pub mod executor;
 pub mod job;
 pub mod metrics;

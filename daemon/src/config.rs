@@ -1,0 +1,269 @@
+//! The configuration compiler: a TOML file in, typed and validated settings out.
+//!
+//! Owns the config file format (keys and defaults are listed in
+//! `config/production.toml`). The pipeline, after vector's `src/config`:
+//! 1. parse into toml's spanned tree (`diag.rs`); syntax errors stop here;
+//! 2. read each section into raw serde structs that deny unknown keys (`raw.rs`);
+//! 3. compile: apply `[defaults]` key by key, resolve relative paths against the
+//!    config file's directory, check meaning (`compile.rs`, `compile/queue.rs`,
+//!    `compile/executor.rs`).
+//!
+//! Every problem found by any step is reported at once, with its key path and,
+//! where the file has the key, its line and column ([`ConfigErrors`]).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+mod compile;
+mod diag;
+mod raw;
+mod units;
+
+#[cfg(test)]
+mod tests;
+
+/// The compiled configuration of one daemon.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// `[daemon]`.
+    pub daemon: DaemonConfig,
+    /// `[queues.NAME]`, by name; never empty.
+    pub queues: BTreeMap<String, QueueConfig>,
+    /// `[rate_limiters.NAME]`, by name.
+    pub rate_limiters: BTreeMap<String, RateLimiterConfig>,
+    /// `[tenants.NAME]`, by name; always holds `default` (weight 1, no caps,
+    /// unless configured), the tenant of jobs enqueued without one.
+    pub tenants: BTreeMap<String, TenantConfig>,
+    /// The file this was read from (as given to [`Config::load`], made absolute).
+    pub source: PathBuf,
+}
+
+/// `[daemon]`: process-wide settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DaemonConfig {
+    /// Directory of the SQLite store (default `/var/lib/qd`); see [`Config::db_path`].
+    pub data_dir: PathBuf,
+    /// Unix socket `qctl` talks to (default `/run/qd/qctl.sock`).
+    pub admin_socket: PathBuf,
+    /// Permission bits of the admin socket (default `0o660`, from the octal string "0660").
+    pub admin_socket_mode: u32,
+    /// Group that owns the admin socket (default: the daemon's group).
+    pub admin_group: Option<String>,
+    /// HTTP API address (default `127.0.0.1:7070`).
+    pub api_listen: SocketAddr,
+    /// Prometheus exporter address (default `127.0.0.1:9464`).
+    pub metrics_listen: SocketAddr,
+    /// How long a shutdown waits for running attempts (default 30 s).
+    pub shutdown_grace: Duration,
+    /// Largest accepted job payload, in bytes (default 1 MiB).
+    pub max_payload: usize,
+    /// File of API bearer tokens; required when `api_listen` is not loopback.
+    pub api_tokens_file: Option<PathBuf>,
+    /// Supervisor restart intensity (default 10 restarts in 60 s).
+    pub restart: RestartIntensity,
+}
+
+/// Restart intensity, as in Erlang/OTP supervisors: more than `max_restarts`
+/// child restarts within `window` and the daemon gives up and exits non-zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestartIntensity {
+    /// Restarts tolerated within `window` (>= 1; default 10).
+    pub max_restarts: u32,
+    /// The sliding window (> 0; default 60 s).
+    pub window: Duration,
+}
+
+/// One queue, with `[defaults]` applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueConfig {
+    /// The queue's name (`[A-Za-z0-9_.-]{1,64}`).
+    pub name: String,
+    /// How attempts run; its `timeout`/`kill_grace` are the queue's.
+    pub executor: crate::executor::ExecutorSpec,
+    /// Lease (visibility timeout) of one attempt (default 30 s; > heartbeat).
+    pub lease: Duration,
+    /// Interval at which a running attempt renews its lease (default 10 s; > 0).
+    pub heartbeat: Duration,
+    /// Wall-time limit of one attempt (default 5 min; > 0).
+    pub timeout: Duration,
+    /// Attempts before a job is dead-lettered (default 5; >= 1).
+    pub max_attempts: u32,
+    /// Retry delay policy (default base 1 s, max 10 min, full jitter).
+    pub backoff: crate::backoff::Backoff,
+    /// Most jobs held (ready + delayed + leased) before enqueue is refused (default 100000).
+    pub max_depth: u64,
+    /// How long succeeded/cancelled jobs and idempotency keys are kept (default 24 h).
+    pub retention: Duration,
+    /// Worker pool bounds; `min = max = 0` for external queues (no pool).
+    pub workers: WorkersConfig,
+    /// Name of a `[rate_limiters.X]` this queue dispatches through.
+    pub rate_limiter: Option<String>,
+    /// What tenant shares are measured in (default jobs).
+    pub fairness: crate::scheduler::fair::Fairness,
+    /// Per-queue tenant concurrency caps (`tenants.T = { max_concurrency = N }`),
+    /// overriding the tenant's global `max_concurrency` in this queue.
+    pub tenant_caps: BTreeMap<String, u32>,
+}
+
+/// A queue's worker pool bounds and autoscaling knobs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkersConfig {
+    /// Workers kept even when idle (default 1).
+    pub min: u32,
+    /// Most workers (default 4; >= 1 and >= min).
+    pub max: u32,
+    /// Grow the pool while the oldest ready job is older than this (default 5 s).
+    pub target_age: Duration,
+    /// Shrink by one after a worker has been idle this long (default 30 s).
+    pub idle_cooldown: Duration,
+}
+
+/// A token bucket: `per_second` tokens a second, at most `burst` saved up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimiterConfig {
+    /// Sustained rate, jobs per second (>= 1).
+    pub per_second: u32,
+    /// Bucket size, jobs (>= 1; default `per_second`).
+    pub burst: u32,
+}
+
+/// A tenant's share and caps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantConfig {
+    /// Weight in weighted fair scheduling (>= 1; default 1).
+    pub weight: u32,
+    /// Most jobs of this tenant leased at once, per queue (default unlimited).
+    pub max_concurrency: Option<u32>,
+    /// Most jobs of this tenant held per queue (default unlimited).
+    pub max_depth: Option<u64>,
+}
+
+impl Default for TenantConfig {
+    /// Weight 1, no caps: the settings of an unconfigured tenant.
+    fn default() -> Self {
+        TenantConfig {
+            weight: 1,
+            max_concurrency: None,
+            max_depth: None,
+        }
+    }
+}
+
+/// One problem in a config file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Key path, e.g. `queues.email.lease` (empty for syntax errors).
+    pub path: String,
+    /// 1-based line, where the file has the key.
+    pub line: Option<usize>,
+    /// 1-based column (in characters), where the file has the key.
+    pub column: Option<usize>,
+    /// What is wrong, in one line.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    /// `LINE:COL: PATH: MESSAGE`, leaving out the parts that are unknown.
+    /// [`ConfigErrors`] prefixes the file name.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let (Some(line), Some(column)) = (self.line, self.column) {
+            write!(f, "{line}:{column}: ")?;
+        }
+        if !self.path.is_empty() {
+            write!(f, "{}: ", self.path)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// Every problem found in a config file (never empty).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigErrors {
+    /// The file.
+    pub source: PathBuf,
+    /// The problems, in file order (those without a line last).
+    pub errors: Vec<ConfigError>,
+}
+
+impl fmt::Display for ConfigErrors {
+    /// One problem per line: `FILE:LINE:COL: PATH: MESSAGE`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, error) in self.errors.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{}:{error}", self.source.display())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl Config {
+    /// Reads and compiles the config file at `path`. Errors: the file cannot be
+    /// read, or any problem [`Config::parse`] reports.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigErrors {
+            source: path.to_path_buf(),
+            errors: vec![ConfigError {
+                path: String::new(),
+                line: None,
+                column: None,
+                message: format!("cannot read config file: {e}"),
+            }],
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Compiles config `text` read from `source`; relative paths in it are
+    /// resolved against `source`'s directory. Reports every problem at once.
+    /// Never panics. Checks the file system (executor programs, `cwd`).
+    pub fn parse(text: &str, source: &Path) -> Result<Config, ConfigErrors> {
+        let source = std::path::absolute(source).unwrap_or_else(|_| source.to_path_buf());
+        compile::compile(text, &source).map_err(|mut errors| {
+            errors.sort_by_key(|e| (e.line.is_none(), e.line, e.column));
+            ConfigErrors { source, errors }
+        })
+    }
+
+    /// The settings of tenant `name`: as configured, else weight 1 and no caps.
+    pub fn tenant(&self, name: &str) -> TenantConfig {
+        self.tenants.get(name).copied().unwrap_or_default()
+    }
+
+    /// The SQLite database file: `data_dir/qd.db`.
+    pub fn db_path(&self) -> PathBuf {
+        self.daemon.data_dir.join("qd.db")
+    }
+
+    /// A one-line summary for `qd check-config`, e.g.
+    /// `config OK: 2 queues (demo, echo), 2 tenants, 1 rate limiter`.
+    pub fn summary(&self) -> String {
+        let names: Vec<&str> = self.queues.keys().map(String::as_str).collect();
+        format!(
+            "config OK: {} ({}), {}, {}",
+            count(self.queues.len(), "queue"),
+            names.join(", "),
+            count(self.tenants.len(), "tenant"),
+            count(self.rate_limiters.len(), "rate limiter"),
+        )
+    }
+}
+
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// Loads the config at `path` and returns its [`Config::summary`] (for
+/// `qd check-config`, run from systemd `ExecStartPre`), or every problem.
+pub fn check(path: &Path) -> Result<String, ConfigErrors> {
+    Config::load(path).map(|config| config.summary())
+}

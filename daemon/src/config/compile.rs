@@ -1,0 +1,235 @@
+//! Compiling raw sections into typed settings: `[daemon]`, `[tenants]` and
+//! `[rate_limiters]` here, queues in `compile/queue.rs`, executors in
+//! `compile/executor.rs`. Each check records its problem and goes on with a
+//! default, so one run finds every problem.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use super::diag::{self, Diagnostics, KeyPath};
+use super::raw::{self, Named, RawDaemon, RawRateLimiter, RawTenant};
+use super::units::{is_valid_name, parse_mode};
+use super::{Config, ConfigError, DaemonConfig, RateLimiterConfig, RestartIntensity, TenantConfig};
+
+mod executor;
+mod queue;
+
+/// The tenant every job without one belongs to; it always exists.
+pub(crate) const DEFAULT_TENANT: &str = "default";
+
+/// Compiles a whole document; `source` must be absolute (relative paths in the
+/// file are resolved against its directory).
+pub(crate) fn compile(text: &str, source: &Path) -> Result<Config, Vec<ConfigError>> {
+    let (table, syntax) = DeTable::parse_recoverable(text);
+    if !syntax.is_empty() {
+        return Err(diag::syntax_errors(text, &syntax));
+    }
+    let span = table.span();
+    let root = Spanned::new(span, DeValue::Table(table.into_inner()));
+    let mut diag = Diagnostics::new(text, &root);
+    let doc = raw::read(&mut diag);
+    let base_dir = source.parent().unwrap_or_else(|| Path::new("/"));
+
+    let daemon = compile_daemon(&mut diag, &doc.daemon, base_dir);
+    let tenants = compile_tenants(&mut diag, &doc.tenants);
+    let rate_limiters = compile_rate_limiters(&mut diag, &doc.rate_limiters);
+    let scope = queue::Scope {
+        base_dir,
+        tenants: names(&doc.tenants),
+        rate_limiters: names(&doc.rate_limiters),
+    };
+    let queues = queue::compile_queues(&mut diag, &doc, &scope);
+
+    let errors = diag.into_errors();
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(Config {
+        daemon,
+        queues,
+        rate_limiters,
+        tenants,
+        source: source.to_path_buf(),
+    })
+}
+
+/// `base_dir/path`, or `path` itself when it is absolute.
+pub(crate) fn resolve(base_dir: &Path, path: &str) -> PathBuf {
+    base_dir.join(path)
+}
+
+/// Records an error unless `value >= 1`.
+pub(crate) fn at_least_one<T: PartialOrd + From<u8>>(
+    diag: &mut Diagnostics<'_>,
+    path: &KeyPath,
+    value: T,
+) {
+    if value < T::from(1) {
+        diag.error(path, "must be at least 1");
+    }
+}
+
+/// Records an error for a name outside `[A-Za-z0-9_.-]{1,64}`.
+pub(crate) fn check_name(diag: &mut Diagnostics<'_>, path: &KeyPath, what: &str, name: &str) {
+    if !is_valid_name(name) {
+        diag.error(
+            path,
+            format!("invalid {what} name {name:?}: use 1 to 64 characters from A-Z a-z 0-9 _ . -"),
+        );
+    }
+}
+
+fn listen_address(
+    diag: &mut Diagnostics<'_>,
+    key: &str,
+    given: Option<&str>,
+    default: SocketAddr,
+) -> SocketAddr {
+    let Some(text) = given else { return default };
+    text.parse().unwrap_or_else(|e| {
+        diag.error(
+            &KeyPath::of(&["daemon", key]),
+            format!("invalid address {text:?}: {e} (expected IP:PORT, e.g. \"127.0.0.1:7070\")"),
+        );
+        default
+    })
+}
+
+fn compile_daemon(diag: &mut Diagnostics<'_>, raw: &RawDaemon, base_dir: &Path) -> DaemonConfig {
+    let at = |key: &str| KeyPath::of(&["daemon", key]);
+    let path = |given: &Option<String>, default: &str| {
+        resolve(base_dir, given.as_deref().unwrap_or(default))
+    };
+    let admin_socket_mode = match raw.admin_socket_mode.as_deref().map(parse_mode) {
+        None => 0o660,
+        Some(Ok(mode)) => mode,
+        Some(Err(e)) => {
+            diag.error(&at("admin_socket_mode"), e);
+            0o660
+        }
+    };
+    let api_listen = listen_address(
+        diag,
+        "api_listen",
+        raw.api_listen.as_deref(),
+        SocketAddr::from(([127, 0, 0, 1], 7070)),
+    );
+    let metrics_listen = listen_address(
+        diag,
+        "metrics_listen",
+        raw.metrics_listen.as_deref(),
+        SocketAddr::from(([127, 0, 0, 1], 9464)),
+    );
+    let max_payload = raw.max_payload.map_or(1 << 20, |s| s.0);
+    at_least_one(diag, &at("max_payload"), max_payload);
+    let max_payload = usize::try_from(max_payload).unwrap_or_else(|_| {
+        diag.error(&at("max_payload"), "too large for this machine");
+        usize::MAX
+    });
+    let api_tokens_file = raw.api_tokens_file.as_deref().map(|p| resolve(base_dir, p));
+    if !api_listen.ip().is_loopback()
+        && api_tokens_file.is_none()
+        && !diag.is_broken(&at("api_tokens_file"))
+    {
+        diag.error(
+            &at("api_listen"),
+            format!("api_listen {api_listen} is not loopback; set daemon.api_tokens_file"),
+        );
+    }
+    DaemonConfig {
+        data_dir: path(&raw.data_dir, "/var/lib/qd"),
+        admin_socket: path(&raw.admin_socket, "/run/qd/qctl.sock"),
+        admin_socket_mode,
+        admin_group: raw.admin_group.clone(),
+        api_listen,
+        metrics_listen,
+        shutdown_grace: raw.shutdown_grace.map_or(Duration::from_secs(30), |d| d.0),
+        max_payload,
+        api_tokens_file,
+        restart: compile_restart(diag, raw),
+    }
+}
+
+fn compile_restart(diag: &mut Diagnostics<'_>, raw: &RawDaemon) -> RestartIntensity {
+    let restart = raw.restart.as_ref();
+    let max_restarts = restart.and_then(|r| r.max_restarts).unwrap_or(10);
+    let window = restart
+        .and_then(|r| r.window)
+        .map_or(Duration::from_secs(60), |d| d.0);
+    at_least_one(
+        diag,
+        &KeyPath::of(&["daemon", "restart", "max_restarts"]),
+        max_restarts,
+    );
+    if window.is_zero() {
+        diag.error(
+            &KeyPath::of(&["daemon", "restart", "window"]),
+            "must be longer than 0s",
+        );
+    }
+    RestartIntensity {
+        max_restarts,
+        window,
+    }
+}
+
+fn compile_tenants(
+    diag: &mut Diagnostics<'_>,
+    tenants: &[Named<RawTenant>],
+) -> BTreeMap<String, TenantConfig> {
+    let mut compiled = BTreeMap::new();
+    for Named { name, raw } in tenants {
+        let path = KeyPath::of(&["tenants", name]);
+        check_name(diag, &path, "tenant", name);
+        let Some(raw) = raw else { continue };
+        let tenant = TenantConfig {
+            weight: raw.weight.unwrap_or(1),
+            max_concurrency: raw.max_concurrency,
+            max_depth: raw.max_depth,
+        };
+        at_least_one(diag, &path.join(&["weight"]), tenant.weight);
+        if let Some(cap) = tenant.max_concurrency {
+            at_least_one(diag, &path.join(&["max_concurrency"]), cap);
+        }
+        if let Some(depth) = tenant.max_depth {
+            at_least_one(diag, &path.join(&["max_depth"]), depth);
+        }
+        compiled.insert(name.clone(), tenant);
+    }
+    compiled
+        .entry(DEFAULT_TENANT.to_owned())
+        .or_insert_with(TenantConfig::default);
+    compiled
+}
+
+fn compile_rate_limiters(
+    diag: &mut Diagnostics<'_>,
+    limiters: &[Named<RawRateLimiter>],
+) -> BTreeMap<String, RateLimiterConfig> {
+    let mut compiled = BTreeMap::new();
+    for Named { name, raw } in limiters {
+        let path = KeyPath::of(&["rate_limiters", name]);
+        check_name(diag, &path, "rate limiter", name);
+        let Some(raw) = raw else { continue };
+        let limiter = RateLimiterConfig {
+            per_second: raw.per_second,
+            burst: raw.burst.unwrap_or(raw.per_second),
+        };
+        at_least_one(diag, &path.join(&["per_second"]), limiter.per_second);
+        if let Some(burst) = raw.burst {
+            at_least_one(diag, &path.join(&["burst"]), burst);
+        }
+        compiled.insert(name.clone(), limiter);
+    }
+    compiled
+}
+
+/// Names defined in a `[family.NAME]` section, including ones whose body is broken.
+fn names<T>(entries: &[Named<T>]) -> BTreeSet<&str> {
+    entries.iter().map(|e| e.name.as_str()).collect()
+}

@@ -1,0 +1,233 @@
+//! Raw config: the TOML document as written, before defaults and meaning checks.
+//!
+//! Every struct denies unknown keys and leaves every key optional (except the
+//! few that are required), so the compiler can tell "not given" from "given"
+//! and apply `[defaults]` key by key. Each section (`[daemon]`, `[defaults]`,
+//! each `[queues.X]`, `[rate_limiters.X]`, `[tenants.X]`) is read on its own, so
+//! a broken section does not hide the problems of the others.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::de::DeValue;
+
+use super::diag::{Diagnostics, KeyPath, Node};
+use super::units::{Dur, Size};
+use crate::backoff::Jitter;
+use crate::executor::ErrorClass;
+use crate::scheduler::fair::Fairness;
+
+/// `[daemon]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "the [daemon] table")]
+pub(crate) struct RawDaemon {
+    pub data_dir: Option<String>,
+    pub admin_socket: Option<String>,
+    pub admin_socket_mode: Option<String>,
+    pub admin_group: Option<String>,
+    pub api_listen: Option<String>,
+    pub metrics_listen: Option<String>,
+    pub shutdown_grace: Option<Dur>,
+    pub max_payload: Option<Size>,
+    pub api_tokens_file: Option<String>,
+    pub restart: Option<RawRestart>,
+}
+
+/// `daemon.restart`: supervisor restart intensity.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { max_restarts = 10, window = \"60s\" }"
+)]
+pub(crate) struct RawRestart {
+    pub max_restarts: Option<u32>,
+    pub window: Option<Dur>,
+}
+
+/// `[queues.X]`, and `[defaults]` (which may not set the queue-only keys
+/// `executor`, `rate_limiter` and `tenants`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a queue table")]
+pub(crate) struct RawQueue {
+    pub executor: Option<RawExecutor>,
+    pub rate_limiter: Option<String>,
+    pub tenants: Option<BTreeMap<String, RawTenantCap>>,
+    pub lease: Option<Dur>,
+    pub heartbeat: Option<Dur>,
+    pub timeout: Option<Dur>,
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<RawBackoff>,
+    pub max_depth: Option<u64>,
+    pub retention: Option<Dur>,
+    pub workers: Option<RawWorkers>,
+    pub fairness: Option<Fairness>,
+    pub kill_grace: Option<Dur>,
+}
+
+/// `backoff = { base, max, jitter }`; each key inherits separately.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { base = \"1s\", max = \"10m\", jitter = \"full\" }"
+)]
+pub(crate) struct RawBackoff {
+    pub base: Option<Dur>,
+    pub max: Option<Dur>,
+    pub jitter: Option<Jitter>,
+}
+
+/// `workers = { min, max, target_age, idle_cooldown }`; each key inherits separately.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { min = 1, max = 4, target_age = \"5s\", idle_cooldown = \"30s\" }"
+)]
+pub(crate) struct RawWorkers {
+    pub min: Option<u32>,
+    pub max: Option<u32>,
+    pub target_age: Option<Dur>,
+    pub idle_cooldown: Option<Dur>,
+}
+
+/// The executor kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ExecutorKind {
+    Command,
+    Http,
+    External,
+}
+
+/// `executor = { kind = ..., ... }`. One flat struct rather than a serde tagged
+/// enum: tagged enums buffer their input and lose the spans of inner keys. The
+/// compiler rejects keys that do not belong to the kind.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { kind = \"command\", program = \"...\" }"
+)]
+pub(crate) struct RawExecutor {
+    pub kind: ExecutorKind,
+    pub program: Option<String>,
+    pub args: Option<Vec<String>>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub cwd: Option<String>,
+    pub exit_codes: Option<RawExitCodes>,
+    pub url: Option<String>,
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+/// `executor.exit_codes`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { transient = [75], permanent = [64, 65] }"
+)]
+pub(crate) struct RawExitCodes {
+    pub transient: Option<Vec<i32>>,
+    pub permanent: Option<Vec<i32>>,
+    pub throttled: Option<Vec<i32>>,
+    pub other: Option<ErrorClass>,
+    pub throttle_delay: Option<Dur>,
+}
+
+/// `[queues.X].tenants.T = { max_concurrency = N }`.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { max_concurrency = 4 }"
+)]
+pub(crate) struct RawTenantCap {
+    pub max_concurrency: u32,
+}
+
+/// `[rate_limiters.X]`.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { per_second = 50, burst = 10 }"
+)]
+pub(crate) struct RawRateLimiter {
+    pub per_second: u32,
+    pub burst: Option<u32>,
+}
+
+/// `[tenants.X]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { weight = 1, max_concurrency = 4 }"
+)]
+pub(crate) struct RawTenant {
+    pub weight: Option<u32>,
+    pub max_concurrency: Option<u32>,
+    pub max_depth: Option<u64>,
+}
+
+/// A named entry of a `[section.NAME]` family; `raw` is `None` when its body
+/// could not be read (the errors are already recorded, the name still counts).
+#[derive(Debug)]
+pub(crate) struct Named<T> {
+    pub name: String,
+    pub raw: Option<T>,
+}
+
+/// The whole document, section by section.
+#[derive(Debug, Default)]
+pub(crate) struct RawDoc {
+    pub daemon: RawDaemon,
+    pub defaults: RawQueue,
+    /// `None` when `[queues]` is absent.
+    pub queues: Option<Vec<Named<RawQueue>>>,
+    pub rate_limiters: Vec<Named<RawRateLimiter>>,
+    pub tenants: Vec<Named<RawTenant>>,
+}
+
+const SECTIONS: &str = "daemon, defaults, queues, rate_limiters, tenants";
+
+/// Reads every section of the document, recording every problem in `diag`.
+pub(crate) fn read(diag: &mut Diagnostics<'_>) -> RawDoc {
+    let root = diag.root();
+    let mut doc = RawDoc::default();
+    // The root is always a table: `compile` builds it from toml's DeTable.
+    let DeValue::Table(table) = root.get_ref() else {
+        return doc;
+    };
+    for (key, node) in table.iter() {
+        let name = key.get_ref().as_ref();
+        let path = KeyPath::of(&[name]);
+        match name {
+            "daemon" => doc.daemon = diag.deserialize(node, &path).unwrap_or_default(),
+            "defaults" => doc.defaults = diag.deserialize(node, &path).unwrap_or_default(),
+            "queues" => doc.queues = Some(read_family(diag, node, &path)),
+            "rate_limiters" => doc.rate_limiters = read_family(diag, node, &path),
+            "tenants" => doc.tenants = read_family(diag, node, &path),
+            other => diag.error_at(
+                &path,
+                key.span(),
+                &format!("unknown section `{other}`, expected one of {SECTIONS}"),
+            ),
+        }
+    }
+    doc
+}
+
+/// Reads a `[family.NAME]` table of tables, each entry on its own.
+fn read_family<'a, T: serde::de::DeserializeOwned>(
+    diag: &mut Diagnostics<'a>,
+    node: &Node<'a>,
+    path: &KeyPath,
+) -> Vec<Named<T>> {
+    let DeValue::Table(table) = node.get_ref() else {
+        diag.invalid(path, format!("expected a table of [{path}.NAME] tables"));
+        return Vec::new();
+    };
+    table
+        .iter()
+        .map(|(key, entry)| {
+            let name = key.get_ref().to_string();
+            let raw = diag.deserialize(entry, &path.join(&[&name]));
+            Named { name, raw }
+        })
+        .collect()
+}
