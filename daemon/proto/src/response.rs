@@ -193,7 +193,8 @@ pub struct Enqueued {
 /// Result of a redrive (or, with `dry_run`, what it would do).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RedriveResult {
-    /// Jobs the selection matched.
+    /// For an id selection, the number of ids named (refused ones included); for a
+    /// filter selection, the dead jobs it matched.
     pub matched: u64,
     /// Jobs moved to ready (0 on a dry run).
     pub moved: u64,
@@ -217,7 +218,7 @@ pub struct Refusal {
 /// Result of a purge (or, with `dry_run`, what it would do).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PurgeResult {
-    /// Jobs the selection matched.
+    /// Counted as for [`RedriveResult::matched`].
     pub matched: u64,
     /// Jobs deleted (0 on a dry run).
     pub purged: u64,
