@@ -4,6 +4,7 @@
 //! (supervisor, broker, scheduler, lease reaper, DLQ, worker pools) translate
 //! between that core, the durable [`store`] and the outside world.
 
+pub mod admin_server;
 pub mod backoff;
 pub mod clock;
 pub mod config;

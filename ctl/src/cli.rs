@@ -1,0 +1,348 @@
+//! The `qctl` command line (clap derive): every command, its flags and its help.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
+use qd_proto::{DlqSelection, JOB_STATES};
+
+use crate::format::parse_rate;
+
+const AFTER_HELP: &str = "\
+The socket is --socket, else $QD_SOCKET, else [daemon] admin_socket from --config FILE,
+else /run/qd/qctl.sock. Exit codes: 0 ok, 1 the daemon refused or failed (or is
+unreachable), 2 usage error.
+
+Examples:
+  qctl queues
+  qctl dlq list --queue email --since 1h
+  qctl dlq redrive --queue email --error timeout --rate 20/s --dry-run
+  echo '{\"to\":\"a@b.c\"}' | qctl enqueue email --tenant acme --key order-17";
+
+/// Administer a running qd daemon over its admin Unix socket.
+#[derive(Debug, Parser)]
+#[command(name = "qctl", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// Admin socket path (overrides QD_SOCKET and --config).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// qd config file to read [daemon] admin_socket from.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the daemon's answer as JSON (stable field names) instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Give up on an answer after this long (e.g. 30s, 2m).
+    #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Daemon version, uptime, store path and size, and each actor's restart count.
+    Status,
+    /// Per queue: ready, delayed, leased and dead counts, oldest ready age, workers, paused.
+    Queues,
+    /// List, show or cancel jobs.
+    #[command(subcommand)]
+    Jobs(JobsCmd),
+    /// Enqueue one job; the payload comes from --payload or stdin. Prints the job id.
+    Enqueue(EnqueueArgs),
+    /// Inspect, redrive or purge the dead-letter queue.
+    #[command(subcommand)]
+    Dlq(DlqCmd),
+    /// Show or change tenant limits (runtime overrides are stored until reset).
+    #[command(subcommand)]
+    Limits(LimitsCmd),
+    /// Change a queue's worker pool bounds.
+    #[command(subcommand)]
+    Workers(WorkersCmd),
+    /// Pause or resume leasing from a queue.
+    #[command(subcommand)]
+    Queue(QueueCmd),
+    /// Print a shell completion script (e.g. `qctl completions bash > /etc/bash_completion.d/qctl`).
+    Completions {
+        /// Target shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// `qctl jobs ...`
+#[derive(Debug, Subcommand)]
+pub enum JobsCmd {
+    /// Jobs matching every given filter, newest first.
+    List {
+        /// Only this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only this state.
+        #[arg(long, value_parser = JOB_STATES)]
+        state: Option<String>,
+        /// At most this many jobs.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// One job: payload preview and every attempt.
+    Show {
+        /// Job id.
+        id: String,
+    },
+    /// Cancel a ready, delayed or dead job.
+    Cancel {
+        /// Job id.
+        id: String,
+    },
+}
+
+/// `qctl enqueue ...`
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    /// Target queue.
+    pub queue: String,
+    /// Tenant (the daemon uses "default" when absent).
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Idempotency key: a repeat with the same key returns the first job's id.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Delay before the job becomes ready (e.g. 10s, 5m).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub delay: Option<Duration>,
+    /// Retry budget for this job (default: the queue's max_attempts).
+    #[arg(long, value_name = "N")]
+    pub max_attempts: Option<u32>,
+    /// Payload text; without it the payload is read from stdin.
+    #[arg(long)]
+    pub payload: Option<String>,
+}
+
+/// Filters over dead jobs, shared by `dlq list`, `redrive` and `purge`.
+#[derive(Debug, Args, Clone)]
+pub struct DlqFilter {
+    /// Only this queue.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Only this tenant.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only jobs whose last error contains TEXT.
+    #[arg(long, value_name = "TEXT")]
+    pub error: Option<String>,
+    /// Only jobs that died within this long (e.g. 1h, 30m).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub since: Option<Duration>,
+}
+
+/// Ids or a filter selection, for `redrive` and `purge`.
+#[derive(Debug, Args, Clone)]
+pub struct DlqTarget {
+    /// Job ids (instead of a filter).
+    #[arg(value_name = "ID", conflicts_with_all = ["queue", "tenant", "error", "since", "all"])]
+    pub ids: Vec<String>,
+    /// The filter.
+    #[command(flatten)]
+    pub filter: DlqFilter,
+    /// Every dead job (narrowed by any filter given).
+    #[arg(long)]
+    pub all: bool,
+    /// List what would be affected and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Jobs per request; each batch is atomic on the daemon.
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+}
+
+impl DlqFilter {
+    /// The protocol selection for these filters.
+    pub fn selection(&self) -> DlqSelection {
+        DlqSelection {
+            queue: self.queue.clone(),
+            tenant: self.tenant.clone(),
+            error_contains: self.error.clone(),
+            since_secs: self.since.map(|d| d.as_secs()),
+            ..DlqSelection::default()
+        }
+    }
+}
+
+impl DlqTarget {
+    /// The protocol selection: ids, or filters plus `all`.
+    pub fn selection(&self) -> DlqSelection {
+        DlqSelection {
+            ids: self.ids.clone(),
+            all: self.all,
+            ..self.filter.selection()
+        }
+    }
+}
+
+/// `qctl dlq ...`
+#[derive(Debug, Subcommand)]
+pub enum DlqCmd {
+    /// Dead jobs, one per line: id, queue, tenant, attempts, died at, age, last error.
+    List {
+        /// Filters.
+        #[command(flatten)]
+        filter: DlqFilter,
+        /// At most this many jobs.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// One dead job: payload and every attempt with its error.
+    Show {
+        /// Job id.
+        id: String,
+    },
+    /// Move dead jobs back to ready with a fresh attempt budget, in paced batches.
+    /// Prints exactly how many moved.
+    Redrive {
+        /// Which jobs.
+        #[command(flatten)]
+        target: DlqTarget,
+        /// At most N jobs per second (e.g. 20/s), so a redrive cannot become a retry storm.
+        #[arg(long, value_name = "N/s", value_parser = parse_rate)]
+        rate: Option<f64>,
+    },
+    /// Delete dead jobs for good (requires --yes unless --dry-run).
+    Purge {
+        /// Which jobs.
+        #[command(flatten)]
+        target: DlqTarget,
+        /// Confirm the deletion.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// `qctl limits ...`
+#[derive(Debug, Subcommand)]
+pub enum LimitsCmd {
+    /// Per tenant: weight, max concurrency, max depth; per queue: workers and rate
+    /// limiter; each with its source (config or override).
+    Show,
+    /// Override a tenant's limits at runtime (stored; survives restarts until reset).
+    #[command(group(ArgGroup::new("change").required(true).multiple(true).args(["weight", "max_concurrency", "max_depth"])))]
+    Set {
+        /// Tenant.
+        #[arg(long)]
+        tenant: String,
+        /// Scheduling weight (≥ 1).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        weight: Option<u32>,
+        /// Jobs of this tenant leased at once per queue.
+        #[arg(long, value_name = "N")]
+        max_concurrency: Option<u32>,
+        /// Waiting jobs of this tenant per queue before enqueue is refused.
+        #[arg(long, value_name = "N")]
+        max_depth: Option<u64>,
+    },
+    /// Drop every runtime override of a tenant or a queue; config values apply again.
+    #[command(group(ArgGroup::new("target").required(true).args(["tenant", "queue"])))]
+    Reset {
+        /// Tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Queue (workers bounds and pause).
+        #[arg(long)]
+        queue: Option<String>,
+    },
+}
+
+/// `qctl workers ...`
+#[derive(Debug, Subcommand)]
+pub enum WorkersCmd {
+    /// Override a queue's worker pool bounds at runtime.
+    Set {
+        /// Queue.
+        queue: String,
+        /// Fewest workers.
+        #[arg(long)]
+        min: u32,
+        /// Most workers.
+        #[arg(long)]
+        max: u32,
+    },
+}
+
+/// `qctl queue ...`
+#[derive(Debug, Subcommand)]
+pub enum QueueCmd {
+    /// Stop leasing from QUEUE (enqueue still works).
+    Pause {
+        /// Queue.
+        queue: String,
+    },
+    /// Resume leasing from QUEUE.
+    Resume {
+        /// Queue.
+        queue: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("qctl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_command_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_flags_work_after_the_subcommand() {
+        let cli = parse(&["queues", "--json", "--socket", "/tmp/x.sock"]).expect("parses");
+        assert!(cli.json);
+        assert_eq!(cli.socket, Some(PathBuf::from("/tmp/x.sock")));
+    }
+
+    #[test]
+    fn redrive_parses_a_selection_with_rate_and_since() {
+        let cli = parse(&[
+            "dlq", "redrive", "--queue", "email", "--since", "1h", "--rate", "20/s",
+        ])
+        .expect("parses");
+        let Command::Dlq(DlqCmd::Redrive { target, rate }) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(rate, Some(20.0));
+        let sel = target.selection();
+        assert_eq!(sel.queue.as_deref(), Some("email"));
+        assert_eq!(sel.since_secs, Some(3600));
+        assert_eq!(target.batch, 100);
+    }
+
+    #[test]
+    fn ids_and_filters_conflict() {
+        let err = parse(&["dlq", "redrive", "a", "--queue", "email"]).expect_err("conflict");
+        assert_eq!(err.kind(), ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors() {
+        for args in [
+            &["jobs", "list", "--state", "sleeping"][..],
+            &["enqueue", "q", "--delay", "soon"],
+            &["dlq", "redrive", "--all", "--rate", "-3/s"],
+            &["limits", "set", "--tenant", "acme"],
+            &["limits", "reset"],
+            &["dlq", "purge", "--all", "--batch", "0"],
+        ] {
+            let err = parse(args).expect_err("usage error");
+            assert_eq!(err.exit_code(), 2, "{args:?}");
+        }
+    }
+}

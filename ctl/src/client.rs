@@ -1,0 +1,235 @@
+//! Talking to qd: find the admin socket, connect, send one request frame per call
+//! and read its response line. Errors say which socket was tried and why.
+
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use qd_proto::{ErrorBody, Reply, Request, RequestFrame, Response, VERSION};
+use serde::Deserialize;
+
+/// Where qd listens when nothing else says.
+pub const DEFAULT_SOCKET: &str = "/run/qd/qctl.sock";
+
+/// Everything that makes qctl fail, with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The command line or a file it names is wrong (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// No daemon could be reached at `path` (exit 1).
+    #[error("cannot reach qd at {path}: {reason}")]
+    Unreachable {
+        /// The socket tried.
+        path: PathBuf,
+        /// "no such file", "permission denied", "connection refused", ...
+        reason: String,
+    },
+    /// The daemon answered with an error (exit 1).
+    #[error("qd refused ({}): {}", .0.code, .0.message)]
+    Daemon(ErrorBody),
+    /// The conversation broke (timeout, bad answer) (exit 1).
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl CliError {
+    /// The process exit code: 2 for usage, else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ConfigFile {
+    daemon: Option<DaemonSection>,
+}
+
+#[derive(Deserialize)]
+struct DaemonSection {
+    admin_socket: Option<PathBuf>,
+}
+
+/// The socket path: `flag`, else `env` (`QD_SOCKET`), else `[daemon] admin_socket`
+/// of the `config` file (relative paths are taken from the file's directory), else
+/// [`DEFAULT_SOCKET`]. Errors (usage) when the config file cannot be read or parsed.
+pub fn resolve_socket(
+    flag: Option<&Path>,
+    env: Option<OsString>,
+    config: Option<&Path>,
+) -> Result<PathBuf, CliError> {
+    if let Some(path) = flag {
+        return Ok(path.to_path_buf());
+    }
+    if let Some(path) = env.filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(path));
+    }
+    let Some(file) = config else {
+        return Ok(PathBuf::from(DEFAULT_SOCKET));
+    };
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| CliError::Usage(format!("cannot read config {}: {e}", file.display())))?;
+    let parsed: ConfigFile = toml::from_str(&text)
+        .map_err(|e| CliError::Usage(format!("cannot parse config {}: {e}", file.display())))?;
+    let socket = parsed.daemon.and_then(|d| d.admin_socket);
+    Ok(match socket {
+        Some(p) if p.is_relative() => file.parent().unwrap_or(Path::new(".")).join(p),
+        Some(p) => p,
+        None => PathBuf::from(DEFAULT_SOCKET),
+    })
+}
+
+/// An open admin connection.
+pub struct Client {
+    reader: BufReader<UnixStream>,
+    next_id: u64,
+}
+
+impl Client {
+    /// Connects to `path`; every read and write gives up after `timeout`.
+    pub fn connect(path: &Path, timeout: Duration) -> Result<Self, CliError> {
+        let unreachable = |e: io::Error| CliError::Unreachable {
+            path: path.to_path_buf(),
+            reason: reason(&e),
+        };
+        let stream = UnixStream::connect(path).map_err(unreachable)?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(unreachable)?;
+        stream
+            .set_write_timeout(Some(timeout))
+            .map_err(unreachable)?;
+        Ok(Client {
+            reader: BufReader::new(stream),
+            next_id: 1,
+        })
+    }
+
+    /// Sends `req` and returns the daemon's answer; an error answer becomes
+    /// [`CliError::Daemon`].
+    pub fn call(&mut self, req: Request) -> Result<Response, CliError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let line = qd_proto::encode_request(&RequestFrame {
+            v: VERSION,
+            id,
+            req,
+        });
+        let broken =
+            |e: io::Error| CliError::Protocol(format!("admin connection failed: {}", reason(&e)));
+        self.reader.get_mut().write_all(&line).map_err(broken)?;
+        let mut answer = Vec::new();
+        let n = self.reader.read_until(b'\n', &mut answer).map_err(broken)?;
+        if n == 0 {
+            return Err(CliError::Protocol(
+                "qd closed the connection without answering".into(),
+            ));
+        }
+        let frame = qd_proto::decode_response(&answer)
+            .map_err(|e| CliError::Protocol(format!("unreadable answer from qd: {e}")))?;
+        match frame.reply {
+            // Errors for unreadable frames carry no id; trust them regardless.
+            Reply::Err(err) => Err(CliError::Daemon(err)),
+            Reply::Ok(_) if frame.id != Some(id) => Err(CliError::Protocol(format!(
+                "answer for request {:?} arrived while waiting for {id}",
+                frame.id
+            ))),
+            Reply::Ok(resp) => Ok(resp),
+        }
+    }
+}
+
+/// A short reason for an I/O error, as operators know them.
+fn reason(e: &io::Error) -> String {
+    match e.kind() {
+        io::ErrorKind::NotFound => {
+            "no such file (is qd running? try --socket, QD_SOCKET or --config)".into()
+        }
+        io::ErrorKind::PermissionDenied => {
+            "permission denied (are you in qd's admin group?)".into()
+        }
+        io::ErrorKind::ConnectionRefused => {
+            "connection refused (nothing listens there; stale socket?)".into()
+        }
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => "timed out waiting for qd".into(),
+        _ => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_beats_env_beats_config_beats_default() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = dir.path().join("qd.toml");
+        std::fs::write(&cfg, "[daemon]\nadmin_socket = \"/srv/qd.sock\"\n").expect("write");
+        let flag = Path::new("/flag.sock");
+        let env = Some(OsString::from("/env.sock"));
+        assert_eq!(
+            resolve_socket(Some(flag), env.clone(), Some(&cfg)).expect("ok"),
+            flag
+        );
+        assert_eq!(
+            resolve_socket(None, env, Some(&cfg)).expect("ok"),
+            Path::new("/env.sock")
+        );
+        assert_eq!(
+            resolve_socket(None, None, Some(&cfg)).expect("ok"),
+            Path::new("/srv/qd.sock")
+        );
+        assert_eq!(
+            resolve_socket(None, Some(OsString::new()), None).expect("ok"),
+            Path::new(DEFAULT_SOCKET)
+        );
+    }
+
+    #[test]
+    fn a_relative_socket_in_the_config_is_taken_from_the_config_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = dir.path().join("qd.toml");
+        std::fs::write(&cfg, "[daemon]\ndata_dir = \"var\"\nadmin_socket = \"var/qctl.sock\"\n[queues.email]\nmax_attempts = 3\n").expect("write");
+        assert_eq!(
+            resolve_socket(None, None, Some(&cfg)).expect("ok"),
+            dir.path().join("var/qctl.sock")
+        );
+    }
+
+    #[test]
+    fn a_config_without_the_key_falls_back_to_the_default() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = dir.path().join("qd.toml");
+        std::fs::write(&cfg, "[defaults]\nlease = \"30s\"\n").expect("write");
+        assert_eq!(
+            resolve_socket(None, None, Some(&cfg)).expect("ok"),
+            Path::new(DEFAULT_SOCKET)
+        );
+    }
+
+    #[test]
+    fn an_unreadable_config_is_a_usage_error_naming_the_file() {
+        let err =
+            resolve_socket(None, None, Some(Path::new("/nonexistent/qd.toml"))).expect_err("fails");
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("/nonexistent/qd.toml"));
+    }
+
+    #[test]
+    fn connecting_to_a_missing_socket_names_the_path_and_reason() {
+        let err = Client::connect(Path::new("/nonexistent/qctl.sock"), Duration::from_secs(1))
+            .err()
+            .expect("unreachable");
+        let text = err.to_string();
+        assert!(
+            text.contains("/nonexistent/qctl.sock") && text.contains("no such file"),
+            "{text}"
+        );
+        assert_eq!(err.exit_code(), 1);
+    }
+}

@@ -1,0 +1,414 @@
+//! Runs one parsed command: validates what can be checked locally, talks to qd,
+//! and returns the answer both as a protocol [`Response`] (for `--json`) and as
+//! human text. Bulk DLQ operations are resolved to ids with a dry run first, then
+//! sent in batches paced by `--rate`, so a redrive cannot become a retry storm.
+
+use std::io::{IsTerminal, Read};
+use std::time::{Duration, Instant};
+
+use qd_proto::{DlqSelection, PurgeResult, RedriveResult, Refusal, Request, Response};
+
+use crate::cli::{
+    Command, DlqCmd, DlqTarget, EnqueueArgs, JobsCmd, LimitsCmd, QueueCmd, WorkersCmd,
+};
+use crate::client::{CliError, Client};
+use crate::format::now_ms;
+use crate::render;
+
+/// What a command produced.
+pub struct Output {
+    /// The answer, printed as JSON with `--json`.
+    pub response: Response,
+    /// The human rendering.
+    pub text: String,
+    /// True when the daemon refused part of the request (exit 1).
+    pub refused: bool,
+}
+
+impl Output {
+    fn new(response: Response, text: String) -> Self {
+        Output {
+            response,
+            text,
+            refused: false,
+        }
+    }
+}
+
+/// Runs `cmd`, connecting with `connect` only once local checks have passed.
+/// `Command::Completions` is handled by the caller.
+pub fn run(
+    cmd: Command,
+    connect: impl FnOnce() -> Result<Client, CliError>,
+) -> Result<Output, CliError> {
+    match cmd {
+        Command::Dlq(DlqCmd::Redrive { target, rate }) => dlq_redrive(&target, rate, connect),
+        Command::Dlq(DlqCmd::Purge { target, yes }) => dlq_purge(&target, yes, connect),
+        Command::Enqueue(args) => {
+            let req = enqueue_request(args)?;
+            simple(&mut connect()?, req)
+        }
+        Command::Completions { .. } => Err(CliError::Usage("completions need no daemon".into())),
+        other => simple(&mut connect()?, request_for(other)),
+    }
+}
+
+/// The one request of a single-round-trip command.
+fn request_for(cmd: Command) -> Request {
+    match cmd {
+        Command::Status => Request::Status {},
+        Command::Queues => Request::Queues {},
+        Command::Jobs(JobsCmd::List {
+            queue,
+            tenant,
+            state,
+            limit,
+        }) => Request::JobsList {
+            queue,
+            tenant,
+            state,
+            limit: Some(limit),
+        },
+        Command::Jobs(JobsCmd::Show { id }) => Request::JobsShow { id },
+        Command::Jobs(JobsCmd::Cancel { id }) => Request::JobsCancel { id },
+        Command::Dlq(DlqCmd::List { filter, limit }) => Request::DlqList {
+            selection: filter.selection(),
+            limit: Some(limit),
+        },
+        Command::Dlq(DlqCmd::Show { id }) => Request::DlqShow { id },
+        Command::Limits(LimitsCmd::Show) => Request::LimitsShow {},
+        Command::Limits(LimitsCmd::Set {
+            tenant,
+            weight,
+            max_concurrency,
+            max_depth,
+        }) => Request::LimitsSet {
+            tenant,
+            weight,
+            max_concurrency,
+            max_depth,
+        },
+        Command::Limits(LimitsCmd::Reset { tenant, queue }) => {
+            Request::LimitsReset { tenant, queue }
+        }
+        Command::Workers(WorkersCmd::Set { queue, min, max }) => {
+            Request::WorkersSet { queue, min, max }
+        }
+        Command::Queue(QueueCmd::Pause { queue }) => Request::QueuePause { queue },
+        Command::Queue(QueueCmd::Resume { queue }) => Request::QueueResume { queue },
+        Command::Enqueue(_) | Command::Completions { .. } | Command::Dlq(_) => {
+            unreachable!("invariant: handled in run()")
+        }
+    }
+}
+
+fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
+    let is_dlq = matches!(req, Request::DlqList { .. });
+    let resp = client.call(req)?;
+    let text = match &resp {
+        Response::Status(s) => render::status(s),
+        Response::Queues { queues } => render::queues(queues),
+        Response::Jobs { jobs } if is_dlq => render::dead_jobs(jobs, now_ms()),
+        Response::Jobs { jobs } => render::jobs(jobs, now_ms()),
+        Response::Job(d) => render::job(d),
+        Response::Cancelled { id, previous_state } => {
+            format!("cancelled {id} (was {previous_state})\n")
+        }
+        Response::Enqueued(e) => {
+            if e.duplicate {
+                eprintln!(
+                    "qctl: duplicate: the idempotency key matched job {}; nothing enqueued",
+                    e.id
+                );
+            }
+            format!("{}\n", e.id)
+        }
+        Response::Redrive(r) => render::redrive(r),
+        Response::Purge(p) => render::purge(p),
+        Response::Limits(l) => render::limits(l),
+    };
+    Ok(Output::new(resp, text))
+}
+
+fn enqueue_request(args: EnqueueArgs) -> Result<Request, CliError> {
+    let payload = match args.payload {
+        Some(text) => text.into_bytes(),
+        None => read_stdin()?,
+    };
+    let delay_ms = args
+        .delay
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    Ok(Request::Enqueue {
+        queue: args.queue,
+        tenant: args.tenant,
+        key: args.key,
+        delay_ms,
+        max_attempts: args.max_attempts,
+        payload: qd_proto::Payload::from_bytes(payload),
+    })
+}
+
+fn read_stdin() -> Result<Vec<u8>, CliError> {
+    let mut stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Err(CliError::Usage(
+            "no payload: pipe it on stdin or pass --payload TEXT".into(),
+        ));
+    }
+    let mut buf = Vec::new();
+    stdin
+        .read_to_end(&mut buf)
+        .map_err(|e| CliError::Usage(format!("cannot read the payload from stdin: {e}")))?;
+    Ok(buf)
+}
+
+fn checked_selection(target: &DlqTarget) -> Result<DlqSelection, CliError> {
+    let selection = target.selection();
+    selection.check_mutation().map_err(CliError::Usage)?;
+    Ok(selection)
+}
+
+fn dlq_redrive(
+    target: &DlqTarget,
+    rate: Option<f64>,
+    connect: impl FnOnce() -> Result<Client, CliError>,
+) -> Result<Output, CliError> {
+    let selection = checked_selection(target)?;
+    let mut client = connect()?;
+    let mut call = |selection: DlqSelection, dry_run: bool, batch_size: Option<u32>| {
+        let req = Request::DlqRedrive {
+            selection,
+            dry_run,
+            batch_size,
+            rate_per_sec: None,
+        };
+        match client.call(req)? {
+            Response::Redrive(r) => Ok(r),
+            other => Err(unexpected(&other, "dlq_redrive")),
+        }
+    };
+    let plan = call(selection, true, None)?;
+    let result = if target.dry_run {
+        plan
+    } else {
+        let done = in_batches(&plan.ids, batch_len(target.batch, rate), rate, |ids| {
+            let n = u32::try_from(ids.len()).ok();
+            call(DlqSelection::of_ids(ids), false, n).map(|r| (r.moved, r.ids, r.refused))
+        })
+        .map_err(|(e, moved)| stopped(e, "moving", moved, plan.matched))?;
+        RedriveResult {
+            matched: plan.matched,
+            moved: done.count,
+            ids: done.ids,
+            refused: [plan.refused, done.refused].concat(),
+            dry_run: false,
+        }
+    };
+    let text = render::redrive(&result);
+    Ok(Output {
+        refused: !result.refused.is_empty(),
+        response: Response::Redrive(result),
+        text,
+    })
+}
+
+fn dlq_purge(
+    target: &DlqTarget,
+    yes: bool,
+    connect: impl FnOnce() -> Result<Client, CliError>,
+) -> Result<Output, CliError> {
+    let selection = checked_selection(target)?;
+    if !yes && !target.dry_run {
+        return Err(CliError::Usage(
+            "purge deletes dead jobs for good: add --yes to confirm, or --dry-run to see what would go".into(),
+        ));
+    }
+    let mut client = connect()?;
+    let mut call = |selection: DlqSelection, dry_run: bool| match client
+        .call(Request::DlqPurge { selection, dry_run })?
+    {
+        Response::Purge(p) => Ok(p),
+        other => Err(unexpected(&other, "dlq_purge")),
+    };
+    let plan = call(selection, true)?;
+    let result = if target.dry_run {
+        plan
+    } else {
+        let done = in_batches(&plan.ids, batch_len(target.batch, None), None, |ids| {
+            call(DlqSelection::of_ids(ids), false).map(|p| (p.purged, p.ids, p.refused))
+        })
+        .map_err(|(e, purged)| stopped(e, "purging", purged, plan.matched))?;
+        PurgeResult {
+            matched: plan.matched,
+            purged: done.count,
+            ids: done.ids,
+            refused: [plan.refused, done.refused].concat(),
+            dry_run: false,
+        }
+    };
+    let text = render::purge(&result);
+    Ok(Output {
+        refused: !result.refused.is_empty(),
+        response: Response::Purge(result),
+        text,
+    })
+}
+
+fn unexpected(resp: &Response, op: &str) -> CliError {
+    CliError::Protocol(format!("qd answered {:?} to a {op} request", resp.kind()))
+}
+
+/// Reports how far a bulk operation got before `err` stopped it.
+fn stopped(err: CliError, verb: &str, done: u64, matched: u64) -> CliError {
+    eprintln!("qctl: stopped {verb} after {done} of {matched}");
+    err
+}
+
+/// Totals over all batches.
+#[derive(Debug, Default, PartialEq)]
+struct Totals {
+    count: u64,
+    ids: Vec<String>,
+    refused: Vec<Refusal>,
+}
+
+/// Ids per request: `--batch`, but never more than one second's worth at `rate`.
+fn batch_len(batch: u32, rate: Option<f64>) -> usize {
+    let batch = usize::try_from(batch).unwrap_or(usize::MAX).max(1);
+    match rate {
+        Some(r) => batch.min((r.ceil() as usize).max(1)),
+        None => batch,
+    }
+}
+
+/// How long to wait before sending ids from index `sent` on, so that no more than
+/// `rate` ids per second go out on average since the start (`elapsed` ago).
+fn pace_wait(sent: usize, rate: Option<f64>, elapsed: Duration) -> Duration {
+    let Some(rate) = rate else {
+        return Duration::ZERO;
+    };
+    Duration::from_secs_f64(sent as f64 / rate).saturating_sub(elapsed)
+}
+
+/// Sends `ids` in chunks of `batch`, paced by `rate`, summing the answers. On error,
+/// returns it with the count done so far.
+fn in_batches(
+    ids: &[String],
+    batch: usize,
+    rate: Option<f64>,
+    mut send: impl FnMut(Vec<String>) -> Result<(u64, Vec<String>, Vec<Refusal>), CliError>,
+) -> Result<Totals, (CliError, u64)> {
+    let start = Instant::now();
+    let mut totals = Totals::default();
+    for (i, chunk) in ids.chunks(batch).enumerate() {
+        std::thread::sleep(pace_wait(i * batch, rate, start.elapsed()));
+        let (count, done, refused) = send(chunk.to_vec()).map_err(|e| (e, totals.count))?;
+        totals.count += count;
+        totals.ids.extend(done);
+        totals.refused.extend(refused);
+    }
+    Ok(totals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qd_proto::{ErrorBody, ErrorCode};
+
+    fn ids(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("j{i}")).collect()
+    }
+
+    #[test]
+    fn batches_cover_every_id_once_and_sum_the_answers() {
+        let mut seen = Vec::new();
+        let totals = in_batches(&ids(250), 100, None, |chunk| {
+            seen.push(chunk.len());
+            Ok((chunk.len() as u64, chunk, vec![]))
+        })
+        .expect("ok");
+        assert_eq!(seen, vec![100, 100, 50]);
+        assert_eq!(totals.count, 250);
+        assert_eq!(totals.ids, ids(250));
+    }
+
+    #[test]
+    fn a_failed_batch_reports_how_many_were_done_before_it() {
+        let mut calls = 0;
+        let err = in_batches(&ids(30), 10, None, |chunk| {
+            calls += 1;
+            if calls == 3 {
+                return Err(CliError::Daemon(ErrorBody::new(
+                    ErrorCode::Unavailable,
+                    "shutting down",
+                )));
+            }
+            Ok((chunk.len() as u64, chunk, vec![]))
+        })
+        .expect_err("third batch fails");
+        assert_eq!(err.1, 20);
+    }
+
+    #[test]
+    fn pacing_keeps_the_average_under_the_rate() {
+        assert_eq!(pace_wait(0, Some(10.0), Duration::ZERO), Duration::ZERO);
+        assert_eq!(
+            pace_wait(100, Some(20.0), Duration::from_secs(1)),
+            Duration::from_secs(4)
+        );
+        assert_eq!(
+            pace_wait(100, Some(20.0), Duration::from_secs(9)),
+            Duration::ZERO
+        );
+        assert_eq!(pace_wait(100, None, Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_low_rate_shrinks_the_batch_to_one_seconds_worth() {
+        assert_eq!(batch_len(100, None), 100);
+        assert_eq!(batch_len(100, Some(20.0)), 20);
+        assert_eq!(batch_len(100, Some(0.5)), 1);
+        assert_eq!(batch_len(10, Some(500.0)), 10);
+    }
+
+    #[test]
+    fn purge_without_yes_is_refused_before_connecting() {
+        let target = DlqTarget {
+            ids: vec![],
+            filter: crate::cli::DlqFilter {
+                queue: None,
+                tenant: None,
+                error: None,
+                since: None,
+            },
+            all: true,
+            dry_run: false,
+            batch: 100,
+        };
+        let err = dlq_purge(&target, false, || panic!("must not connect"))
+            .err()
+            .expect("refused");
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("--yes"));
+    }
+
+    #[test]
+    fn an_empty_redrive_selection_is_a_usage_error() {
+        let target = DlqTarget {
+            ids: vec![],
+            filter: crate::cli::DlqFilter {
+                queue: None,
+                tenant: None,
+                error: None,
+                since: None,
+            },
+            all: false,
+            dry_run: true,
+            batch: 100,
+        };
+        let err = dlq_redrive(&target, None, || panic!("must not connect"))
+            .err()
+            .expect("refused");
+        assert_eq!(err.exit_code(), 2);
+    }
+}

@@ -1,0 +1,347 @@
+//! Human output: aligned, borderless tables (comfy-table) that read the same in a
+//! terminal and in a pipe (no colours, no wrapping). `now_ms` is passed in so ages
+//! are testable.
+
+use std::fmt::Write as _;
+
+use comfy_table::{ContentArrangement, Table, presets};
+use qd_proto::{
+    JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo, RedriveResult, Refusal, StatusInfo,
+    Valued,
+};
+
+use crate::format::{age, bytes, one_line, secs_since, time};
+
+/// Widest last-error text shown in list tables.
+const ERROR_WIDTH: usize = 60;
+
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .force_no_tty()
+        .set_header(header.to_vec());
+    if let Some(first) = t.column_mut(0) {
+        first.set_padding((0, 1));
+    }
+    t
+}
+
+fn finish(t: &Table) -> String {
+    let mut out = t.trim_fmt();
+    out.push('\n');
+    out
+}
+
+/// `qctl status`.
+pub fn status(s: &StatusInfo) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "version  {}", s.version);
+    let _ = writeln!(out, "uptime   {}", age(s.uptime_secs));
+    let _ = writeln!(
+        out,
+        "store    {} ({})\n",
+        s.store_path,
+        bytes(s.store_bytes)
+    );
+    let mut t = table(&["ACTOR", "RESTARTS"]);
+    for a in &s.actors {
+        t.add_row(vec![a.name.clone(), a.restarts.to_string()]);
+    }
+    out + &finish(&t)
+}
+
+/// `qctl queues`.
+pub fn queues(qs: &[QueueInfo]) -> String {
+    let mut t = table(&[
+        "QUEUE",
+        "READY",
+        "DELAYED",
+        "LEASED",
+        "DEAD",
+        "OLDEST READY",
+        "WORKERS",
+        "MIN/MAX",
+        "PAUSED",
+    ]);
+    for q in qs {
+        t.add_row(vec![
+            q.name.clone(),
+            q.ready.to_string(),
+            q.delayed.to_string(),
+            q.leased.to_string(),
+            q.dead.to_string(),
+            q.oldest_ready_age_secs.map_or("-".into(), age),
+            format!("{}/{}", q.workers_busy, q.workers_total),
+            format!("{}/{}", q.workers_min, q.workers_max),
+            yes_no(q.paused).into(),
+        ]);
+    }
+    finish(&t)
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
+
+fn last_error(j: &JobSummary) -> String {
+    j.last_error
+        .as_deref()
+        .map_or("-".into(), |e| one_line(e, ERROR_WIDTH))
+}
+
+/// `qctl jobs list`.
+pub fn jobs(js: &[JobSummary], now_ms: i64) -> String {
+    let mut t = table(&[
+        "ID",
+        "QUEUE",
+        "TENANT",
+        "STATE",
+        "ATTEMPTS",
+        "AGE",
+        "UPDATED",
+        "LAST ERROR",
+    ]);
+    for j in js {
+        t.add_row(vec![
+            j.id.clone(),
+            j.queue.clone(),
+            j.tenant.clone(),
+            j.state.clone(),
+            format!("{}/{}", j.attempts, j.max_attempts),
+            age(secs_since(j.created_at, now_ms)),
+            time(j.updated_at),
+            last_error(j),
+        ]);
+    }
+    finish(&t)
+}
+
+/// `qctl dlq list`: one dead job per line.
+pub fn dead_jobs(js: &[JobSummary], now_ms: i64) -> String {
+    let mut t = table(&[
+        "ID",
+        "QUEUE",
+        "TENANT",
+        "ATTEMPTS",
+        "DIED AT",
+        "AGE",
+        "LAST ERROR",
+    ]);
+    for j in js {
+        t.add_row(vec![
+            j.id.clone(),
+            j.queue.clone(),
+            j.tenant.clone(),
+            j.attempts.to_string(),
+            time(j.updated_at),
+            age(secs_since(j.updated_at, now_ms)),
+            last_error(j),
+        ]);
+    }
+    finish(&t)
+}
+
+/// `qctl jobs show` and `qctl dlq show`: fields, payload, then every attempt with
+/// its full error.
+pub fn job(d: &JobDetail) -> String {
+    let j = &d.summary;
+    let mut out = String::new();
+    let fields = [
+        ("id", j.id.clone()),
+        ("queue", j.queue.clone()),
+        ("tenant", j.tenant.clone()),
+        ("state", j.state.clone()),
+        ("attempts", format!("{}/{}", j.attempts, j.max_attempts)),
+        (
+            "key",
+            d.idempotency_key.clone().unwrap_or_else(|| "-".into()),
+        ),
+        ("created", time(j.created_at)),
+        ("updated", time(j.updated_at)),
+        ("payload", bytes(d.payload_bytes)),
+    ];
+    for (name, value) in fields {
+        let _ = writeln!(out, "{name:<9}{value}");
+    }
+    let shown = d.payload_preview.len() as u64;
+    let more = if d.payload_bytes > shown {
+        " (truncated)"
+    } else {
+        ""
+    };
+    let _ = writeln!(out, "\npayload preview{more}:\n{}\n", d.payload_preview);
+    let mut t = table(&["#", "OUTCOME", "WORKER", "STARTED", "ENDED", "ERROR"]);
+    for h in &d.history {
+        t.add_row(vec![
+            h.attempt.to_string(),
+            h.outcome.clone(),
+            h.worker.clone().unwrap_or_else(|| "-".into()),
+            h.started_at.map_or("-".into(), time),
+            time(h.ended_at),
+            h.error.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    out + &finish(&t)
+}
+
+fn refusals(out: &mut String, refused: &[Refusal]) {
+    for r in refused {
+        let _ = writeln!(out, "refused {}: {}", r.id, r.reason);
+    }
+}
+
+/// `qctl dlq redrive`: ids on a dry run, then exactly how many moved.
+pub fn redrive(r: &RedriveResult) -> String {
+    let mut out = String::new();
+    if r.dry_run {
+        for id in &r.ids {
+            let _ = writeln!(out, "{id}");
+        }
+        refusals(&mut out, &r.refused);
+        let _ = writeln!(out, "dry run: would move {} of {}", r.ids.len(), r.matched);
+    } else {
+        refusals(&mut out, &r.refused);
+        let _ = writeln!(out, "moved {} of {}", r.moved, r.matched);
+    }
+    out
+}
+
+/// `qctl dlq purge`: ids on a dry run, then exactly how many were purged.
+pub fn purge(r: &PurgeResult) -> String {
+    let mut out = String::new();
+    if r.dry_run {
+        for id in &r.ids {
+            let _ = writeln!(out, "{id}");
+        }
+        refusals(&mut out, &r.refused);
+        let _ = writeln!(out, "dry run: would purge {} of {}", r.ids.len(), r.matched);
+    } else {
+        refusals(&mut out, &r.refused);
+        let _ = writeln!(out, "purged {} of {}", r.purged, r.matched);
+    }
+    out
+}
+
+fn valued<T>(v: &Valued<T>, show: impl Fn(&T) -> String) -> String {
+    format!("{} ({})", show(&v.value), v.source.as_str())
+}
+
+fn opt<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map_or("unlimited".into(), T::to_string)
+}
+
+/// `qctl limits show` (and the answer to every limits change).
+pub fn limits(l: &LimitsView) -> String {
+    let mut t = table(&["TENANT", "WEIGHT", "MAX CONCURRENCY", "MAX DEPTH"]);
+    for x in &l.tenants {
+        t.add_row(vec![
+            x.tenant.clone(),
+            valued(&x.weight, u32::to_string),
+            valued(&x.max_concurrency, opt),
+            valued(&x.max_depth, |d| {
+                d.map_or("queue default".into(), |d| d.to_string())
+            }),
+        ]);
+    }
+    let mut q = table(&[
+        "QUEUE",
+        "WORKERS MIN",
+        "WORKERS MAX",
+        "RATE LIMITER",
+        "PAUSED",
+    ]);
+    for x in &l.queues {
+        q.add_row(vec![
+            x.queue.clone(),
+            valued(&x.workers_min, u32::to_string),
+            valued(&x.workers_max, u32::to_string),
+            x.rate_limiter.clone().unwrap_or_else(|| "-".into()),
+            valued(&x.paused, |p| yes_no(*p).into()),
+        ]);
+    }
+    finish(&t) + "\n" + &finish(&q)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qd_proto::{Source, TenantLimits};
+
+    fn summary(id: &str, err: Option<&str>) -> JobSummary {
+        JobSummary {
+            id: id.into(),
+            queue: "email".into(),
+            tenant: "acme".into(),
+            state: "dead".into(),
+            attempts: 3,
+            max_attempts: 3,
+            created_at: 0,
+            updated_at: 1_000,
+            last_error: err.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn dlq_lines_are_aligned_with_age_and_flattened_error() {
+        let out = dead_jobs(
+            &[
+                summary("a", Some("exit 75\nstderr tail")),
+                summary("bbbb", None),
+            ],
+            193_000,
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(lines[0].starts_with("ID "), "{out}");
+        assert!(lines[1].contains("1970-01-01T00:00:01Z") && lines[1].contains("3m12s"));
+        assert!(lines[1].ends_with("exit 75 stderr tail"), "{out}");
+        let col = |l: &str| l.find("email").expect("queue column");
+        assert_eq!(col(lines[1]), col(lines[2]), "columns align:\n{out}");
+    }
+
+    #[test]
+    fn redrive_prints_exactly_how_many_moved_and_each_refusal() {
+        let r = RedriveResult {
+            matched: 3,
+            moved: 2,
+            ids: vec!["a".into(), "b".into()],
+            refused: vec![Refusal {
+                id: "c".into(),
+                reason: "job is ready, not dead".into(),
+            }],
+            dry_run: false,
+        };
+        assert_eq!(
+            redrive(&r),
+            "refused c: job is ready, not dead\nmoved 2 of 3\n"
+        );
+    }
+
+    #[test]
+    fn limits_show_each_value_with_its_source() {
+        let view = LimitsView {
+            tenants: vec![TenantLimits {
+                tenant: "acme".into(),
+                weight: Valued {
+                    value: 3,
+                    source: Source::Override,
+                },
+                max_concurrency: Valued {
+                    value: None,
+                    source: Source::Config,
+                },
+                max_depth: Valued {
+                    value: Some(10),
+                    source: Source::Config,
+                },
+            }],
+            queues: vec![],
+        };
+        let out = limits(&view);
+        assert!(
+            out.contains("3 (override)") && out.contains("unlimited (config)"),
+            "{out}"
+        );
+    }
+}

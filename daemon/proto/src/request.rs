@@ -1,0 +1,346 @@
+//! Typed admin requests: one variant of [`Request`] per `qctl` command.
+//!
+//! On the wire a request is the `"req"` object of a request frame, tagged by `"op"`:
+//! `{"op":"jobs_list","queue":"email","limit":20}`. Optional fields may be omitted or
+//! `null`. Durations carry their unit in the field name (`delay_ms`, `since_secs`).
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::{Deserialize, Serialize};
+
+/// Job states as qd stores and shows them (`qd::job::State::as_str`), in life-cycle
+/// order. A `state` filter must be one of these; the daemon refuses others with
+/// `bad_request`.
+pub const JOB_STATES: [&str; 6] = [
+    "delayed",
+    "ready",
+    "leased",
+    "succeeded",
+    "dead",
+    "cancelled",
+];
+
+/// An admin request. The `op` tag names it on the wire; see `daemon/docs/admin-protocol.md`.
+/// Unknown fields are refused (`bad_request`), so a newer client's filter is never
+/// silently ignored; field-less ops are empty struct variants for that reason.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Daemon version, uptime, store and actors. Answered with [`crate::Response::Status`].
+    Status {},
+    /// Per-queue depths, oldest ready age, workers, paused. Answered with
+    /// [`crate::Response::Queues`].
+    Queues {},
+    /// Jobs matching every given filter, newest first. Answered with [`crate::Response::Jobs`].
+    JobsList {
+        /// Only jobs of this queue.
+        #[serde(default)]
+        queue: Option<String>,
+        /// Only jobs of this tenant.
+        #[serde(default)]
+        tenant: Option<String>,
+        /// Only jobs in this state (one of [`JOB_STATES`]).
+        #[serde(default)]
+        state: Option<String>,
+        /// At most this many jobs (the daemon picks a default when absent).
+        #[serde(default)]
+        limit: Option<u32>,
+    },
+    /// One job with payload preview and full history. Answered with [`crate::Response::Job`].
+    JobsShow {
+        /// The job id (UUIDv7 text).
+        id: String,
+    },
+    /// Cancels a ready, delayed or dead job; any other state is refused with `conflict`.
+    /// Answered with [`crate::Response::Cancelled`].
+    JobsCancel {
+        /// The job id.
+        id: String,
+    },
+    /// Enqueues one job. Answered with [`crate::Response::Enqueued`].
+    Enqueue {
+        /// Target queue (must be configured).
+        queue: String,
+        /// Tenant; the daemon uses `"default"` when absent.
+        #[serde(default)]
+        tenant: Option<String>,
+        /// Idempotency key: a second enqueue with the same key in the same queue within
+        /// `retention` returns the first job's id with `duplicate: true`.
+        #[serde(default)]
+        key: Option<String>,
+        /// Delay before the job becomes ready, in milliseconds.
+        #[serde(default)]
+        delay_ms: Option<u64>,
+        /// Retry budget for this job; the queue's `max_attempts` when absent.
+        #[serde(default)]
+        max_attempts: Option<u32>,
+        /// The payload bytes.
+        payload: Payload,
+    },
+    /// Dead jobs matching the selection, most recently dead first. Answered with
+    /// [`crate::Response::Jobs`]; for dead jobs `updated_at` is when the job died.
+    DlqList {
+        /// Filters; an empty selection lists every dead job.
+        #[serde(default)]
+        selection: DlqSelection,
+        /// At most this many jobs (the daemon picks a default when absent).
+        #[serde(default)]
+        limit: Option<u32>,
+    },
+    /// One dead job with payload preview and every attempt with its error. Answered
+    /// with [`crate::Response::Job`].
+    DlqShow {
+        /// The job id.
+        id: String,
+    },
+    /// Moves dead jobs back to ready with a fresh attempt budget. Answered with
+    /// [`crate::Response::Redrive`].
+    DlqRedrive {
+        /// Which jobs; must not be empty (see [`DlqSelection::check_mutation`]).
+        selection: DlqSelection,
+        /// Resolve the selection and report what would move, moving nothing.
+        #[serde(default)]
+        dry_run: bool,
+        /// Jobs moved per store transaction (each batch is atomic); daemon default 100.
+        #[serde(default)]
+        batch_size: Option<u32>,
+        /// Upper bound on jobs moved per second across batches; unlimited when absent.
+        #[serde(default)]
+        rate_per_sec: Option<f64>,
+    },
+    /// Deletes dead jobs for good. Answered with [`crate::Response::Purge`].
+    DlqPurge {
+        /// Which jobs; must not be empty (see [`DlqSelection::check_mutation`]).
+        selection: DlqSelection,
+        /// Resolve the selection and report what would be purged, deleting nothing.
+        #[serde(default)]
+        dry_run: bool,
+    },
+    /// Tenant and queue limits with their sources. Answered with [`crate::Response::Limits`].
+    LimitsShow {},
+    /// Sets runtime overrides for one tenant; absent fields are left alone. Stored, so
+    /// they survive restarts until reset. Answered with [`crate::Response::Limits`].
+    LimitsSet {
+        /// The tenant.
+        tenant: String,
+        /// Scheduling weight (≥ 1).
+        #[serde(default)]
+        weight: Option<u32>,
+        /// Jobs of this tenant leased at once, per queue.
+        #[serde(default)]
+        max_concurrency: Option<u32>,
+        /// Jobs of this tenant waiting (ready + delayed) per queue before enqueue is refused.
+        #[serde(default)]
+        max_depth: Option<u64>,
+    },
+    /// Drops every runtime override of one tenant or one queue (workers and pause), so
+    /// the config values apply again. Exactly one of the two must be given. Answered
+    /// with [`crate::Response::Limits`].
+    LimitsReset {
+        /// The tenant whose overrides to drop.
+        #[serde(default)]
+        tenant: Option<String>,
+        /// The queue whose overrides to drop.
+        #[serde(default)]
+        queue: Option<String>,
+    },
+    /// Overrides a queue's worker pool bounds (`min ≤ max`). Answered with
+    /// [`crate::Response::Limits`].
+    WorkersSet {
+        /// The queue.
+        queue: String,
+        /// Fewest workers kept running.
+        min: u32,
+        /// Most workers the pool grows to.
+        max: u32,
+    },
+    /// Stops leasing from a queue (enqueue still works). Answered with [`crate::Response::Limits`].
+    QueuePause {
+        /// The queue.
+        queue: String,
+    },
+    /// Resumes leasing from a paused queue. Answered with [`crate::Response::Limits`].
+    QueueResume {
+        /// The queue.
+        queue: String,
+    },
+}
+
+impl Request {
+    /// Every `op` name, in declaration order. `decode_request` answers `unknown_op` for
+    /// any other name.
+    pub const OPS: [&'static str; 16] = [
+        "status",
+        "queues",
+        "jobs_list",
+        "jobs_show",
+        "jobs_cancel",
+        "enqueue",
+        "dlq_list",
+        "dlq_show",
+        "dlq_redrive",
+        "dlq_purge",
+        "limits_show",
+        "limits_set",
+        "limits_reset",
+        "workers_set",
+        "queue_pause",
+        "queue_resume",
+    ];
+
+    /// This request's `op` name (for logs and metrics labels).
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::Status {} => "status",
+            Request::Queues {} => "queues",
+            Request::JobsList { .. } => "jobs_list",
+            Request::JobsShow { .. } => "jobs_show",
+            Request::JobsCancel { .. } => "jobs_cancel",
+            Request::Enqueue { .. } => "enqueue",
+            Request::DlqList { .. } => "dlq_list",
+            Request::DlqShow { .. } => "dlq_show",
+            Request::DlqRedrive { .. } => "dlq_redrive",
+            Request::DlqPurge { .. } => "dlq_purge",
+            Request::LimitsShow {} => "limits_show",
+            Request::LimitsSet { .. } => "limits_set",
+            Request::LimitsReset { .. } => "limits_reset",
+            Request::WorkersSet { .. } => "workers_set",
+            Request::QueuePause { .. } => "queue_pause",
+            Request::QueueResume { .. } => "queue_resume",
+        }
+    }
+
+    /// True if `name` is a known `op`.
+    pub fn is_known_op(name: &str) -> bool {
+        Self::OPS.contains(&name)
+    }
+}
+
+/// Which dead jobs a DLQ request is about. With `ids` non-empty the request is about
+/// exactly those jobs and the filters must be absent; otherwise a job matches when it
+/// passes every given filter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DlqSelection {
+    /// Exact job ids.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ids: Vec<String>,
+    /// Only jobs of this queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Only jobs of this tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Only jobs whose last error contains this text (case-sensitive substring).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_contains: Option<String>,
+    /// Only jobs that died within the last this-many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_secs: Option<u64>,
+    /// Every dead job (combinable with the filters, which then narrow it). Required for
+    /// a redrive or purge that names neither ids nor a filter.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub all: bool,
+}
+
+impl DlqSelection {
+    /// A selection of exactly these ids.
+    pub fn of_ids(ids: Vec<String>) -> Self {
+        DlqSelection {
+            ids,
+            ..Self::default()
+        }
+    }
+
+    /// True when some filter (queue, tenant, error, since) is set.
+    pub fn has_filter(&self) -> bool {
+        self.queue.is_some()
+            || self.tenant.is_some()
+            || self.error_contains.is_some()
+            || self.since_secs.is_some()
+    }
+
+    /// Checks a selection for redrive or purge: ids and filters/`all` are exclusive,
+    /// and an empty selection must say `all`, so a forgotten flag never empties the
+    /// whole DLQ. The error text is suitable for a `bad_request` message.
+    pub fn check_mutation(&self) -> Result<(), String> {
+        if !self.ids.is_empty() && (self.has_filter() || self.all) {
+            return Err("give either job ids or a filter (queue, tenant, error_contains, since_secs, all), not both".into());
+        }
+        if self.ids.is_empty() && !self.has_filter() && !self.all {
+            return Err("empty selection: name job ids, a filter, or set all".into());
+        }
+        Ok(())
+    }
+}
+
+/// Job payload bytes on the wire: UTF-8 text as is, anything else in standard base64.
+/// Serialized as `{"text":"..."}` or `{"base64":"..."}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Payload {
+    /// UTF-8 text.
+    Text(String),
+    /// Arbitrary bytes, standard base64 with padding (RFC 4648 §4).
+    Base64(String),
+}
+
+impl Payload {
+    /// The most readable encoding of `bytes`: text when valid UTF-8, else base64.
+    pub fn from_bytes(bytes: Vec<u8>) -> Self {
+        match String::from_utf8(bytes) {
+            Ok(text) => Payload::Text(text),
+            Err(e) => Payload::Base64(BASE64.encode(e.as_bytes())),
+        }
+    }
+
+    /// The payload bytes. Errors (with the decoder's reason) on invalid base64.
+    pub fn into_bytes(self) -> Result<Vec<u8>, String> {
+        match self {
+            Payload::Text(text) => Ok(text.into_bytes()),
+            Payload::Base64(b64) => BASE64
+                .decode(b64.as_bytes())
+                .map_err(|e| format!("payload is not valid base64: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_op_names_are_not_known() {
+        assert!(Request::is_known_op("dlq_redrive"));
+        assert!(!Request::is_known_op(""));
+        assert!(!Request::is_known_op("dlq_redrivez"));
+    }
+
+    #[test]
+    fn payload_round_trips_text_and_binary() {
+        let text = Payload::from_bytes(b"hello".to_vec());
+        assert_eq!(text, Payload::Text("hello".into()));
+        let bin = Payload::from_bytes(vec![0xff, 0x00, 0x10]);
+        assert!(matches!(bin, Payload::Base64(_)));
+        assert_eq!(bin.into_bytes(), Ok(vec![0xff, 0x00, 0x10]));
+        assert!(Payload::Base64("***".into()).into_bytes().is_err());
+    }
+
+    #[test]
+    fn empty_selection_is_refused_for_mutation_unless_all() {
+        let empty = DlqSelection::default();
+        assert!(empty.check_mutation().is_err());
+        let all = DlqSelection {
+            all: true,
+            ..DlqSelection::default()
+        };
+        assert!(all.check_mutation().is_ok());
+        let ids = DlqSelection::of_ids(vec!["a".into()]);
+        assert!(ids.check_mutation().is_ok());
+        let mixed = DlqSelection {
+            queue: Some("email".into()),
+            ..ids
+        };
+        assert!(mixed.check_mutation().is_err());
+    }
+}

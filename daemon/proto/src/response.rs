@@ -1,0 +1,297 @@
+//! Typed admin responses: the `"ok"` object of a response frame, tagged by `"kind"`
+//! (`{"kind":"status","version":"0.1.0",...}`).
+//!
+//! Units: times are Unix milliseconds (`i64`, fields ending in `_at`), ages and
+//! uptimes are seconds (`f64`, fields ending in `_secs`), sizes are bytes (`u64`).
+//! Field names are stable within a protocol version; new fields may be added.
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes of payload shown in [`JobDetail::payload_preview`].
+pub const PREVIEW_BYTES: usize = 1024;
+
+/// A successful answer; which variant answers which request is listed on
+/// [`crate::Request`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Response {
+    /// Answer to `status`.
+    Status(StatusInfo),
+    /// Answer to `queues`, sorted by queue name.
+    Queues {
+        /// One entry per configured queue.
+        queues: Vec<QueueInfo>,
+    },
+    /// Answer to `jobs_list` and `dlq_list`.
+    Jobs {
+        /// The matching jobs, at most `limit`.
+        jobs: Vec<JobSummary>,
+    },
+    /// Answer to `jobs_show` and `dlq_show`.
+    Job(JobDetail),
+    /// Answer to `jobs_cancel`.
+    Cancelled {
+        /// The cancelled job.
+        id: String,
+        /// The state it was cancelled from (`ready`, `delayed` or `dead`).
+        previous_state: String,
+    },
+    /// Answer to `enqueue`.
+    Enqueued(Enqueued),
+    /// Answer to `dlq_redrive`.
+    Redrive(RedriveResult),
+    /// Answer to `dlq_purge`.
+    Purge(PurgeResult),
+    /// Answer to `limits_show` and to every limit, worker or pause change (the view
+    /// after the change).
+    Limits(LimitsView),
+}
+
+impl Response {
+    /// This response's `kind` name (for error messages about unexpected answers).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Response::Status(_) => "status",
+            Response::Queues { .. } => "queues",
+            Response::Jobs { .. } => "jobs",
+            Response::Job(_) => "job",
+            Response::Cancelled { .. } => "cancelled",
+            Response::Enqueued(_) => "enqueued",
+            Response::Redrive(_) => "redrive",
+            Response::Purge(_) => "purge",
+            Response::Limits(_) => "limits",
+        }
+    }
+}
+
+/// The daemon at a glance.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatusInfo {
+    /// qd's version (`CARGO_PKG_VERSION`).
+    pub version: String,
+    /// Seconds since the daemon started.
+    pub uptime_secs: f64,
+    /// Path of the SQLite database.
+    pub store_path: String,
+    /// Size of the database files (main + WAL), bytes.
+    pub store_bytes: u64,
+    /// Supervised actors, in supervision order.
+    pub actors: Vec<ActorInfo>,
+}
+
+/// One supervised actor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActorInfo {
+    /// The actor's name (`broker`, `worker_pool/email`, ...).
+    pub name: String,
+    /// Times the supervisor restarted it since the daemon started.
+    pub restarts: u64,
+}
+
+/// One queue's depths and workers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueInfo {
+    /// Queue name.
+    pub name: String,
+    /// Jobs waiting for a worker.
+    pub ready: u64,
+    /// Jobs waiting for their `ready_at` (delay or retry backoff).
+    pub delayed: u64,
+    /// Jobs held by a worker under a lease.
+    pub leased: u64,
+    /// Jobs in the dead-letter queue.
+    pub dead: u64,
+    /// Age of the oldest ready job, seconds; `null` when none is ready.
+    pub oldest_ready_age_secs: Option<f64>,
+    /// Workers running a job now.
+    pub workers_busy: u32,
+    /// Workers alive now.
+    pub workers_total: u32,
+    /// Effective lower bound of the pool.
+    pub workers_min: u32,
+    /// Effective upper bound of the pool.
+    pub workers_max: u32,
+    /// True when leasing is paused.
+    pub paused: bool,
+}
+
+/// A job without payload or history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSummary {
+    /// Job id (UUIDv7 text).
+    pub id: String,
+    /// Queue name.
+    pub queue: String,
+    /// Tenant name.
+    pub tenant: String,
+    /// One of [`crate::JOB_STATES`].
+    pub state: String,
+    /// Charged attempts so far (never decreases, also across redrives).
+    pub attempts: u32,
+    /// Retry budget per life in the queue.
+    pub max_attempts: u32,
+    /// Enqueue time, Unix ms.
+    pub created_at: i64,
+    /// Last state change, Unix ms (for a dead job: when it died).
+    pub updated_at: i64,
+    /// Error of the latest failed attempt, if any.
+    pub last_error: Option<String>,
+}
+
+/// A job with payload preview and every history entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobDetail {
+    /// The summary fields, inlined in the JSON object.
+    #[serde(flatten)]
+    pub summary: JobSummary,
+    /// The producer's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// The first [`PREVIEW_BYTES`] of the payload, invalid UTF-8 replaced by U+FFFD.
+    pub payload_preview: String,
+    /// Full payload size, bytes.
+    pub payload_bytes: u64,
+    /// Attempts and operator events (redrive, cancel), oldest first.
+    pub history: Vec<HistoryItem>,
+}
+
+impl JobDetail {
+    /// The preview of `payload` as the protocol defines it: its first [`PREVIEW_BYTES`]
+    /// bytes, decoded lossily as UTF-8.
+    pub fn preview(payload: &[u8]) -> String {
+        let head = &payload[..payload.len().min(PREVIEW_BYTES)];
+        String::from_utf8_lossy(head).into_owned()
+    }
+}
+
+/// One attempt or operator event of a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryItem {
+    /// Attempt number (1-based); for events, the job's attempt count at the time.
+    pub attempt: u32,
+    /// How it ended (`succeeded`, `failed`, `permanent`, `timed_out`, `lease_expired`,
+    /// `worker_crashed`, `interrupted`, `throttled`, `redriven`, `cancelled`).
+    pub outcome: String,
+    /// The worker that held the lease, if any.
+    pub worker: Option<String>,
+    /// Lease time, Unix ms; `null` for events.
+    pub started_at: Option<i64>,
+    /// End time, Unix ms.
+    pub ended_at: i64,
+    /// The error, or an event's detail (`"redriven by uid 1000 at 2025-..."`).
+    pub error: Option<String>,
+}
+
+/// Result of an enqueue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enqueued {
+    /// The job's id (the earlier job's id for a duplicate).
+    pub id: String,
+    /// True when the idempotency key matched an earlier job and nothing was enqueued.
+    pub duplicate: bool,
+}
+
+/// Result of a redrive (or, with `dry_run`, what it would do).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RedriveResult {
+    /// For an id selection, the number of ids named (refused ones included); for a
+    /// filter selection, the dead jobs it matched.
+    pub matched: u64,
+    /// Jobs moved to ready (0 on a dry run).
+    pub moved: u64,
+    /// Moved ids, or on a dry run the ids that would move.
+    pub ids: Vec<String>,
+    /// Named ids that were not moved, with why.
+    pub refused: Vec<Refusal>,
+    /// Echo of the request's `dry_run`.
+    pub dry_run: bool,
+}
+
+/// Why one named job was not redriven or purged.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// The job id as given.
+    pub id: String,
+    /// Human reason naming the job's state (`"job is ready, not dead"`, `"no such job"`).
+    pub reason: String,
+}
+
+/// Result of a purge (or, with `dry_run`, what it would do).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PurgeResult {
+    /// Counted as for [`RedriveResult::matched`].
+    pub matched: u64,
+    /// Jobs deleted (0 on a dry run).
+    pub purged: u64,
+    /// Purged ids, or on a dry run the ids that would be purged.
+    pub ids: Vec<String>,
+    /// Named ids that were not purged, with why.
+    pub refused: Vec<Refusal>,
+    /// Echo of the request's `dry_run`.
+    pub dry_run: bool,
+}
+
+/// Where an effective value comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The config file (or its defaults).
+    Config,
+    /// A stored runtime override (`qctl limits set`, `workers set`, `queue pause`).
+    Override,
+}
+
+impl Source {
+    /// `"config"` or `"override"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Config => "config",
+            Source::Override => "override",
+        }
+    }
+}
+
+/// An effective value with its [`Source`]: `{"value":3,"source":"override"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Valued<T> {
+    /// The value in effect.
+    pub value: T,
+    /// Where it comes from.
+    pub source: Source,
+}
+
+/// Every tenant and queue limit in effect.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LimitsView {
+    /// Per tenant, sorted by name.
+    pub tenants: Vec<TenantLimits>,
+    /// Per queue, sorted by name.
+    pub queues: Vec<QueueLimits>,
+}
+
+/// One tenant's limits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantLimits {
+    /// Tenant name.
+    pub tenant: String,
+    /// Scheduling weight (share of a queue's workers under contention).
+    pub weight: Valued<u32>,
+    /// Jobs leased at once per queue; `null` means unlimited.
+    pub max_concurrency: Valued<Option<u32>>,
+    /// Waiting jobs per queue before enqueue is refused; `null` means the queue default.
+    pub max_depth: Valued<Option<u64>>,
+}
+
+/// One queue's pool bounds, rate limiter and pause flag.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueLimits {
+    /// Queue name.
+    pub queue: String,
+    /// Fewest workers.
+    pub workers_min: Valued<u32>,
+    /// Most workers.
+    pub workers_max: Valued<u32>,
+    /// The named `[rate_limiters.X]` with its settings (`"smtp: 50/s burst 10"`), if any.
+    pub rate_limiter: Option<String>,
+    /// Whether leasing is paused.
+    pub paused: Valued<bool>,
+}

@@ -1,0 +1,238 @@
+use super::*;
+use proptest::prelude::*;
+use serde_json::json;
+
+fn sample_requests() -> Vec<Request> {
+    let sel = DlqSelection {
+        queue: Some("email".into()),
+        since_secs: Some(3600),
+        ..DlqSelection::default()
+    };
+    vec![
+        Request::Status {},
+        Request::Queues {},
+        Request::JobsList {
+            queue: Some("email".into()),
+            tenant: None,
+            state: Some("ready".into()),
+            limit: Some(5),
+        },
+        Request::JobsShow { id: "j1".into() },
+        Request::JobsCancel { id: "j1".into() },
+        Request::Enqueue {
+            queue: "email".into(),
+            tenant: Some("acme".into()),
+            key: Some("k".into()),
+            delay_ms: Some(10_000),
+            max_attempts: Some(3),
+            payload: Payload::Text("hi".into()),
+        },
+        Request::DlqList {
+            selection: sel.clone(),
+            limit: Some(10),
+        },
+        Request::DlqShow { id: "j1".into() },
+        Request::DlqRedrive {
+            selection: sel.clone(),
+            dry_run: true,
+            batch_size: Some(100),
+            rate_per_sec: Some(20.0),
+        },
+        Request::DlqPurge {
+            selection: sel,
+            dry_run: false,
+        },
+        Request::LimitsShow {},
+        Request::LimitsSet {
+            tenant: "acme".into(),
+            weight: Some(3),
+            max_concurrency: None,
+            max_depth: Some(10),
+        },
+        Request::LimitsReset {
+            tenant: None,
+            queue: Some("email".into()),
+        },
+        Request::WorkersSet {
+            queue: "email".into(),
+            min: 1,
+            max: 4,
+        },
+        Request::QueuePause {
+            queue: "email".into(),
+        },
+        Request::QueueResume {
+            queue: "email".into(),
+        },
+    ]
+}
+
+fn decode_json(value: serde_json::Value) -> Result<RequestFrame, ErrorFrame> {
+    decode_request(value.to_string().as_bytes())
+}
+
+fn code_of(r: Result<RequestFrame, ErrorFrame>) -> ErrorCode {
+    r.expect_err("decoding should fail").err.code
+}
+
+#[test]
+fn every_request_round_trips_and_its_op_is_listed() {
+    let samples = sample_requests();
+    assert_eq!(samples.len(), Request::OPS.len(), "one sample per op");
+    for (i, req) in samples.into_iter().enumerate() {
+        assert_eq!(req.op(), Request::OPS[i]);
+        let frame = RequestFrame {
+            v: VERSION,
+            id: i as u64,
+            req,
+        };
+        let line = encode_request(&frame);
+        assert_eq!(line.last(), Some(&b'\n'));
+        assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
+        assert_eq!(decode_request(&line), Ok(frame));
+    }
+}
+
+#[test]
+fn request_wire_shape_matches_the_spec() {
+    let frame = decode_json(json!({"v":1,"id":7,"req":{"op":"dlq_redrive","selection":{"ids":["a","b"]},"dry_run":true}}))
+        .expect("valid frame");
+    assert_eq!(frame.id, 7);
+    assert_eq!(
+        frame.req,
+        Request::DlqRedrive {
+            selection: DlqSelection::of_ids(vec!["a".into(), "b".into()]),
+            dry_run: true,
+            batch_size: None,
+            rate_per_sec: None,
+        }
+    );
+}
+
+#[test]
+fn malformed_frames_get_stable_error_codes() {
+    assert_eq!(code_of(decode_request(b"{not json")), ErrorCode::BadFrame);
+    assert_eq!(code_of(decode_request(b"[1,2]")), ErrorCode::BadFrame);
+    assert_eq!(
+        code_of(decode_json(json!({"id":1,"req":{"op":"status"}}))),
+        ErrorCode::BadFrame
+    );
+    assert_eq!(
+        code_of(decode_json(json!({"v":1,"req":{"op":"status"}}))),
+        ErrorCode::BadFrame
+    );
+    assert_eq!(
+        code_of(decode_json(json!({"v":1,"id":-1,"req":{"op":"status"}}))),
+        ErrorCode::BadFrame
+    );
+    assert_eq!(
+        code_of(decode_json(json!({"v":1,"id":1}))),
+        ErrorCode::BadFrame
+    );
+    assert_eq!(
+        code_of(decode_json(json!({"v":1,"id":1,"req":"status"}))),
+        ErrorCode::BadFrame
+    );
+    assert_eq!(
+        code_of(decode_json(json!({"v":2,"id":1,"req":{"op":"status"}}))),
+        ErrorCode::UnsupportedVersion
+    );
+    assert_eq!(
+        code_of(decode_json(json!({"v":1,"id":1,"req":{"op":"explode"}}))),
+        ErrorCode::UnknownOp
+    );
+    assert_eq!(
+        code_of(decode_json(json!({"v":1,"id":1,"req":{"op":"jobs_show"}}))),
+        ErrorCode::BadRequest
+    );
+    assert_eq!(
+        code_of(decode_json(
+            json!({"v":1,"id":1,"req":{"op":"status","extra":1}})
+        )),
+        ErrorCode::BadRequest
+    );
+}
+
+#[test]
+fn errors_keep_the_request_id_when_it_is_readable() {
+    let err = decode_json(json!({"v":1,"id":42,"req":{"op":"explode"}})).expect_err("unknown op");
+    assert_eq!(err.id, Some(42));
+    assert!(err.err.message.contains("explode"));
+    let err = decode_request(b"garbage").expect_err("bad json");
+    assert_eq!(err.id, None);
+}
+
+#[test]
+fn oversized_frame_is_refused_before_parsing() {
+    let mut line = vec![b' '; MAX_FRAME + 1];
+    line.push(b'\n');
+    let err = decode_request(&line).expect_err("too large");
+    assert_eq!(err.err.code, ErrorCode::FrameTooLarge);
+    let exact = vec![b' '; MAX_FRAME];
+    assert_eq!(code_of(decode_request(&exact)), ErrorCode::BadFrame);
+}
+
+#[test]
+fn response_frames_round_trip_with_the_spec_shape() {
+    let detail = JobDetail {
+        summary: JobSummary {
+            id: "j1".into(),
+            queue: "email".into(),
+            tenant: "acme".into(),
+            state: "dead".into(),
+            attempts: 3,
+            max_attempts: 3,
+            created_at: 1,
+            updated_at: 2,
+            last_error: Some("boom".into()),
+        },
+        idempotency_key: None,
+        payload_preview: "hi".into(),
+        payload_bytes: 2,
+        history: vec![],
+    };
+    let frame = ResponseFrame::ok(9, Response::Job(detail));
+    let line = encode_response(&frame);
+    let value: serde_json::Value = serde_json::from_slice(&line).expect("json");
+    assert_eq!(value["v"], 1);
+    assert_eq!(value["id"], 9);
+    assert_eq!(value["ok"]["kind"], "job");
+    assert_eq!(value["ok"]["queue"], "email", "summary is flattened");
+    assert_eq!(decode_response(&line).expect("decodes"), frame);
+
+    let err = ErrorFrame::new(None, ErrorCode::FrameTooLarge, "too big").into_response();
+    let value: serde_json::Value = serde_json::from_slice(&encode_response(&err)).expect("json");
+    assert_eq!(
+        value,
+        json!({"v":1,"id":null,"err":{"code":"frame_too_large","message":"too big"}})
+    );
+}
+
+#[test]
+fn unknown_error_codes_from_a_newer_server_read_as_other() {
+    let line = br#"{"v":1,"id":1,"err":{"code":"quota_exceeded","message":"x"}}"#;
+    let frame = decode_response(line).expect("decodes");
+    assert_eq!(
+        frame.reply,
+        Reply::Err(ErrorBody::new(ErrorCode::Other, "x"))
+    );
+}
+
+#[test]
+fn preview_is_the_first_kib_lossily_decoded() {
+    let payload = vec![b'a'; 3000];
+    assert_eq!(JobDetail::preview(&payload).len(), PREVIEW_BYTES);
+    assert_eq!(JobDetail::preview(&[0x66, 0xff]), "f\u{fffd}");
+}
+
+proptest! {
+    #[test]
+    fn decode_request_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode_request(&bytes);
+    }
+
+    #[test]
+    fn decode_request_never_panics_on_json_like_text(text in r#"\{"v":[0-9-]{0,3},"id":[0-9a-z"-]{0,5},"req":\{"op":"[a-z_]{0,12}"[,"a-z:0-9\[\]\{\}]{0,40}\}\}"#) {
+        let _ = decode_request(text.as_bytes());
+    }
+}
