@@ -45,10 +45,12 @@ use crate::job::{JobId, UnixMillis};
 mod backlog;
 #[cfg(test)]
 mod proptests;
+mod tenant;
 #[cfg(test)]
 mod tests;
 
-use backlog::{Backlog, Index, Slot};
+use backlog::{Index, Slot};
+use tenant::{Place, Tenant, Turn};
 
 /// What a tenant's share is measured in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -104,66 +106,6 @@ const RUNTIME_QUANTUM_US: i64 = 1_000;
 /// Longest run time charged for one job (1 day, µs), so a bogus duration cannot
 /// overflow the arithmetic.
 const MAX_CHARGE_US: i64 = 86_400 * 1_000_000;
-
-/// Calendar key: (round of the turn, arrival order within the round).
-type Turn = (u64, u64);
-
-/// Where a tenant stands in the round robin.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Place {
-    /// No ready jobs.
-    Idle,
-    /// Backlogged and waiting for (or having) its turn.
-    Turn(Turn),
-    /// Backlogged but at its concurrency cap.
-    Parked,
-}
-
-#[derive(Debug)]
-struct Tenant {
-    name: Arc<str>,
-    limits: TenantLimits,
-    backlog: Backlog,
-    running: u32,
-    /// DRR deficit counter, in cost units (jobs, or µs of run time).
-    deficit: i64,
-    place: Place,
-    /// The round at which the backlog last emptied (for debt forgiveness).
-    idle_round: u64,
-    /// This tenant's key in `FairQueue::oldest`.
-    oldest: Option<UnixMillis>,
-    /// Runtime mode: estimates pre-charged for jobs still running (µs).
-    outstanding: i64,
-    /// Runtime mode: moving average of this tenant's run time (µs).
-    avg_run_us: Option<i64>,
-}
-
-impl Tenant {
-    fn new(name: Arc<str>, limits: TenantLimits) -> Self {
-        Tenant {
-            name,
-            limits,
-            backlog: Backlog::default(),
-            running: 0,
-            deficit: 0,
-            place: Place::Idle,
-            idle_round: 0,
-            oldest: None,
-            outstanding: 0,
-            avg_run_us: None,
-        }
-    }
-
-    fn capped(&self) -> bool {
-        self.limits
-            .max_concurrency
-            .is_some_and(|cap| self.running >= cap)
-    }
-
-    fn weight(&self) -> i64 {
-        i64::from(self.limits.weight.max(1))
-    }
-}
 
 /// The ready jobs of one queue, handed out by weighted deficit round robin between
 /// tenants. See the module docs for guarantees and costs.
