@@ -1,0 +1,72 @@
+//! One tenant's place in the fair queue: its backlog, counters, limits and DRR
+//! deficit. Plain data; the rules that move it live in `fair.rs`.
+
+use std::sync::Arc;
+
+use super::TenantLimits;
+use super::backlog::Backlog;
+use crate::job::UnixMillis;
+
+/// Calendar key: (round of the turn, arrival order within the round).
+pub(super) type Turn = (u64, u64);
+
+/// Where a tenant stands in the round robin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Place {
+    /// No ready jobs.
+    Idle,
+    /// Backlogged and waiting for (or having) its turn.
+    Turn(Turn),
+    /// Backlogged but at its concurrency cap.
+    Parked,
+}
+
+/// One known tenant (backlogged, running work, or owing Runtime debt).
+#[derive(Debug)]
+pub(super) struct Tenant {
+    pub(super) name: Arc<str>,
+    pub(super) limits: TenantLimits,
+    pub(super) backlog: Backlog,
+    pub(super) running: u32,
+    /// DRR deficit counter, in cost units (jobs, or µs of run time).
+    pub(super) deficit: i64,
+    pub(super) place: Place,
+    /// The round at which the backlog last emptied (for debt forgiveness).
+    pub(super) idle_round: u64,
+    /// This tenant's key in `FairQueue::oldest`.
+    pub(super) oldest: Option<UnixMillis>,
+    /// Runtime mode: estimates pre-charged for jobs still running (µs).
+    pub(super) outstanding: i64,
+    /// Runtime mode: moving average of this tenant's run time (µs).
+    pub(super) avg_run_us: Option<i64>,
+}
+
+impl Tenant {
+    /// A tenant with nothing queued or running.
+    pub(super) fn new(name: Arc<str>, limits: TenantLimits) -> Self {
+        Tenant {
+            name,
+            limits,
+            backlog: Backlog::default(),
+            running: 0,
+            deficit: 0,
+            place: Place::Idle,
+            idle_round: 0,
+            oldest: None,
+            outstanding: 0,
+            avg_run_us: None,
+        }
+    }
+
+    /// True when running work has reached `max_concurrency`.
+    pub(super) fn capped(&self) -> bool {
+        self.limits
+            .max_concurrency
+            .is_some_and(|cap| self.running >= cap)
+    }
+
+    /// Effective weight (>= 1) as a cost multiplier.
+    pub(super) fn weight(&self) -> i64 {
+        i64::from(self.limits.weight.max(1))
+    }
+}
