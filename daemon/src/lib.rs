@@ -6,6 +6,7 @@
 
 pub mod backoff;
 pub mod clock;
-pub mod job;
 pub mod executor;
+pub mod job;
 pub mod scheduler;
+pub mod store;
