@@ -1,0 +1,473 @@
+//! The durable store: every job, its payload, its attempt history and the runtime
+//! overrides, in one embedded SQLite database written by one dedicated OS thread.
+//!
+//! # Shape
+//! The broker (an actor) never blocks on disk. It hands an operation and a completion
+//! callback to [`Store::submit`] (or awaits [`Store::run`]); the writer thread runs
+//! operations in **group commit**: it blocks for the first request, drains up to
+//! [`MAX_BATCH`] more without waiting, opens one transaction (`BEGIN IMMEDIATE`), runs
+//! each operation in its own `SAVEPOINT` (one failing or panicking operation does not
+//! poison the batch), commits once (one fsync), and only then calls every completion.
+//! Reads go through the same thread, so a caller always reads its own writes.
+//!
+//! Operations see the database through the narrow [`Backend`] trait, shaped by what
+//! the broker needs, so a PostgreSQL backend can follow. Two implementations exist:
+//! [`sqlite::SqliteBackend`] (production) and [`memory::MemoryBackend`] (an in-memory
+//! model used by the property tests and usable where durability is not wanted).
+//!
+//! # Invariants
+//! - **An accepted job is never lost**: a completion runs only after its transaction
+//!   committed with `synchronous=FULL` (the WAL is fsynced), so a producer answered
+//!   from the completion holds a durable promise. If the commit fails, every operation
+//!   of the batch is rolled back and answered with the commit's error.
+//! - Every completion is called exactly once: with the operation's result, the batch's
+//!   commit error, or [`StoreError::Closed`] if the writer is gone (never a hang).
+//! - At most one stored job per `(queue, idempotency_key)`; a key is freed when its job
+//!   is pruned or deleted.
+//! - A job's history is append-only (`seq` 1, 2, ...) and is deleted only with its job.
+//! - Ids are UUIDv7 stored as 16 big-endian bytes, so byte order is creation order and
+//!   "ordered by id" means "oldest first".
+//!
+//! # On-disk format (schema version 1, kept in `PRAGMA user_version`)
+//! ```text
+//! jobs(id BLOB(16) PK, queue TEXT, tenant TEXT, idempotency_key TEXT NULL,
+//!      state TEXT in (delayed ready leased succeeded dead cancelled),
+//!      attempts, budget_start, max_attempts, lease_seq INTEGER, worker TEXT NULL,
+//!      leased_at INTEGER NULL, created_at, ready_at, updated_at INTEGER (Unix ms),
+//!      last_error TEXT NULL, payload BLOB)                                 STRICT
+//!   UNIQUE (queue, idempotency_key) WHERE idempotency_key IS NOT NULL
+//!   INDEX (state, updated_at)          -- load_unfinished, prune_finished
+//!   INDEX (queue, state, updated_at)   -- list_jobs by queue/state, DLQ views
+//! history(job_id BLOB -> jobs ON DELETE CASCADE, seq INTEGER, attempt INTEGER,
+//!         outcome TEXT, worker TEXT NULL, started_at INTEGER NULL, ended_at INTEGER,
+//!         error TEXT NULL)                      PK (job_id, seq)    STRICT, WITHOUT ROWID
+//! overrides(scope TEXT, name TEXT, key TEXT, value TEXT)
+//!                                               PK (scope, name, key) STRICT, WITHOUT ROWID
+//! ```
+//! Pragmas on every open: `journal_mode=WAL`, `synchronous=FULL`, `foreign_keys=ON`,
+//! `busy_timeout=5s`. Schema changes are migrations appended to one list in
+//! `store/sqlite.rs`, applied in order, each in its own transaction that also bumps
+//! `user_version`; a database with a newer version than this build knows is refused
+//! ([`StoreError::TooNew`]) rather than misread.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::thread::{self, JoinHandle};
+
+use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
+
+pub mod memory;
+pub mod sqlite;
+mod writer;
+
+use writer::{OpTask, Queue, Task};
+
+/// The most requests one transaction takes (the first one plus up to this many minus one
+/// queued behind it). Bounds the latency a batch adds to its first caller.
+pub const MAX_BATCH: usize = 1024;
+
+/// The operations a storage engine offers, run on the writer thread inside its
+/// transaction. Each call made by one submitted operation runs in that operation's
+/// `SAVEPOINT`: if the operation returns `Err` (or panics), all its writes are undone.
+pub trait Backend: Send {
+    /// Stores a new job and its payload (bytes, opaque).
+    ///
+    /// Dedupe: if a stored job of the same queue has the same idempotency key, nothing
+    /// is written and [`Inserted::Duplicate`] names it, saying whether its payload is
+    /// byte-identical. Errors: [`StoreError::Full`] when the disk is full; an id already
+    /// stored is [`StoreError::Other`].
+    fn insert_job(&mut self, job: &Job, payload: &[u8]) -> Result<Inserted, StoreError>;
+
+    /// Overwrites every column of the stored job but its payload with `job`'s fields
+    /// (absolute assignment, not a delta) and appends `entry` to its history.
+    /// Errors: an unknown id, or a key already held by another job of the queue, is
+    /// [`StoreError::Other`].
+    fn update_job(&mut self, job: &Job, entry: Option<&HistoryEntry>) -> Result<(), StoreError>;
+
+    /// Deletes jobs with their payloads and history (DLQ purge). Unknown ids are
+    /// skipped. Returns how many jobs were deleted.
+    fn delete_jobs(&mut self, ids: &[JobId]) -> Result<u64, StoreError>;
+
+    /// The payloads of `ids`, in the same order; `None` for an unknown id.
+    fn payloads(&mut self, ids: &[JobId]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
+
+    /// Every job in state delayed, ready, leased or dead, ordered by id (oldest first):
+    /// what the broker rebuilds its in-memory state from at start-up.
+    fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError>;
+
+    /// One job with its payload and history (oldest entry first), or `None`.
+    fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError>;
+
+    /// Jobs matching every set field of `filter`, ordered by id ascending, at most
+    /// `filter.limit`. Page with `after` = the last id of the previous page.
+    fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError>;
+
+    /// Deletes at most `limit` succeeded or cancelled jobs whose `updated_at` is before
+    /// `finished_before` (Unix ms), oldest first, freeing their idempotency keys.
+    /// Returns how many were deleted.
+    fn prune_finished(
+        &mut self,
+        finished_before: UnixMillis,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
+
+    /// Sets (`Some`) or deletes (`None`) one runtime override, e.g.
+    /// `("tenant", "acme", "weight", Some("5"))`. Overrides survive restarts and win
+    /// over the config file.
+    fn set_override(
+        &mut self,
+        scope: &str,
+        name: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), StoreError>;
+
+    /// Every override, ordered by (scope, name, key).
+    fn overrides(&mut self) -> Result<Vec<Override>, StoreError>;
+
+    /// Stored jobs per (queue, state), ordered by queue then life-cycle order of the
+    /// state; only non-zero counts. For tests and `qctl status`.
+    fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError>;
+}
+
+/// Transaction control of a storage engine: what the writer loop needs beyond
+/// [`Backend`]. Savepoints do not nest across operations: the writer opens one, runs
+/// one operation, then releases or rolls it back.
+pub(crate) trait Engine: Backend {
+    /// Opens the batch's transaction (`BEGIN IMMEDIATE`).
+    fn begin(&mut self) -> Result<(), StoreError>;
+    /// Opens the savepoint of one operation.
+    fn savepoint(&mut self) -> Result<(), StoreError>;
+    /// Keeps the operation's writes (`RELEASE`).
+    fn release(&mut self) -> Result<(), StoreError>;
+    /// Undoes the operation's writes (`ROLLBACK TO` + `RELEASE`).
+    fn rollback_to(&mut self) -> Result<(), StoreError>;
+    /// Commits the batch (one fsync).
+    fn commit(&mut self) -> Result<(), StoreError>;
+    /// Undoes the whole batch after a failed commit or savepoint; never fails loudly.
+    fn rollback(&mut self);
+    /// Called once when the writer stops: checkpoint the WAL and close.
+    fn shutdown(&mut self);
+}
+
+/// The outcome of [`Backend::insert_job`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Inserted {
+    /// The job was stored.
+    New,
+    /// A stored job of the same queue already has this idempotency key; nothing was
+    /// written. `same_payload` says whether its payload is byte-identical, so the API
+    /// can answer "already accepted" or "key reused with a different payload".
+    Duplicate {
+        /// The stored job's id.
+        id: JobId,
+        /// Whether the stored payload equals the one just offered.
+        same_payload: bool,
+    },
+}
+
+/// A job with everything the store holds about it: what `qctl jobs show` prints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobDetail {
+    /// The job record.
+    pub job: Job,
+    /// Its payload bytes.
+    pub payload: Vec<u8>,
+    /// Its attempts and operator events, oldest first.
+    pub history: Vec<HistoryEntry>,
+}
+
+/// Which jobs [`Backend::list_jobs`] returns. `None` fields match everything.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobFilter {
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this tenant.
+    pub tenant: Option<String>,
+    /// Only this state.
+    pub state: Option<State>,
+    /// Only jobs whose `last_error` contains this text (ASCII case-insensitive, like
+    /// SQLite's `lower()`); jobs without an error never match.
+    pub error_contains: Option<String>,
+    /// Only jobs with `updated_at >= updated_since` (Unix ms).
+    pub updated_since: Option<UnixMillis>,
+    /// Only ids strictly greater than this one (the cursor of the next page).
+    pub after: Option<JobId>,
+    /// At most this many jobs (0 returns none).
+    pub limit: u32,
+}
+
+impl JobFilter {
+    /// The page size of [`JobFilter::default`].
+    pub const DEFAULT_LIMIT: u32 = 100;
+}
+
+impl Default for JobFilter {
+    /// Matches every job; pages of [`JobFilter::DEFAULT_LIMIT`].
+    fn default() -> Self {
+        JobFilter {
+            queue: None,
+            tenant: None,
+            state: None,
+            error_contains: None,
+            updated_since: None,
+            after: None,
+            limit: Self::DEFAULT_LIMIT,
+        }
+    }
+}
+
+/// One runtime override (set by `qctl limits set`, `qctl workers set`, ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Override {
+    /// What kind of thing it overrides (`"tenant"`, `"queue"`).
+    pub scope: String,
+    /// Which one (`"acme"`, `"email"`).
+    pub name: String,
+    /// Which setting (`"weight"`, `"max_concurrency"`, `"paused"`).
+    pub key: String,
+    /// The value, as text; the owner of the setting parses it.
+    pub value: String,
+}
+
+/// Why a store operation failed. Messages name the database path where there is one.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The disk (or SQLite's `max_page_count`) is full (`SQLITE_FULL`). The API maps it
+    /// to HTTP 507; earlier data is intact and writes succeed again once space is freed.
+    #[error("store full: {0}")]
+    Full(String),
+    /// The file is not a qd database or is malformed (`SQLITE_CORRUPT`,
+    /// `SQLITE_NOTADB`). The daemon refuses to start rather than overwrite it.
+    #[error("store corrupt: {0}")]
+    Corrupt(String),
+    /// The database or its directory cannot be opened or written (`SQLITE_CANTOPEN`,
+    /// `SQLITE_READONLY`, `SQLITE_PERM`, `SQLITE_AUTH`): missing directory, read-only
+    /// file system, wrong owner or mode.
+    #[error("store not accessible: {0}")]
+    Permission(String),
+    /// The database was written by a newer qd (schema version `found`; this build knows
+    /// up to `supported`). Upgrade qd or restore a backup; never downgrade in place.
+    #[error("store schema version {found} is newer than this qd supports ({supported})")]
+    TooNew {
+        /// The database's schema version.
+        found: u32,
+        /// The newest version this build can read.
+        supported: u32,
+    },
+    /// The writer thread is gone (closed or died); the operation did not run, or, if it
+    /// was already queued when the writer died, its outcome is unknown.
+    #[error("store closed")]
+    Closed,
+    /// Anything else: a constraint violation, an unknown job, an I/O error, a
+    /// panicking operation.
+    #[error("store error: {0}")]
+    Other(String),
+}
+
+/// Counters and size of a store, for metrics and `qctl status`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Transactions committed.
+    pub commits: u64,
+    /// Transactions attempted (`batches - commits` failed and were rolled back).
+    pub batches: u64,
+    /// Operations run (successful or not). `ops / batches` is the mean batch size.
+    pub ops: u64,
+    /// The database file, if the store is on disk.
+    pub path: Option<PathBuf>,
+    /// Bytes on disk: the database file plus its WAL (0 in memory).
+    pub size_bytes: u64,
+}
+
+/// Open-time settings of the SQLite store. `Default` is what the daemon uses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// Caps the database at this many pages (`PRAGMA max_page_count`, 4 KiB pages), so
+    /// tests can fill the "disk". `None` leaves SQLite's default (effectively no cap).
+    pub max_page_count: Option<u32>,
+}
+
+/// A cheap-to-clone handle to the writer thread. The thread stops when [`Store::close`]
+/// is called or the last handle is dropped (after finishing queued work).
+#[derive(Clone)]
+pub struct Store {
+    shared: Arc<Shared>,
+}
+
+/// Counters shared by the handles and the writer thread.
+#[derive(Default)]
+pub(crate) struct Counters {
+    commits: AtomicU64,
+    batches: AtomicU64,
+    ops: AtomicU64,
+}
+
+struct Shared {
+    /// `None` once closed. Senders are `Sync`; the lock only guards `close`.
+    sender: RwLock<Option<Queue>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    counters: Arc<Counters>,
+    path: Option<PathBuf>,
+}
+
+impl Store {
+    /// Opens (creating if absent) the SQLite database at `path` (conventionally
+    /// `<data_dir>/qd.db`) and starts its writer thread. The directory must exist.
+    ///
+    /// Errors, each naming the path: [`StoreError::Permission`] (missing or unwritable
+    /// directory or file), [`StoreError::Corrupt`] (not a database),
+    /// [`StoreError::TooNew`] (written by a newer qd), [`StoreError::Full`].
+    pub fn open_sqlite(path: &Path) -> Result<Store, StoreError> {
+        Self::open_sqlite_with(path, &SqliteOptions::default())
+    }
+
+    /// [`Store::open_sqlite`] with explicit [`SqliteOptions`].
+    pub fn open_sqlite_with(path: &Path, options: &SqliteOptions) -> Result<Store, StoreError> {
+        let backend = sqlite::SqliteBackend::open(path, options)?;
+        Self::start(backend, Some(path.to_path_buf()))
+    }
+
+    /// A store kept in memory ([`memory::MemoryBackend`]) behind the same writer thread:
+    /// same semantics, no durability. If the OS refuses a thread, the error is logged
+    /// and every operation is answered [`StoreError::Closed`].
+    pub fn open_memory() -> Store {
+        Self::start(memory::MemoryBackend::default(), None).unwrap_or_else(|err| {
+            tracing::error!(%err, "In-memory store has no writer thread; every operation fails.");
+            Self::from_parts(None, None, Arc::default(), None)
+        })
+    }
+
+    fn start<E: Engine + 'static>(engine: E, path: Option<PathBuf>) -> Result<Store, StoreError> {
+        let counters = Arc::new(Counters::default());
+        let (sender, writer) = writer::spawn(engine, Arc::clone(&counters))?;
+        Ok(Self::from_parts(Some(sender), Some(writer), counters, path))
+    }
+
+    fn from_parts(
+        sender: Option<Queue>,
+        writer: Option<JoinHandle<()>>,
+        counters: Arc<Counters>,
+        path: Option<PathBuf>,
+    ) -> Store {
+        Store {
+            shared: Arc::new(Shared {
+                sender: RwLock::new(sender),
+                writer: Mutex::new(writer),
+                counters,
+                path,
+            }),
+        }
+    }
+
+    /// Queues `op` for the writer thread and returns at once (never blocks on disk).
+    ///
+    /// `op` runs inside the next batch's transaction, in its own savepoint; `done` runs
+    /// on the writer thread **after** the batch committed, with `op`'s result, or with
+    /// the commit's error if the commit failed (then `op`'s writes were rolled back). A
+    /// panic in `op` is answered as [`StoreError::Other`]. When an op hits a full disk,
+    /// SQLite abandons the whole transaction: every op of that batch is answered
+    /// [`StoreError::Full`] and nothing of it is kept. If the store is closed,
+    /// `done(Err(Closed))` runs at once on the calling thread. `done` must be quick (it
+    /// delays the rest of the batch's answers): send a message, nothing more.
+    pub fn submit<R, Op, Done>(&self, op: Op, done: Done)
+    where
+        R: Send + 'static,
+        Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
+        Done: FnOnce(Result<R, StoreError>) + Send + 'static,
+    {
+        let task: Box<dyn Task> = Box::new(OpTask::new(op, done));
+        let rejected = {
+            let sender = self
+                .shared
+                .sender
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            match sender.as_ref() {
+                Some(sender) => sender.send(task).err().map(|err| err.0),
+                None => Some(task),
+            }
+        };
+        // Dropping an unrun task answers `Closed`, outside the lock.
+        drop(rejected);
+    }
+
+    /// [`Store::submit`] for async callers: resolves after the commit with `op`'s result.
+    pub async fn run<R, Op>(&self, op: Op) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit(op, move |result| {
+            // The receiver may have been dropped (caller cancelled); nothing to do then.
+            let _ = tx.send(result);
+        });
+        rx.await.unwrap_or(Err(StoreError::Closed))
+    }
+
+    /// Counters (commits, batches, ops) and the size on disk (database + WAL, bytes).
+    pub fn stats(&self) -> StoreStats {
+        let counters = &self.shared.counters;
+        let path = self.shared.path.clone();
+        let size_bytes = path.as_deref().map_or(0, sqlite::size_on_disk);
+        StoreStats {
+            commits: counters.commits.load(Ordering::Relaxed),
+            batches: counters.batches.load(Ordering::Relaxed),
+            ops: counters.ops.load(Ordering::Relaxed),
+            path,
+            size_bytes,
+        }
+    }
+
+    /// Stops intake, lets the writer finish every queued operation (and answer it),
+    /// checkpoints the WAL and waits for the thread to end. Later submits are answered
+    /// [`StoreError::Closed`]. Blocks the caller until then (call it at shutdown, from
+    /// a blocking context); idempotent. Called from a completion on the writer thread,
+    /// it stops intake without waiting.
+    pub fn close(&self) {
+        self.shared.close();
+    }
+}
+
+impl Shared {
+    fn close(&self) {
+        let sender = self
+            .sender
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(sender);
+        let mut writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let on_writer = writer
+            .as_ref()
+            .is_some_and(|handle| handle.thread().id() == thread::current().id());
+        if on_writer {
+            return;
+        }
+        if let Some(handle) = writer.take()
+            && handle.join().is_err()
+        {
+            tracing::error!(
+                "Store writer thread panicked; queued operations were answered Closed."
+            );
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Sorts per-(queue, state) counts by queue, then life-cycle order of the state: the
+/// one order both backends report.
+pub(crate) fn sort_counts(counts: &mut [(String, State, u64)]) {
+    let rank = |state: State| State::ALL.iter().position(|s| *s == state);
+    counts.sort_by(|a, b| (&a.0, rank(a.1)).cmp(&(&b.0, rank(b.1))));
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,297 @@
+//! The in-memory engine: the same [`Backend`] semantics as SQLite over ordered maps,
+//! with savepoints and rollback from an undo log. It is the model the property tests
+//! compare the SQLite engine against, so it favours plainness over speed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::sync::Arc;
+
+use super::{Backend, Engine, Inserted, JobDetail, JobFilter, Override, StoreError, sort_counts};
+use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
+
+/// A [`Backend`] kept in memory; nothing survives the process.
+#[derive(Default)]
+pub struct MemoryBackend {
+    jobs: BTreeMap<JobId, Row>,
+    /// `(queue, idempotency_key)` of every stored job that has a key.
+    keys: HashMap<(Arc<str>, String), JobId>,
+    overrides: BTreeMap<OverrideKey, String>,
+    /// Writes of the open transaction, newest last, as the values they replaced.
+    undo: Vec<Undo>,
+    /// Lengths of `undo` at each open savepoint.
+    savepoints: Vec<usize>,
+    in_transaction: bool,
+}
+
+#[derive(Clone)]
+struct Row {
+    job: Job,
+    payload: Vec<u8>,
+    history: Vec<HistoryEntry>,
+}
+
+type OverrideKey = (String, String, String);
+
+enum Undo {
+    Job(JobId, Option<Row>),
+    Override(OverrideKey, Option<String>),
+}
+
+fn key_of(job: &Job) -> Option<(Arc<str>, String)> {
+    job.idempotency_key
+        .as_ref()
+        .map(|key| (Arc::clone(&job.queue), key.clone()))
+}
+
+impl MemoryBackend {
+    /// Sets the row of `id` (or removes it), keeping the key index; returns the old row.
+    fn replace(&mut self, id: JobId, row: Option<Row>) -> Option<Row> {
+        let old = match row {
+            Some(row) => self.jobs.insert(id, row),
+            None => self.jobs.remove(&id),
+        };
+        if let Some(key) = old.as_ref().and_then(|o| key_of(&o.job)) {
+            self.keys.remove(&key);
+        }
+        if let Some(key) = self.jobs.get(&id).and_then(|n| key_of(&n.job)) {
+            self.keys.insert(key, id);
+        }
+        old
+    }
+
+    /// [`MemoryBackend::replace`], remembered for rollback inside a transaction.
+    fn write_job(&mut self, id: JobId, row: Option<Row>) {
+        let old = self.replace(id, row);
+        if self.in_transaction {
+            self.undo.push(Undo::Job(id, old));
+        }
+    }
+
+    fn write_override(&mut self, key: OverrideKey, value: Option<String>) {
+        let old = match value {
+            Some(value) => self.overrides.insert(key.clone(), value),
+            None => self.overrides.remove(&key),
+        };
+        if self.in_transaction {
+            self.undo.push(Undo::Override(key, old));
+        }
+    }
+
+    /// Undoes writes, newest first, until `undo` is `len` long.
+    fn undo_to(&mut self, len: usize) {
+        while self.undo.len() > len {
+            match self.undo.pop() {
+                Some(Undo::Job(id, row)) => {
+                    self.replace(id, row);
+                }
+                Some(Undo::Override(key, Some(value))) => {
+                    self.overrides.insert(key, value);
+                }
+                Some(Undo::Override(key, None)) => {
+                    self.overrides.remove(&key);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn matches(job: &Job, filter: &JobFilter) -> bool {
+        let error_matches = |needle: &String| {
+            job.last_error.as_ref().is_some_and(|e| {
+                e.to_ascii_lowercase()
+                    .contains(&needle.to_ascii_lowercase())
+            })
+        };
+        filter.queue.as_deref().is_none_or(|q| *job.queue == *q)
+            && filter.tenant.as_deref().is_none_or(|t| *job.tenant == *t)
+            && filter.state.is_none_or(|s| job.state == s)
+            && filter.error_contains.as_ref().is_none_or(error_matches)
+            && filter.updated_since.is_none_or(|t| job.updated_at >= t)
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn insert_job(&mut self, job: &Job, payload: &[u8]) -> Result<Inserted, StoreError> {
+        if let Some(id) = key_of(job).and_then(|key| self.keys.get(&key).copied()) {
+            let same_payload = self.jobs.get(&id).is_some_and(|row| row.payload == payload);
+            return Ok(Inserted::Duplicate { id, same_payload });
+        }
+        if self.jobs.contains_key(&job.id) {
+            return Err(StoreError::Other(format!("job {} already stored", job.id)));
+        }
+        let row = Row {
+            job: job.clone(),
+            payload: payload.to_vec(),
+            history: Vec::new(),
+        };
+        self.write_job(job.id, Some(row));
+        Ok(Inserted::New)
+    }
+
+    fn update_job(&mut self, job: &Job, entry: Option<&HistoryEntry>) -> Result<(), StoreError> {
+        let Some(mut row) = self.jobs.get(&job.id).cloned() else {
+            return Err(StoreError::Other(format!(
+                "update of unknown job {}",
+                job.id
+            )));
+        };
+        let holder = key_of(job).and_then(|key| self.keys.get(&key).copied());
+        if holder.is_some_and(|holder| holder != job.id) {
+            return Err(StoreError::Other(format!(
+                "job {}: idempotency key already held in queue {}",
+                job.id, job.queue
+            )));
+        }
+        row.job = job.clone();
+        row.history.extend(entry.cloned());
+        self.write_job(job.id, Some(row));
+        Ok(())
+    }
+
+    fn delete_jobs(&mut self, ids: &[JobId]) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        for id in ids {
+            if self.jobs.contains_key(id) {
+                self.write_job(*id, None);
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    fn payloads(&mut self, ids: &[JobId]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        Ok(ids
+            .iter()
+            .map(|id| self.jobs.get(id).map(|row| row.payload.clone()))
+            .collect())
+    }
+
+    fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
+        let unfinished = |s: State| !matches!(s, State::Succeeded | State::Cancelled);
+        Ok(self
+            .jobs
+            .values()
+            .filter(|row| unfinished(row.job.state))
+            .map(|row| row.job.clone())
+            .collect())
+    }
+
+    fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError> {
+        Ok(self.jobs.get(&id).map(|row| JobDetail {
+            job: row.job.clone(),
+            payload: row.payload.clone(),
+            history: row.history.clone(),
+        }))
+    }
+
+    fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+        let start = filter.after.map_or(Bound::Unbounded, Bound::Excluded);
+        Ok(self
+            .jobs
+            .range((start, Bound::Unbounded))
+            .map(|(_, row)| &row.job)
+            .filter(|job| Self::matches(job, filter))
+            .take(filter.limit as usize)
+            .cloned()
+            .collect())
+    }
+
+    fn prune_finished(
+        &mut self,
+        finished_before: UnixMillis,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let mut doomed: Vec<(UnixMillis, JobId)> = self
+            .jobs
+            .values()
+            .map(|row| &row.job)
+            .filter(|job| matches!(job.state, State::Succeeded | State::Cancelled))
+            .filter(|job| job.updated_at < finished_before)
+            .map(|job| (job.updated_at, job.id))
+            .collect();
+        doomed.sort_unstable();
+        doomed.truncate(limit as usize);
+        for (_, id) in &doomed {
+            self.write_job(*id, None);
+        }
+        Ok(doomed.len() as u64)
+    }
+
+    fn set_override(
+        &mut self,
+        scope: &str,
+        name: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let at = (scope.to_owned(), name.to_owned(), key.to_owned());
+        self.write_override(at, value.map(str::to_owned));
+        Ok(())
+    }
+
+    fn overrides(&mut self) -> Result<Vec<Override>, StoreError> {
+        Ok(self
+            .overrides
+            .iter()
+            .map(|((scope, name, key), value)| Override {
+                scope: scope.clone(),
+                name: name.clone(),
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect())
+    }
+
+    fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let mut tally: HashMap<(&str, State), u64> = HashMap::new();
+        for job in self.jobs.values().map(|row| &row.job) {
+            *tally.entry((&job.queue, job.state)).or_default() += 1;
+        }
+        let mut counts: Vec<_> = tally
+            .into_iter()
+            .map(|((queue, state), n)| (queue.to_owned(), state, n))
+            .collect();
+        sort_counts(&mut counts);
+        Ok(counts)
+    }
+}
+
+impl Engine for MemoryBackend {
+    fn begin(&mut self) -> Result<(), StoreError> {
+        self.undo.clear();
+        self.savepoints.clear();
+        self.in_transaction = true;
+        Ok(())
+    }
+
+    fn savepoint(&mut self) -> Result<(), StoreError> {
+        self.savepoints.push(self.undo.len());
+        Ok(())
+    }
+
+    fn release(&mut self) -> Result<(), StoreError> {
+        self.savepoints.pop();
+        Ok(())
+    }
+
+    fn rollback_to(&mut self) -> Result<(), StoreError> {
+        let mark = self.savepoints.pop().unwrap_or(0);
+        self.undo_to(mark);
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<(), StoreError> {
+        self.undo.clear();
+        self.savepoints.clear();
+        self.in_transaction = false;
+        Ok(())
+    }
+
+    fn rollback(&mut self) {
+        self.undo_to(0);
+        self.savepoints.clear();
+        self.in_transaction = false;
+    }
+
+    fn shutdown(&mut self) {}
+}

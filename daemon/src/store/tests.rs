@@ -1,0 +1,515 @@
+//! Tests of the store: group commit and durability, error mapping on open, disk full,
+//! panics and closing. The model test (SQLite against memory) is in `tests/model.rs`.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+use uuid::Uuid;
+
+use super::*;
+use crate::job::Outcome;
+
+mod model;
+
+const ANSWER_WITHIN: Duration = Duration::from_secs(60);
+
+/// A ready job of `queue` with a fixed id `n` (ids sort like `n`).
+fn job(n: u128, queue: &str, key: Option<&str>) -> Job {
+    Job {
+        id: JobId(Uuid::from_u128(n)),
+        queue: queue.into(),
+        tenant: "default".into(),
+        idempotency_key: key.map(str::to_owned),
+        state: State::Ready,
+        attempts: 0,
+        budget_start: 0,
+        max_attempts: 3,
+        lease_seq: 0,
+        worker: None,
+        leased_at: None,
+        created_at: 1_000,
+        ready_at: 1_000,
+        updated_at: 1_000,
+        last_error: None,
+    }
+}
+
+/// Submits `op` and waits for its completion.
+fn block<R, Op>(store: &Store, op: Op) -> Result<R, StoreError>
+where
+    R: Send + 'static,
+    Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel();
+    store.submit(op, move |result| {
+        let _ = tx.send(result);
+    });
+    rx.recv_timeout(ANSWER_WITHIN)
+        .expect("store answers every submit")
+}
+
+/// Holds the writer thread inside an operation until the returned sender is used (or
+/// dropped), so everything submitted meanwhile lands in the next batch.
+fn hold_writer(store: &Store) -> mpsc::Sender<()> {
+    let (release, held) = mpsc::channel::<()>();
+    let (started_tx, started) = mpsc::channel();
+    store.submit(
+        move |_| {
+            let _ = started_tx.send(());
+            let _ = held.recv();
+            Ok(())
+        },
+        |_| {},
+    );
+    started
+        .recv_timeout(ANSWER_WITHIN)
+        .expect("writer picks up the gate");
+    release
+}
+
+fn temp_db() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("qd.db");
+    (dir, path)
+}
+
+fn open(path: &Path) -> Store {
+    Store::open_sqlite(path).expect("open store")
+}
+
+#[test]
+fn concurrent_inserts_are_durable_and_share_few_commits() {
+    const THREADS: u128 = 8;
+    const PER_THREAD: u128 = 125;
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let reader = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .expect("second, read-only connection");
+    let reader = Arc::new(Mutex::new(reader));
+    let answered_before_visible = Arc::new(AtomicUsize::new(0));
+    let (done_tx, done_rx) = mpsc::channel();
+    let release = hold_writer(&store);
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (store, reader, early, done_tx) = (
+                store.clone(),
+                Arc::clone(&reader),
+                Arc::clone(&answered_before_visible),
+                done_tx.clone(),
+            );
+            scope.spawn(move || {
+                for i in 0..PER_THREAD {
+                    let job = job(1 + t * PER_THREAD + i, "email", None);
+                    let id = job.id;
+                    let (reader, early, done_tx) =
+                        (Arc::clone(&reader), Arc::clone(&early), done_tx.clone());
+                    store.submit(
+                        move |b| b.insert_job(&job, &[7; 200]),
+                        move |result| {
+                            let visible: i64 = reader
+                                .lock()
+                                .expect("reader lock")
+                                .query_row(
+                                    "SELECT COUNT(*) FROM jobs WHERE id = ?1",
+                                    [id.0.as_bytes()],
+                                    |r| r.get(0),
+                                )
+                                .expect("read through the second connection");
+                            if visible != 1 {
+                                early.fetch_add(1, Ordering::SeqCst);
+                            }
+                            let _ = done_tx.send(result);
+                        },
+                    );
+                }
+            });
+        }
+    });
+    drop(release);
+    for _ in 0..THREADS * PER_THREAD {
+        let result = done_rx
+            .recv_timeout(ANSWER_WITHIN)
+            .expect("every insert answered");
+        assert_eq!(result, Ok(Inserted::New));
+    }
+    assert_eq!(answered_before_visible.load(Ordering::SeqCst), 0);
+    let stats = store.stats();
+    assert!(stats.commits <= 10, "group commit: {stats:?}");
+    assert_eq!(stats.ops, 1 + 1000);
+    assert!(stats.size_bytes > 200 * 1000, "{stats:?}");
+    drop(store);
+
+    let store = open(&path);
+    let jobs = block(&store, |b| b.load_unfinished()).expect("load");
+    let ids: Vec<u128> = jobs.iter().map(|j| j.id.0.as_u128()).collect();
+    assert_eq!(ids, (1..=1000).collect::<Vec<_>>());
+    let counts = block(&store, |b| b.counts()).expect("counts");
+    assert_eq!(counts, vec![("email".to_owned(), State::Ready, 1000)]);
+}
+
+#[test]
+fn jobs_history_and_overrides_survive_reopen() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let mut stored = job(1, "email", Some("k"));
+    let inserted = stored.clone();
+    block(&store, move |b| b.insert_job(&inserted, b"hello")).expect("insert");
+    stored.state = State::Dead;
+    stored.attempts = 3;
+    stored.lease_seq = 3;
+    stored.last_error = Some("exit 75".into());
+    let entry = HistoryEntry {
+        attempt: 3,
+        outcome: Outcome::Failed,
+        worker: Some("email/1".into()),
+        started_at: Some(1_500),
+        ended_at: 1_600,
+        error: Some("exit 75".into()),
+    };
+    let (update, logged) = (stored.clone(), entry.clone());
+    block(&store, move |b| b.update_job(&update, Some(&logged))).expect("update");
+    block(&store, |b| {
+        b.set_override("tenant", "acme", "weight", Some("5"))
+    })
+    .expect("set");
+    store.close();
+
+    let store = open(&path);
+    let id = stored.id;
+    let detail = block(&store, move |b| b.job(id)).expect("read");
+    assert_eq!(
+        detail,
+        Some(JobDetail {
+            job: stored,
+            payload: b"hello".to_vec(),
+            history: vec![entry],
+        })
+    );
+    let overrides = block(&store, |b| b.overrides()).expect("overrides");
+    assert_eq!(overrides.len(), 1);
+    assert_eq!(overrides[0].value, "5");
+}
+
+#[test]
+fn full_disk_fails_inserts_with_full_and_keeps_earlier_rows() {
+    let (_dir, path) = temp_db();
+    let small = SqliteOptions {
+        max_page_count: Some(64),
+    };
+    let store = Store::open_sqlite_with(&path, &small).expect("open small store");
+    let mut stored = 0u128;
+    let error = loop {
+        assert!(stored < 200, "64 pages never filled");
+        let next = job(stored + 1, "q", None);
+        match block(&store, move |b| b.insert_job(&next, &[1; 4096])) {
+            Ok(_) => stored += 1,
+            Err(err) => break err,
+        }
+    };
+    assert!(
+        matches!(&error, StoreError::Full(m) if m.contains(&path.display().to_string())),
+        "{error:?}"
+    );
+    let counts = block(&store, |b| b.counts()).expect("reads still work");
+    assert_eq!(counts, vec![("q".to_owned(), State::Ready, stored as u64)]);
+    drop(store);
+
+    let roomy = SqliteOptions {
+        max_page_count: Some(4096),
+    };
+    let store = Store::open_sqlite_with(&path, &roomy).expect("reopen with room");
+    let next = job(stored + 1, "q", None);
+    assert_eq!(
+        block(&store, move |b| b.insert_job(&next, &[1; 4096])),
+        Ok(Inserted::New)
+    );
+    let unfinished = block(&store, |b| b.load_unfinished()).expect("load");
+    assert_eq!(unfinished.len() as u128, stored + 1);
+}
+
+#[test]
+fn garbage_file_is_refused_as_corrupt_naming_the_path() {
+    let (_dir, path) = temp_db();
+    std::fs::write(
+        &path,
+        b"this is not a database, just some text ".repeat(200),
+    )
+    .expect("write");
+    match Store::open_sqlite(&path) {
+        Err(StoreError::Corrupt(message)) => {
+            assert!(message.contains(&path.display().to_string()), "{message}");
+        }
+        other => panic!("expected Corrupt, got {:?}", other.map(|_| "a store")),
+    }
+}
+
+#[test]
+fn missing_directory_is_refused_naming_it() {
+    let (dir, _) = temp_db();
+    let path = dir.path().join("absent").join("qd.db");
+    match Store::open_sqlite(&path) {
+        Err(StoreError::Permission(message)) => {
+            assert!(message.contains(&path.display().to_string()), "{message}");
+        }
+        other => panic!("expected Permission, got {:?}", other.map(|_| "a store")),
+    }
+}
+
+/// `/proc/self` is a directory no one, not even root, can create files in.
+#[cfg(target_os = "linux")]
+#[test]
+fn unwritable_directory_is_refused_as_permission() {
+    let path = Path::new("/proc/self/qd.db");
+    match Store::open_sqlite(path) {
+        Err(StoreError::Permission(message)) => {
+            assert!(message.contains("/proc/self/qd.db"), "{message}");
+        }
+        other => panic!("expected Permission, got {:?}", other.map(|_| "a store")),
+    }
+}
+
+#[test]
+fn newer_schema_is_refused_as_too_new() {
+    let (_dir, path) = temp_db();
+    open(&path).close();
+    let raw = Connection::open(&path).expect("raw connection");
+    raw.pragma_update(None, "user_version", sqlite::SCHEMA_VERSION + 1)
+        .expect("bump version");
+    drop(raw);
+    match Store::open_sqlite(&path) {
+        Err(StoreError::TooNew { found, supported }) => {
+            assert_eq!(
+                (found, supported),
+                (sqlite::SCHEMA_VERSION + 1, sqlite::SCHEMA_VERSION)
+            );
+        }
+        other => panic!("expected TooNew, got {:?}", other.map(|_| "a store")),
+    }
+}
+
+#[test]
+fn panicking_op_is_answered_and_its_batch_still_commits() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let release = hold_writer(&store);
+    let (tx, rx) = mpsc::channel();
+    let tx2 = tx.clone();
+    store.submit(
+        |b| {
+            b.insert_job(&job(1, "q", None), b"lost")?;
+            panic!("op exploded");
+        },
+        move |r: Result<(), StoreError>| {
+            let _ = tx.send(("panicked", r.map(drop)));
+        },
+    );
+    store.submit(
+        |b| b.insert_job(&job(2, "q", None), b"kept"),
+        move |r| {
+            let _ = tx2.send(("next", r.map(drop)));
+        },
+    );
+    drop(release);
+    let (_, panicked) = rx.recv_timeout(ANSWER_WITHIN).expect("answer");
+    assert!(
+        matches!(&panicked, Err(StoreError::Other(m)) if m.contains("op exploded")),
+        "{panicked:?}"
+    );
+    assert_eq!(
+        rx.recv_timeout(ANSWER_WITHIN).expect("answer"),
+        ("next", Ok(()))
+    );
+    let ids = block(&store, |b| {
+        b.payloads(&[JobId(Uuid::from_u128(1)), JobId(Uuid::from_u128(2))])
+    });
+    assert_eq!(ids, Ok(vec![None, Some(b"kept".to_vec())]));
+}
+
+#[test]
+fn panicking_completion_does_not_stop_the_writer() {
+    let store = Store::open_memory();
+    store.submit(|_| Ok(()), |_| panic!("completion exploded"));
+    assert_eq!(block(&store, |b| b.counts()), Ok(Vec::new()));
+}
+
+#[test]
+fn failing_op_is_rolled_back_alone() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let release = hold_writer(&store);
+    let (tx, rx) = mpsc::channel();
+    let tx2 = tx.clone();
+    store.submit(
+        |b| {
+            b.insert_job(&job(1, "q", Some("k")), b"undone")?;
+            Err::<(), _>(StoreError::Other("refused".into()))
+        },
+        move |r| {
+            let _ = tx.send(r);
+        },
+    );
+    store.submit(
+        |b| b.insert_job(&job(2, "q", Some("k")), b"kept").map(drop),
+        move |r| {
+            let _ = tx2.send(r);
+        },
+    );
+    drop(release);
+    assert_eq!(
+        rx.recv_timeout(ANSWER_WITHIN),
+        Ok(Err(StoreError::Other("refused".into())))
+    );
+    assert_eq!(rx.recv_timeout(ANSWER_WITHIN), Ok(Ok(())));
+    let counts = block(&store, |b| b.counts());
+    assert_eq!(counts, Ok(vec![("q".to_owned(), State::Ready, 1)]));
+}
+
+#[test]
+fn close_finishes_queued_work_then_answers_closed_at_once() {
+    let store = Store::open_memory();
+    let answered = Arc::new(AtomicUsize::new(0));
+    for n in 0..100 {
+        let answered = Arc::clone(&answered);
+        store.submit(
+            move |b| b.insert_job(&job(n, "q", None), b""),
+            move |r| {
+                assert_eq!(r, Ok(Inserted::New));
+                answered.fetch_add(1, Ordering::SeqCst);
+            },
+        );
+    }
+    store.close();
+    assert_eq!(answered.load(Ordering::SeqCst), 100);
+    let closed = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&closed);
+    store.submit(
+        |b| b.counts(),
+        move |r| flag.store(r == Err(StoreError::Closed), Ordering::SeqCst),
+    );
+    assert!(
+        closed.load(Ordering::SeqCst),
+        "answered Closed before submit returned"
+    );
+}
+
+#[tokio::test]
+async fn run_resolves_after_commit_and_closed_after_close() {
+    let store = Store::open_memory();
+    let inserted = store
+        .run(|b| b.insert_job(&job(1, "q", Some("k")), b"p"))
+        .await;
+    assert_eq!(inserted, Ok(Inserted::New));
+    let again = store
+        .run(|b| b.insert_job(&job(2, "q", Some("k")), b"other"))
+        .await;
+    let id = JobId(Uuid::from_u128(1));
+    assert_eq!(
+        again,
+        Ok(Inserted::Duplicate {
+            id,
+            same_payload: false
+        })
+    );
+    store.close();
+    assert_eq!(store.run(|b| b.counts()).await, Err(StoreError::Closed));
+}
+
+/// A memory engine whose commits fail while `fail` is set, to see how a failed batch
+/// is answered.
+struct FailingCommit(memory::MemoryBackend, Arc<AtomicBool>);
+
+impl Backend for FailingCommit {
+    fn insert_job(&mut self, job: &Job, payload: &[u8]) -> Result<Inserted, StoreError> {
+        self.0.insert_job(job, payload)
+    }
+    fn update_job(&mut self, job: &Job, entry: Option<&HistoryEntry>) -> Result<(), StoreError> {
+        self.0.update_job(job, entry)
+    }
+    fn delete_jobs(&mut self, ids: &[JobId]) -> Result<u64, StoreError> {
+        self.0.delete_jobs(ids)
+    }
+    fn payloads(&mut self, ids: &[JobId]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.0.payloads(ids)
+    }
+    fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
+        self.0.load_unfinished()
+    }
+    fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError> {
+        self.0.job(id)
+    }
+    fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+        self.0.list_jobs(filter)
+    }
+    fn prune_finished(&mut self, before: UnixMillis, limit: u32) -> Result<u64, StoreError> {
+        self.0.prune_finished(before, limit)
+    }
+    fn set_override(
+        &mut self,
+        scope: &str,
+        name: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.0.set_override(scope, name, key, value)
+    }
+    fn overrides(&mut self) -> Result<Vec<Override>, StoreError> {
+        self.0.overrides()
+    }
+    fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
+        self.0.counts()
+    }
+}
+
+impl Engine for FailingCommit {
+    fn begin(&mut self) -> Result<(), StoreError> {
+        self.0.begin()
+    }
+    fn savepoint(&mut self) -> Result<(), StoreError> {
+        self.0.savepoint()
+    }
+    fn release(&mut self) -> Result<(), StoreError> {
+        self.0.release()
+    }
+    fn rollback_to(&mut self) -> Result<(), StoreError> {
+        self.0.rollback_to()
+    }
+    fn commit(&mut self) -> Result<(), StoreError> {
+        if self.1.load(Ordering::SeqCst) {
+            return Err(StoreError::Full("commit refused".into()));
+        }
+        self.0.commit()
+    }
+    fn rollback(&mut self) {
+        self.0.rollback();
+    }
+    fn shutdown(&mut self) {}
+}
+
+#[test]
+fn failed_commit_answers_every_op_with_its_error_and_keeps_nothing() {
+    let fail = Arc::new(AtomicBool::new(true));
+    let engine = FailingCommit(memory::MemoryBackend::default(), Arc::clone(&fail));
+    let store = Store::start(engine, None).expect("start writer");
+    let release = hold_writer(&store);
+    let (tx, rx) = mpsc::channel();
+    for n in 1..=3 {
+        let tx = tx.clone();
+        store.submit(
+            move |b| b.insert_job(&job(n, "q", None), b"x"),
+            move |r| {
+                let _ = tx.send(r);
+            },
+        );
+    }
+    drop(release);
+    for _ in 1..=3 {
+        let answer = rx.recv_timeout(ANSWER_WITHIN).expect("answer");
+        assert_eq!(answer, Err(StoreError::Full("commit refused".into())));
+    }
+    assert_eq!(store.stats().commits, 0);
+    fail.store(false, Ordering::SeqCst);
+    assert_eq!(block(&store, |b| b.counts()), Ok(Vec::new()), "rolled back");
+    assert_eq!(store.stats().commits, 1);
+}

@@ -1,0 +1,372 @@
+//! Model test: random sequences of operations applied to the SQLite store (on a temp
+//! dir) and to the in-memory store give identical observable results.
+//!
+//! Each case submits all its operations at once, so they share batches and exercise
+//! per-operation savepoints (including operations that write and then fail).
+
+use proptest::prelude::*;
+use proptest::sample::Index;
+
+use super::*;
+
+const QUEUES: [&str; 2] = ["email", "thumbs"];
+const TENANTS: [&str; 2] = ["default", "acme"];
+const KEYS: [&str; 3] = ["k1", "k2", "k3"];
+const PAYLOADS: [&[u8]; 4] = [b"", b"a", b"bb", b"a\0b"];
+const ERRORS: [&str; 3] = ["Timeout talking to SMTP", "exit 75", "HTTP 503 from api"];
+const NEEDLES: [&str; 3] = ["timeout", "EXIT", "zzz"];
+const MAX_STEPS: usize = 60;
+const STEP_MS: i64 = 3;
+
+/// A generated step; job references are indexes into the jobs made so far.
+#[derive(Clone, Debug)]
+enum Step {
+    Insert {
+        queue: usize,
+        tenant: usize,
+        key: Option<usize>,
+        payload: usize,
+        delay: bool,
+    },
+    InsertThenFail {
+        queue: usize,
+        key: Option<usize>,
+    },
+    Update {
+        job: Index,
+        state: usize,
+        attempts: u32,
+        error: Option<usize>,
+        entry: Option<(usize, bool)>,
+    },
+    Delete(Vec<Index>),
+    Payloads(Vec<Index>),
+    LoadUnfinished,
+    Show(Index),
+    List(ListSpec),
+    Prune {
+        back: i64,
+        limit: u32,
+    },
+    SetOverride {
+        name: usize,
+        key: usize,
+        value: Option<u8>,
+    },
+    Overrides,
+    Counts,
+}
+
+#[derive(Clone, Debug)]
+struct ListSpec {
+    queue: Option<usize>,
+    tenant: Option<usize>,
+    state: Option<usize>,
+    needle: Option<usize>,
+    since_back: Option<i64>,
+    after: Option<Index>,
+    limit: u32,
+}
+
+/// A concrete operation, applied identically to both stores.
+#[derive(Clone, Debug)]
+enum Action {
+    Insert(Job, Vec<u8>),
+    InsertThenFail(Job),
+    Update(Job, Option<HistoryEntry>),
+    Delete(Vec<JobId>),
+    Payloads(Vec<JobId>),
+    LoadUnfinished,
+    Show(JobId),
+    List(JobFilter),
+    Prune(UnixMillis, u32),
+    SetOverride(String, String, Option<String>),
+    Overrides,
+    Counts,
+}
+
+/// What an operation let the caller see. Errors compare by kind only: the two
+/// engines word their messages differently.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Inserted(Inserted),
+    Done,
+    Count(u64),
+    Payloads(Vec<Option<Vec<u8>>>),
+    Jobs(Vec<Job>),
+    Detail(Option<Box<JobDetail>>),
+    Overrides(Vec<Override>),
+    Counts(Vec<(String, State, u64)>),
+    Failed(&'static str),
+}
+
+fn kind(err: &StoreError) -> &'static str {
+    match err {
+        StoreError::Full(_) => "full",
+        StoreError::Corrupt(_) => "corrupt",
+        StoreError::Permission(_) => "permission",
+        StoreError::TooNew { .. } => "too new",
+        StoreError::Closed => "closed",
+        StoreError::Other(_) => "other",
+    }
+}
+
+fn apply(action: &Action, b: &mut dyn Backend) -> Result<Seen, StoreError> {
+    Ok(match action {
+        Action::Insert(job, payload) => Seen::Inserted(b.insert_job(job, payload)?),
+        Action::InsertThenFail(job) => {
+            b.insert_job(job, b"doomed")?;
+            return Err(StoreError::Other("deliberate failure after a write".into()));
+        }
+        Action::Update(job, entry) => b.update_job(job, entry.as_ref()).map(|()| Seen::Done)?,
+        Action::Delete(ids) => Seen::Count(b.delete_jobs(ids)?),
+        Action::Payloads(ids) => Seen::Payloads(b.payloads(ids)?),
+        Action::LoadUnfinished => Seen::Jobs(b.load_unfinished()?),
+        Action::Show(id) => Seen::Detail(b.job(*id)?.map(Box::new)),
+        Action::List(filter) => Seen::Jobs(b.list_jobs(filter)?),
+        Action::Prune(before, limit) => Seen::Count(b.prune_finished(*before, *limit)?),
+        Action::SetOverride(name, key, value) => {
+            b.set_override("tenant", name, key, value.as_deref())?;
+            Seen::Done
+        }
+        Action::Overrides => Seen::Overrides(b.overrides()?),
+        Action::Counts => Seen::Counts(b.counts()?),
+    })
+}
+
+/// Turns steps into actions, keeping the latest version of every job it made.
+#[derive(Default)]
+struct Driver {
+    jobs: Vec<Job>,
+    made: u128,
+}
+
+impl Driver {
+    fn new_job(&mut self, queue: usize, tenant: usize, key: Option<usize>, now: i64) -> Job {
+        self.made += 1;
+        // Scrambled ids, so id order differs from insertion order.
+        let id = JobId(Uuid::from_u128(
+            self.made
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835),
+        ));
+        let mut job = job(0, QUEUES[queue], key.map(|k| KEYS[k]));
+        job.id = id;
+        job.tenant = TENANTS[tenant].into();
+        (job.created_at, job.ready_at, job.updated_at) = (now, now, now);
+        self.jobs.push(job.clone());
+        job
+    }
+
+    fn pick(&self, index: &Index) -> Option<&Job> {
+        (!self.jobs.is_empty()).then(|| &self.jobs[index.index(self.jobs.len())])
+    }
+
+    fn ids(&self, indexes: &[Index]) -> Vec<JobId> {
+        indexes
+            .iter()
+            .filter_map(|i| self.pick(i))
+            .map(|j| j.id)
+            .collect()
+    }
+
+    fn action(&mut self, step: Step, now: i64) -> Option<Action> {
+        Some(match step {
+            Step::Insert {
+                queue,
+                tenant,
+                key,
+                payload,
+                delay,
+            } => {
+                let mut job = self.new_job(queue, tenant, key, now);
+                if delay {
+                    job.state = State::Delayed;
+                    job.ready_at = now + 50;
+                    *self.jobs.last_mut()? = job.clone();
+                }
+                Action::Insert(job, PAYLOADS[payload].to_vec())
+            }
+            Step::InsertThenFail { queue, key } => {
+                Action::InsertThenFail(self.new_job(queue, 0, key, now))
+            }
+            Step::Update {
+                job,
+                state,
+                attempts,
+                error,
+                entry,
+            } => {
+                let at = job.index(self.jobs.len().max(1));
+                let job = self.jobs.get_mut(at)?;
+                job.state = State::ALL[state];
+                job.attempts = attempts;
+                job.lease_seq += 1;
+                job.updated_at = now;
+                job.last_error = error.map(|e| ERRORS[e].to_owned());
+                (job.worker, job.leased_at) = match job.state {
+                    State::Leased => (Some("w/1".into()), Some(now)),
+                    _ => (None, None),
+                };
+                let entry = entry.map(|(outcome, with_worker)| HistoryEntry {
+                    attempt: attempts,
+                    outcome: Outcome::ALL[outcome],
+                    worker: with_worker.then(|| "w/1".to_owned()),
+                    started_at: with_worker.then_some(now - 1),
+                    ended_at: now,
+                    error: job.last_error.clone(),
+                });
+                Action::Update(job.clone(), entry)
+            }
+            Step::Delete(indexes) => Action::Delete(self.ids(&indexes)),
+            Step::Payloads(indexes) => Action::Payloads(self.ids(&indexes)),
+            Step::LoadUnfinished => Action::LoadUnfinished,
+            Step::Show(index) => Action::Show(self.pick(&index)?.id),
+            Step::List(spec) => Action::List(JobFilter {
+                queue: spec.queue.map(|q| QUEUES[q].to_owned()),
+                tenant: spec.tenant.map(|t| TENANTS[t].to_owned()),
+                state: spec.state.map(|s| State::ALL[s]),
+                error_contains: spec.needle.map(|n| NEEDLES[n].to_owned()),
+                updated_since: spec.since_back.map(|back| now - STEP_MS * back),
+                after: spec.after.and_then(|i| self.pick(&i)).map(|j| j.id),
+                limit: spec.limit,
+            }),
+            Step::Prune { back, limit } => Action::Prune(now - STEP_MS * back, limit),
+            Step::SetOverride { name, key, value } => Action::SetOverride(
+                TENANTS[name].to_owned(),
+                ["weight", "max_concurrency"][key].to_owned(),
+                value.map(|v| v.to_string()),
+            ),
+            Step::Overrides => Action::Overrides,
+            Step::Counts => Action::Counts,
+        })
+    }
+}
+
+/// How many steps back a time filter looks: a time on the steps' clock (step n runs
+/// at `STEP_MS * n`), near now, so filters hit their boundaries exactly and often.
+fn steps_back() -> impl Strategy<Value = i64> {
+    0..8i64
+}
+
+fn list_spec() -> impl Strategy<Value = ListSpec> {
+    (
+        proptest::option::of(0..2usize),
+        proptest::option::of(0..2usize),
+        proptest::option::of(0..6usize),
+        proptest::option::of(0..3usize),
+        proptest::option::of(steps_back()),
+        proptest::option::of(any::<Index>()),
+        0..6u32,
+    )
+        .prop_map(
+            |(queue, tenant, state, needle, since_back, after, limit)| ListSpec {
+                queue,
+                tenant,
+                state,
+                needle,
+                since_back,
+                after,
+                limit,
+            },
+        )
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let insert = (
+        0..2usize,
+        0..2usize,
+        proptest::option::of(0..3usize),
+        0..4usize,
+        any::<bool>(),
+    )
+        .prop_map(|(queue, tenant, key, payload, delay)| Step::Insert {
+            queue,
+            tenant,
+            key,
+            payload,
+            delay,
+        });
+    let fail = (0..2usize, proptest::option::of(0..3usize))
+        .prop_map(|(queue, key)| Step::InsertThenFail { queue, key });
+    let entry = proptest::option::of((0..Outcome::ALL.len(), any::<bool>()));
+    let update = (
+        any::<Index>(),
+        0..6usize,
+        0..4u32,
+        proptest::option::of(0..3usize),
+        entry,
+    )
+        .prop_map(|(job, state, attempts, error, entry)| Step::Update {
+            job,
+            state,
+            attempts,
+            error,
+            entry,
+        });
+    let ids = || proptest::collection::vec(any::<Index>(), 0..3);
+    let set = (0..2usize, 0..2usize, proptest::option::of(any::<u8>()))
+        .prop_map(|(name, key, value)| Step::SetOverride { name, key, value });
+    prop_oneof![
+        6 => insert,
+        1 => fail,
+        5 => update,
+        1 => ids().prop_map(Step::Delete),
+        1 => ids().prop_map(Step::Payloads),
+        1 => Just(Step::LoadUnfinished),
+        1 => any::<Index>().prop_map(Step::Show),
+        3 => list_spec().prop_map(Step::List),
+        2 => (steps_back(), 0..4u32).prop_map(|(back, limit)| Step::Prune { back, limit }),
+        1 => set,
+        1 => Just(Step::Overrides),
+        1 => Just(Step::Counts),
+    ]
+}
+
+/// Submits every action without waiting and returns what each caller saw, in order.
+fn observe(store: &Store, actions: &[Action]) -> Vec<Seen> {
+    let (tx, rx) = mpsc::channel();
+    for (n, action) in actions.iter().cloned().enumerate() {
+        let tx = tx.clone();
+        store.submit(
+            move |b| apply(&action, b),
+            move |result| {
+                let _ = tx.send((n, result.unwrap_or_else(|e| Seen::Failed(kind(&e)))));
+            },
+        );
+    }
+    let mut seen: Vec<(usize, Seen)> = (0..actions.len())
+        .map(|_| {
+            rx.recv_timeout(ANSWER_WITHIN)
+                .expect("every action answered")
+        })
+        .collect();
+    seen.sort_by_key(|(n, _)| *n);
+    seen.into_iter().map(|(_, s)| s).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sqlite_and_memory_stores_agree(steps in proptest::collection::vec(step(), 1..MAX_STEPS)) {
+        let mut driver = Driver::default();
+        let actions: Vec<Action> = steps
+            .into_iter()
+            .enumerate()
+            .filter_map(|(n, step)| driver.action(step, STEP_MS * n as i64))
+            .collect();
+        let (_dir, path) = temp_db();
+        let sqlite = open(&path);
+        let memory = Store::open_memory();
+        let from_sqlite = observe(&sqlite, &actions);
+        let from_memory = observe(&memory, &actions);
+        for (n, (s, m)) in from_sqlite.iter().zip(&from_memory).enumerate() {
+            prop_assert_eq!(s, m, "action {} = {:?}", n, &actions[n]);
+        }
+        // And what was committed is what a reopened database reads back.
+        sqlite.close();
+        let reopened = open(&path);
+        let tail = [Action::LoadUnfinished, Action::Counts, Action::Overrides];
+        prop_assert_eq!(observe(&reopened, &tail), observe(&memory, &tail));
+    }
+}

@@ -1,0 +1,176 @@
+//! The writer thread and its group commit: block for the first request, drain up to
+//! [`MAX_BATCH`] without waiting, run them all in one transaction (each in its own
+//! savepoint), commit once, then answer every caller.
+//!
+//! Requests are type-erased [`Task`]s. A task answers its caller exactly once: after
+//! the commit, or with the batch's error, or [`StoreError::Closed`] when it is dropped
+//! unanswered (the writer died, or the store was closed before it was queued).
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::{self, JoinHandle};
+
+use super::{Backend, Counters, Engine, MAX_BATCH, StoreError};
+
+/// The sending side of the writer's queue.
+pub(crate) type Queue = Sender<Box<dyn Task>>;
+
+/// One queued operation with its completion.
+pub(crate) trait Task: Send {
+    /// Runs the operation (once), turning a panic into an error. Returns its error, if
+    /// any: then its savepoint is rolled back.
+    fn run(&mut self, backend: &mut dyn Backend) -> Result<(), StoreError>;
+    /// Answers the caller: with the operation's own result if the batch committed,
+    /// else with the batch's error.
+    fn answer(self: Box<Self>, commit: Result<(), StoreError>);
+}
+
+/// A [`Task`] made of a typed operation and its completion.
+pub(crate) struct OpTask<R, Op, Done>
+where
+    Done: FnOnce(Result<R, StoreError>),
+{
+    op: Option<Op>,
+    result: Option<Result<R, StoreError>>,
+    done: Option<Done>,
+}
+
+impl<R, Op, Done> OpTask<R, Op, Done>
+where
+    Done: FnOnce(Result<R, StoreError>),
+{
+    pub(crate) fn new(op: Op, done: Done) -> Self {
+        OpTask {
+            op: Some(op),
+            result: None,
+            done: Some(done),
+        }
+    }
+
+    /// Calls the completion if it has not been called yet. A panicking completion is
+    /// logged and contained: it must not take the writer (and every later caller) down.
+    fn reply(&mut self, result: Result<R, StoreError>) {
+        if let Some(done) = self.done.take()
+            && panic::catch_unwind(AssertUnwindSafe(|| done(result))).is_err()
+        {
+            tracing::error!("Store completion panicked; the writer keeps serving.");
+        }
+    }
+}
+
+impl<R, Op, Done> Task for OpTask<R, Op, Done>
+where
+    R: Send,
+    Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send,
+    Done: FnOnce(Result<R, StoreError>) + Send,
+{
+    fn run(&mut self, backend: &mut dyn Backend) -> Result<(), StoreError> {
+        let op = self
+            .op
+            .take()
+            .expect("invariant: the writer runs each task once");
+        let result = panic::catch_unwind(AssertUnwindSafe(|| op(backend))).unwrap_or_else(|p| {
+            Err(StoreError::Other(format!(
+                "store operation panicked: {}",
+                panic_message(p.as_ref())
+            )))
+        });
+        let outcome = result.as_ref().map(drop).map_err(StoreError::clone);
+        self.result = Some(result);
+        outcome
+    }
+
+    fn answer(mut self: Box<Self>, commit: Result<(), StoreError>) {
+        let result = match commit {
+            Ok(()) => self
+                .result
+                .take()
+                .expect("invariant: a batch commits only after all its tasks ran"),
+            Err(err) => Err(err),
+        };
+        self.reply(result);
+    }
+}
+
+impl<R, Op, Done> Drop for OpTask<R, Op, Done>
+where
+    Done: FnOnce(Result<R, StoreError>),
+{
+    fn drop(&mut self) {
+        self.reply(Err(StoreError::Closed));
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("non-text panic payload")
+}
+
+/// Starts the writer thread over `engine`. It runs until every sender is dropped and
+/// the queue is drained, then shuts the engine down.
+pub(crate) fn spawn<E: Engine + 'static>(
+    engine: E,
+    counters: Arc<Counters>,
+) -> Result<(Queue, JoinHandle<()>), StoreError> {
+    let (sender, receiver) = mpsc::channel();
+    let handle = thread::Builder::new()
+        .name("qd-store".into())
+        .spawn(move || writer_loop(engine, &receiver, &counters))
+        .map_err(|err| StoreError::Other(format!("cannot start the store writer thread: {err}")))?;
+    Ok((sender, handle))
+}
+
+fn writer_loop<E: Engine>(mut engine: E, receiver: &Receiver<Box<dyn Task>>, counters: &Counters) {
+    while let Ok(first) = receiver.recv() {
+        let mut batch = Vec::with_capacity(64);
+        batch.push(first);
+        batch.extend(receiver.try_iter().take(MAX_BATCH - 1));
+        run_batch(&mut engine, batch, counters);
+    }
+    engine.shutdown();
+}
+
+/// One transaction: every task runs, one commit, then every task is answered.
+fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters: &Counters) {
+    counters.batches.fetch_add(1, Ordering::Relaxed);
+    let outcome = engine
+        .begin()
+        .and_then(|()| run_all(engine, &mut batch, counters))
+        .and_then(|()| engine.commit());
+    match &outcome {
+        Ok(()) => {
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(err) => {
+            tracing::error!(%err, ops = batch.len(), "Store batch rolled back; its callers get the error.");
+            engine.rollback();
+        }
+    }
+    for task in batch {
+        task.answer(outcome.clone());
+    }
+}
+
+fn run_all<E: Engine>(
+    engine: &mut E,
+    batch: &mut [Box<dyn Task>],
+    counters: &Counters,
+) -> Result<(), StoreError> {
+    for task in batch {
+        engine.savepoint()?;
+        counters.ops.fetch_add(1, Ordering::Relaxed);
+        match task.run(engine) {
+            Ok(()) => engine.release()?,
+            // SQLite abandons the whole transaction on some errors (SQLITE_FULL, IOERR,
+            // NOMEM): then the savepoint is gone, the batch is lost, and the op's error
+            // is the cause every caller of the batch is told.
+            Err(op_error) => engine.rollback_to().map_err(|_| op_error)?,
+        }
+    }
+    Ok(())
+}
