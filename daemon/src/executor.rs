@@ -1,11 +1,25 @@
 //! Executors: how a Worker runs one attempt of a job.
 //!
-//! This file fixes the settings shapes shared by the config compiler and the
-//! executors; the behaviour lives in `executor/command.rs` and `executor/http.rs`.
+//! This file owns the settings shapes shared by the config compiler and the
+//! executors ([`ExecutorSpec`] and friends), the input of one attempt ([`JobRun`]),
+//! its result ([`ExecResult`]) and the dispatching [`Executor`]. The behaviour lives
+//! in [`command`] (a child process per attempt, in its own process group) and
+//! [`http`] (a webhook POST per attempt).
+//!
+//! An executor never decides retries: it classifies how the attempt ended into a
+//! [`Failure`] and the broker applies the job's budget and backoff.
+
+pub mod command;
+pub mod http;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::job::{Failure, JobId};
 
 /// How an exit code (command executor) is classified.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -74,4 +88,152 @@ pub enum ExecutorSpec {
     Http(HttpSpec),
     /// No in-process pool: external workers lease over the HTTP API.
     External,
+}
+
+/// Most bytes of a child's stderr/stdout tail or of a response-body head that go
+/// into an attempt's error or detail text (4 KiB, the size `HistoryEntry::error` allows).
+pub const OUTPUT_LIMIT: usize = 4096;
+
+/// One attempt of a job, as handed to an executor by a worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobRun {
+    /// The job's id (`QD_JOB_ID` / `Qd-Job-Id`).
+    pub id: JobId,
+    /// Its queue (`QD_QUEUE` / `Qd-Queue`).
+    pub queue: Arc<str>,
+    /// Its tenant (`QD_TENANT` / `Qd-Tenant`).
+    pub tenant: Arc<str>,
+    /// This attempt's number, 1-based (`QD_ATTEMPT` / `Qd-Attempt`).
+    pub attempt: u32,
+    /// The key a downstream uses to make a repeated attempt harmless
+    /// (`QD_IDEMPOTENCY_KEY` / `Idempotency-Key`): the producer's key, or one qd derived.
+    pub idempotency_key: String,
+    /// The opaque payload (command stdin / HTTP request body).
+    pub payload: Vec<u8>,
+}
+
+/// How one attempt ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExecResult {
+    /// The work is done; the worker acks the job.
+    Success {
+        /// What the work said (stdout tail or `HTTP 200 OK: <body head>`), at most
+        /// [`OUTPUT_LIMIT`] bytes of output; `None` when there was nothing to say.
+        detail: Option<String>,
+    },
+    /// The attempt failed; the broker decides retry, delay or dead-letter.
+    Failure(Failure),
+}
+
+/// A settings problem found when an executor is built: the config is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// A setting is unusable; `key` is its path inside the executor table
+    /// (`url`, `headers.X-Token`, `env.FOO`, `args[2]`).
+    #[error("executor.{key}: {reason}")]
+    Invalid {
+        /// Where the problem is, relative to the queue's `executor` table.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The HTTP client could not be built (e.g. the TLS backend failed to load).
+    #[error("executor: cannot build the HTTP client: {0}")]
+    HttpClient(#[source] reqwest::Error),
+}
+
+impl ExecutorError {
+    /// Shorthand for [`ExecutorError::Invalid`].
+    pub(crate) fn invalid(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ExecutorError::Invalid {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A queue's built executor: validated settings plus what is reused across attempts
+/// (the HTTP connection pool). Cheap to share behind an `Arc` between a pool's workers.
+#[derive(Debug)]
+pub enum Executor {
+    /// Runs a program per attempt.
+    Command(command::CommandExecutor),
+    /// POSTs to a URL per attempt.
+    Http(http::HttpExecutor),
+}
+
+impl Executor {
+    /// Builds the executor for `spec`; `Ok(None)` for [`ExecutorSpec::External`],
+    /// which has no in-process workers.
+    ///
+    /// # Errors
+    /// [`ExecutorError`] when a setting cannot be used (bad URL or header, an env
+    /// name with `=`, a NUL byte in an argument) or the HTTP client cannot be built.
+    pub fn new(spec: &ExecutorSpec) -> Result<Option<Executor>, ExecutorError> {
+        Ok(match spec {
+            ExecutorSpec::Command(c) => {
+                Some(Executor::Command(command::CommandExecutor::new(c.clone())?))
+            }
+            ExecutorSpec::Http(h) => Some(Executor::Http(http::HttpExecutor::new(h)?)),
+            ExecutorSpec::External => None,
+        })
+    }
+
+    /// Runs one attempt of `job` to its end and classifies the outcome.
+    ///
+    /// When `cancel` fires (shutdown grace spent, lease lost) the work is stopped at
+    /// once and the result is [`Failure::Interrupted`]. Dropping the returned future
+    /// also stops the work (a command's whole process group is SIGKILLed).
+    pub async fn run(&self, job: &JobRun, cancel: &CancellationToken) -> ExecResult {
+        match self {
+            Executor::Command(c) => c.run(job, cancel).await,
+            Executor::Http(h) => h.run(job, cancel).await,
+        }
+    }
+}
+
+/// `"<what>: <output>"`, or just `what` when the output is empty.
+pub(crate) fn with_output(what: String, output: &str) -> String {
+    if output.is_empty() {
+        what
+    } else {
+        format!("{what}: {output}")
+    }
+}
+
+/// Output bytes as trimmed text: invalid UTF-8 is replaced, and a character cut in
+/// half at either end by a byte limit is dropped rather than shown as garbage.
+pub(crate) fn output_text(bytes: &[u8]) -> String {
+    let start = bytes
+        .iter()
+        .position(|b| b & 0b1100_0000 != 0b1000_0000)
+        .unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[start..])
+        .trim_end_matches('\u{FFFD}')
+        .trim()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_text_drops_characters_cut_by_the_limit() {
+        let text = "é-ok-é".as_bytes();
+        assert_eq!(output_text(&text[1..text.len() - 1]), "-ok-");
+        assert_eq!(output_text(b"  plain\n"), "plain");
+        assert_eq!(output_text(&[0x80, 0x80]), "");
+    }
+
+    #[test]
+    fn with_output_omits_empty_output() {
+        assert_eq!(with_output("exit 75".into(), ""), "exit 75");
+        assert_eq!(with_output("exit 75".into(), "boom"), "exit 75: boom");
+    }
+
+    #[test]
+    fn external_spec_builds_no_executor() {
+        assert!(matches!(Executor::new(&ExecutorSpec::External), Ok(None)));
+    }
 }
