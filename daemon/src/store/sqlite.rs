@@ -107,7 +107,7 @@ impl SqliteBackend {
             && !dir.is_dir()
         {
             return Err(StoreError::Permission(format!(
-                "cannot open database {}: directory {} does not exist",
+                "cannot open database {}: {} is not an existing directory",
                 path.display(),
                 dir.display()
             )));
