@@ -298,7 +298,11 @@ impl Job {
             queue: new.queue,
             tenant: new.tenant,
             idempotency_key: new.idempotency_key,
-            state: if ready_at > now { State::Delayed } else { State::Ready },
+            state: if ready_at > now {
+                State::Delayed
+            } else {
+                State::Ready
+            },
             attempts: 0,
             budget_start: 0,
             max_attempts: new.max_attempts.max(1),
@@ -460,7 +464,9 @@ pub enum TransitionError {
         event: &'static str,
     },
     /// The token is not the current lease's (a stale worker).
-    #[error("stale fencing token {given} for job {id} (current lease is {current}, job is {state})")]
+    #[error(
+        "stale fencing token {given} for job {id} (current lease is {current}, job is {state})"
+    )]
     StaleToken {
         /// The job.
         id: JobId,
@@ -536,7 +542,14 @@ pub fn apply(
             next.last_error = None;
             Some(end_lease(&mut next, job, Outcome::Succeeded, None, now))
         }
-        (_, Event::Fail { token, failure, jitter }) => {
+        (
+            _,
+            Event::Fail {
+                token,
+                failure,
+                jitter,
+            },
+        ) => {
             check_token(job, *token)?;
             Some(fail(&mut next, job, failure, *jitter, backoff, now))
         }
@@ -544,11 +557,21 @@ pub fn apply(
             next.state = State::Ready;
             next.budget_start = next.attempts;
             next.ready_at = now;
-            Some(event_entry(job, Outcome::Redriven, format!("redriven by {by}"), now))
+            Some(event_entry(
+                job,
+                Outcome::Redriven,
+                format!("redriven by {by}"),
+                now,
+            ))
         }
         (State::Ready | State::Delayed | State::Dead, Event::Cancel { by }) => {
             next.state = State::Cancelled;
-            Some(event_entry(job, Outcome::Cancelled, format!("cancelled by {by}"), now))
+            Some(event_entry(
+                job,
+                Outcome::Cancelled,
+                format!("cancelled by {by}"),
+                now,
+            ))
         }
         _ => return Err(illegal(&event)),
     };

@@ -3,15 +3,25 @@
 //! The pure core ([`job`], [`backoff`], [`scheduler::fair`]) holds the job life
 //! cycle and the fair-share decision; the actors ([`supervisor`], [`broker`],
 //! [`scheduler`], [`lease_reaper`], [`dlq`], [`worker_pool`]) translate between that
-//! core, the durable [`store`] and the outside world ([`api`], [`admin_server`]).
+//! core, the durable [`store`] and the outside world ([`api`], [`admin`]).
 
+pub mod admin;
 pub mod admin_server;
+pub mod api;
 pub mod backoff;
+pub mod broker;
 pub mod clock;
 pub mod config;
+pub mod dlq;
 pub mod executor;
+pub mod gauges;
 pub mod job;
+pub mod lease_reaper;
+pub mod limits;
 pub mod metrics;
 pub mod notify;
+pub mod rate_limit;
 pub mod scheduler;
 pub mod store;
+pub mod supervisor;
+pub mod worker_pool;

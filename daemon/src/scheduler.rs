@@ -1,5 +1,355 @@
-//! Per-queue dispatch. `scheduler/fair.rs` is the pure weighted fair queue;
-//! `scheduler/delayed.rs` is the pure min-heap of delayed jobs by due time.
+//! The Scheduler actor, one per queue: decides which ready job goes to which lessee.
+//!
+//! It owns the queue's ready jobs per tenant (a [`fair::FairQueue`]: weighted deficit
+//! round robin with per-tenant concurrency caps), the delayed jobs (a
+//! [`delayed::DelayedJobs`] keyed by monotonic due time), and the lessees waiting in a
+//! long poll (in-process Workers and external workers alike). It holds ids only,
+//! never payloads. It arms one timer for the soonest of: a delayed job's due time, a
+//! waiter's deadline, or the rate limiter's next token — it never polls.
+//!
+//! Messages ([`SchedulerMsg`]): `Ready`, `Remove`, `Finished`, `Running`, `Reset`
+//! (from the Broker), `Lease` (from Workers and the API), `LimitsChanged`, `Pause`,
+//! `Drain`, `Stats`, and its own `Tick`. Chosen jobs go to the Broker as one `Lease`
+//! message whose reply port is the lessee's, so the scheduler never waits on the
+//! broker. On start it asks the broker to resync it. Supervised by the Supervisor.
 
 pub mod delayed;
 pub mod fair;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::broker::{self, BrokerMsg, LeasedJob, Resync};
+use crate::clock::{until, wall_ms};
+use crate::job::{JobId, UnixMillis};
+use crate::limits::Limits;
+use crate::rate_limit::RateLimiter;
+use delayed::DelayedJobs;
+use fair::{FairQueue, Fairness, TenantLimits};
+
+/// The registered name of the scheduler of `queue`.
+pub fn name(queue: &str) -> String {
+    format!("scheduler:{queue}")
+}
+
+/// A lessee's request: up to `max_jobs`, waiting up to `wait` for the first one.
+#[derive(Clone, Debug)]
+pub struct LeaseRequest {
+    /// The lessee's id (`"email/3"`, or an external worker's id).
+    pub worker: String,
+    /// At most this many jobs (>= 1).
+    pub max_jobs: u32,
+    /// Long-poll time; zero answers at once.
+    pub wait: Duration,
+}
+
+/// A snapshot of a queue's dispatch state.
+#[derive(Clone, Debug, Default)]
+pub struct SchedulerStats {
+    /// Jobs ready to run.
+    pub ready: u64,
+    /// Jobs waiting for their due time.
+    pub delayed: u64,
+    /// When the oldest ready job became ready (Unix ms).
+    pub oldest_ready_at: Option<UnixMillis>,
+    /// Lessees waiting in a long poll.
+    pub waiting_lessees: usize,
+    /// Whether an operator paused the queue.
+    pub paused: bool,
+}
+
+/// Messages the scheduler takes.
+pub enum SchedulerMsg {
+    /// A job is ready at `ready_at` (now or later).
+    Ready(Arc<str>, JobId, UnixMillis),
+    /// Forget a ready or delayed job (cancelled).
+    Remove(JobId),
+    /// A leased job of this tenant ended after running this long.
+    Finished(Arc<str>, Duration),
+    /// Count a leased job of this tenant as running (resync).
+    Running(Arc<str>),
+    /// Forget all jobs and running counts (a resync follows).
+    Reset,
+    /// A lessee asks for work; answered by the Broker (or empty on timeout).
+    Lease(LeaseRequest, RpcReplyPort<Vec<LeasedJob>>),
+    /// Weights or caps changed: reread them from [`Limits`].
+    LimitsChanged,
+    /// Stop (true) or resume (false) handing out jobs.
+    Pause(bool),
+    /// Shutdown: hand out nothing more, answer waiting lessees empty.
+    Drain,
+    /// Snapshot for metrics, qctl and the autoscaler.
+    Stats(RpcReplyPort<SchedulerStats>),
+    /// Timer.
+    Tick,
+}
+
+/// What a scheduler is started with.
+pub struct SchedulerArgs {
+    /// Its queue.
+    pub queue: Arc<str>,
+    /// Jobs or run time.
+    pub fairness: Fairness,
+    /// Live weights, caps and pause flags.
+    pub limits: Arc<Limits>,
+    /// The queue's shared rate limiter, if it names one.
+    pub limiter: Option<Arc<RateLimiter>>,
+}
+
+struct Waiter {
+    request: LeaseRequest,
+    reply: RpcReplyPort<Vec<LeasedJob>>,
+    deadline: Instant,
+}
+
+/// The pending `Tick` of the armed timer.
+type Timer = JoinHandle<Result<(), ractor::MessagingErr<SchedulerMsg>>>;
+
+/// The scheduler's state.
+pub struct SchedulerState {
+    queue: Arc<str>,
+    fair: FairQueue,
+    delayed: DelayedJobs<Instant>,
+    waiters: VecDeque<Waiter>,
+    limits: Arc<Limits>,
+    limiter: Option<Arc<RateLimiter>>,
+    /// A rate-limiter token taken when every backlogged tenant was capped.
+    prepaid: bool,
+    limiter_retry: Option<Instant>,
+    paused: bool,
+    draining: bool,
+    timer: Option<(Instant, Timer)>,
+    myself: ActorRef<SchedulerMsg>,
+}
+
+/// The scheduler actor.
+pub struct Scheduler;
+
+impl Actor for Scheduler {
+    type Msg = SchedulerMsg;
+    type State = SchedulerState;
+    type Arguments = SchedulerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SchedulerMsg>,
+        args: SchedulerArgs,
+    ) -> Result<SchedulerState, ActorProcessingErr> {
+        let mut state = SchedulerState {
+            paused: args.limits.paused(&args.queue),
+            queue: args.queue,
+            fair: FairQueue::new(args.fairness),
+            delayed: DelayedJobs::new(),
+            waiters: VecDeque::new(),
+            limits: args.limits,
+            limiter: args.limiter,
+            prepaid: false,
+            limiter_retry: None,
+            draining: false,
+            timer: None,
+            myself,
+        };
+        state.apply_limits();
+        broker::cast(BrokerMsg::Resync(Resync::Scheduler(state.queue.clone())));
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<SchedulerMsg>,
+        msg: SchedulerMsg,
+        state: &mut SchedulerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = Instant::now();
+        match msg {
+            SchedulerMsg::Ready(tenant, id, ready_at) => state.ready(tenant, id, ready_at, now),
+            SchedulerMsg::Remove(id) => {
+                if !state.fair.remove(id) {
+                    state.delayed.remove(id);
+                }
+            }
+            SchedulerMsg::Finished(tenant, run) => state.fair.finish(&tenant, run),
+            SchedulerMsg::Running(tenant) => state.fair.start_running(&tenant),
+            SchedulerMsg::Reset => {
+                state.fair.clear();
+                state.delayed.clear();
+            }
+            SchedulerMsg::Lease(request, reply) => state.enlist(request, reply, now),
+            SchedulerMsg::LimitsChanged => {
+                state.paused = state.limits.paused(&state.queue);
+                state.apply_limits();
+            }
+            SchedulerMsg::Pause(paused) => state.paused = paused,
+            SchedulerMsg::Drain => {
+                state.draining = true;
+                for w in state.waiters.drain(..) {
+                    let _ = w.reply.send(Vec::new());
+                }
+            }
+            SchedulerMsg::Stats(reply) => {
+                let _ = reply.send(state.stats());
+            }
+            SchedulerMsg::Tick => state.timer = None,
+        }
+        state.dispatch(Instant::now());
+        Ok(())
+    }
+}
+
+impl SchedulerState {
+    fn apply_limits(&mut self) {
+        let default = self.limits.tenant("default");
+        self.fair.set_default_limits(TenantLimits {
+            weight: default.weight,
+            max_concurrency: self.limits.tenant_cap(&self.queue, "default"),
+        });
+        for tenant in self.limits.tenant_names() {
+            let t = self.limits.tenant(&tenant);
+            let cap = self.limits.tenant_cap(&self.queue, &tenant);
+            self.fair.set_limits(
+                &tenant,
+                TenantLimits {
+                    weight: t.weight,
+                    max_concurrency: cap,
+                },
+            );
+        }
+    }
+
+    fn ready(&mut self, tenant: Arc<str>, id: JobId, ready_at: UnixMillis, now: Instant) {
+        let wall = wall_ms();
+        if ready_at > wall {
+            self.delayed.push(now + until(ready_at, wall), tenant, id);
+        } else {
+            self.fair.push(tenant, id, ready_at);
+        }
+    }
+
+    fn enlist(&mut self, request: LeaseRequest, reply: RpcReplyPort<Vec<LeasedJob>>, now: Instant) {
+        if self.draining {
+            let _ = reply.send(Vec::new());
+            return;
+        }
+        let deadline = now + request.wait.min(MAX_WAIT);
+        self.waiters.push_back(Waiter {
+            request,
+            reply,
+            deadline,
+        });
+    }
+
+    fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            ready: self.fair.len() as u64,
+            delayed: self.delayed.len() as u64,
+            oldest_ready_at: self.fair.oldest_ready_at(),
+            waiting_lessees: self.waiters.len(),
+            paused: self.paused,
+        }
+    }
+
+    /// Hands ready jobs to waiting lessees, then re-arms the timer.
+    fn dispatch(&mut self, now: Instant) {
+        let wall = wall_ms();
+        for (tenant, id) in self.delayed.pop_due(now) {
+            self.fair.push(tenant, id, wall);
+        }
+        self.waiters.retain(|w| !w.reply.is_closed());
+        if !self.paused && !self.draining {
+            while let Some(picks) = self.pick(now) {
+                let Some(waiter) = self.waiters.pop_front() else {
+                    break;
+                };
+                let lease = BrokerMsg::Lease {
+                    queue: self.queue.clone(),
+                    picks,
+                    worker: waiter.request.worker,
+                    reply: waiter.reply,
+                };
+                broker::cast(lease);
+            }
+        }
+        self.expire_waiters(now);
+        self.arm(now);
+    }
+
+    /// Pops up to the front waiter's `max_jobs` jobs, one rate-limiter token each.
+    fn pick(&mut self, now: Instant) -> Option<Vec<JobId>> {
+        let max = self.waiters.front()?.request.max_jobs.max(1) as usize;
+        let mut picks = Vec::new();
+        while picks.len() < max && !self.fair.is_empty() {
+            if !self.take_token(now) {
+                break;
+            }
+            match self.fair.pop() {
+                Some((_, id)) => {
+                    self.prepaid = false;
+                    picks.push(id);
+                }
+                None => break,
+            }
+        }
+        (!picks.is_empty()).then_some(picks)
+    }
+
+    fn take_token(&mut self, now: Instant) -> bool {
+        let Some(limiter) = &self.limiter else {
+            return true;
+        };
+        if self.prepaid {
+            return true;
+        }
+        match limiter.try_acquire(now) {
+            Ok(()) => {
+                self.prepaid = true;
+                self.limiter_retry = None;
+                true
+            }
+            Err(retry_at) => {
+                self.limiter_retry = Some(retry_at);
+                false
+            }
+        }
+    }
+
+    fn expire_waiters(&mut self, now: Instant) {
+        while let Some(pos) = self.waiters.iter().position(|w| w.deadline <= now) {
+            if let Some(w) = self.waiters.remove(pos) {
+                let _ = w.reply.send(Vec::new());
+            }
+        }
+    }
+
+    /// Arms one timer for the soonest deadline (delayed job, waiter, limiter).
+    fn arm(&mut self, now: Instant) {
+        let limiter = self.limiter_retry.filter(|_| !self.fair.is_empty());
+        let soonest = [
+            self.delayed.next_due(),
+            self.waiters.iter().map(|w| w.deadline).min(),
+            limiter,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        match (soonest, &self.timer) {
+            (Some(at), Some((armed, _))) if *armed <= at => {}
+            (Some(at), _) => {
+                if let Some((_, old)) = self.timer.take() {
+                    old.abort();
+                }
+                let delay = at.saturating_duration_since(now);
+                let handle = self.myself.send_after(delay, || SchedulerMsg::Tick);
+                self.timer = Some((at, handle));
+            }
+            (None, _) => {}
+        }
+    }
+}
+
+/// The longest long poll a lessee may ask for.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);

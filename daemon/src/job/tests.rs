@@ -65,10 +65,24 @@ fn lease_then_ack_succeeds_with_one_attempt_and_one_history_line() {
 #[test]
 fn a_stale_token_is_refused_and_changes_nothing() {
     let leased = lease(&job(3));
-    let err = step(&leased, Event::Ack { token: 7 }).unwrap_err();
-    assert!(matches!(err, TransitionError::StaleToken { given: 7, current: 1, .. }));
-    let failed = step(&leased, Event::Fail { token: 1, failure: transient(), jitter: 0.5 })
-        .expect("fail");
+    let err = step(&leased, Event::Ack { token: 7 }).expect_err("stale");
+    assert!(matches!(
+        err,
+        TransitionError::StaleToken {
+            given: 7,
+            current: 1,
+            ..
+        }
+    ));
+    let failed = step(
+        &leased,
+        Event::Fail {
+            token: 1,
+            failure: transient(),
+            jitter: 0.5,
+        },
+    )
+    .expect("fail");
     assert!(matches!(
         step(&failed, Event::Ack { token: 1 }),
         Err(TransitionError::StaleToken { .. })
@@ -80,10 +94,22 @@ fn illegal_transitions_are_refused() {
     let ready = job(3);
     assert!(matches!(
         step(&ready, Event::Redrive { by: "op".into() }),
-        Err(TransitionError::IllegalState { state: State::Ready, event: "redrive", .. })
+        Err(TransitionError::IllegalState {
+            state: State::Ready,
+            event: "redrive",
+            ..
+        })
     ));
     let leased = lease(&ready);
-    assert!(step(&leased, Event::Lease { worker: "w2".into() }).is_err());
+    assert!(
+        step(
+            &leased,
+            Event::Lease {
+                worker: "w2".into()
+            }
+        )
+        .is_err()
+    );
     assert!(step(&leased, Event::Cancel { by: "op".into() }).is_err());
 }
 
@@ -92,8 +118,15 @@ fn transient_failures_retry_with_backoff_until_the_budget_is_spent() {
     let mut j = job(3);
     for n in 1..=3u32 {
         let leased = lease(&j);
-        j = step(&leased, Event::Fail { token: leased.lease_seq, failure: transient(), jitter: 0.99 })
-            .expect("fail");
+        j = step(
+            &leased,
+            Event::Fail {
+                token: leased.lease_seq,
+                failure: transient(),
+                jitter: 0.99,
+            },
+        )
+        .expect("fail");
         assert_eq!(j.attempts, n);
         if n < 3 {
             assert_eq!(j.state, State::Delayed);
@@ -112,7 +145,13 @@ fn a_permanent_error_dead_letters_at_once() {
     let leased = lease(&job(5));
     let dead = step(
         &leased,
-        Event::Fail { token: 1, failure: Failure::Permanent { error: "bad input".into() }, jitter: 0.0 },
+        Event::Fail {
+            token: 1,
+            failure: Failure::Permanent {
+                error: "bad input".into(),
+            },
+            jitter: 0.0,
+        },
     )
     .expect("fail");
     assert_eq!((dead.state, dead.attempts), (State::Dead, 1));
@@ -123,7 +162,13 @@ fn interrupted_and_throttled_attempts_are_not_charged() {
     let leased = lease(&job(1));
     let back = step(
         &leased,
-        Event::Fail { token: 1, failure: Failure::Interrupted { reason: "shutdown".into() }, jitter: 0.0 },
+        Event::Fail {
+            token: 1,
+            failure: Failure::Interrupted {
+                reason: "shutdown".into(),
+            },
+            jitter: 0.0,
+        },
     )
     .expect("interrupt");
     assert_eq!((back.state, back.attempts), (State::Ready, 0));
@@ -132,7 +177,10 @@ fn interrupted_and_throttled_attempts_are_not_charged() {
         &leased,
         Event::Fail {
             token: 2,
-            failure: Failure::Throttled { retry_after: Duration::from_secs(5), error: "429".into() },
+            failure: Failure::Throttled {
+                retry_after: Duration::from_secs(5),
+                error: "429".into(),
+            },
             jitter: 0.0,
         },
     )
@@ -144,10 +192,27 @@ fn interrupted_and_throttled_attempts_are_not_charged() {
 #[test]
 fn redrive_gives_a_fresh_budget_and_keeps_the_attempt_count() {
     let leased = lease(&job(1));
-    let dead = step(&leased, Event::Fail { token: 1, failure: transient(), jitter: 0.0 }).expect("fail");
+    let dead = step(
+        &leased,
+        Event::Fail {
+            token: 1,
+            failure: transient(),
+            jitter: 0.0,
+        },
+    )
+    .expect("fail");
     assert_eq!(dead.state, State::Dead);
-    let t = apply(&dead, Event::Redrive { by: "uid 0".into() }, &backoff(), 5_000).expect("redrive");
-    assert_eq!((t.job.state, t.job.attempts, t.job.attempts_in_budget()), (State::Ready, 1, 0));
+    let t = apply(
+        &dead,
+        Event::Redrive { by: "uid 0".into() },
+        &backoff(),
+        5_000,
+    )
+    .expect("redrive");
+    assert_eq!(
+        (t.job.state, t.job.attempts, t.job.attempts_in_budget()),
+        (State::Ready, 1, 0)
+    );
     assert_eq!(t.entry.expect("entry").outcome, Outcome::Redriven);
     let again = lease(&t.job);
     assert_eq!(again.next_attempt(), 2);
@@ -160,7 +225,10 @@ fn arb_failure() -> impl Strategy<Value = Failure> {
         Just(Failure::TimedOut { error: "t".into() }),
         Just(Failure::LeaseExpired { reason: "e".into() }),
         Just(Failure::WorkerCrashed { error: "c".into() }),
-        Just(Failure::Throttled { retry_after: Duration::from_secs(1), error: "429".into() }),
+        Just(Failure::Throttled {
+            retry_after: Duration::from_secs(1),
+            error: "429".into()
+        }),
         Just(Failure::Interrupted { reason: "i".into() }),
     ]
 }
@@ -170,8 +238,11 @@ fn arb_event() -> impl Strategy<Value = Event> {
         Just(Event::Promote),
         Just(Event::Lease { worker: "w".into() }),
         (0u64..6).prop_map(|token| Event::Ack { token }),
-        (0u64..6, arb_failure(), 0.0f64..1.0)
-            .prop_map(|(token, failure, jitter)| Event::Fail { token, failure, jitter }),
+        (0u64..6, arb_failure(), 0.0f64..1.0).prop_map(|(token, failure, jitter)| Event::Fail {
+            token,
+            failure,
+            jitter
+        }),
         Just(Event::Redrive { by: "op".into() }),
         Just(Event::Cancel { by: "op".into() }),
     ]

@@ -1,0 +1,470 @@
+//! The admin handler: what each qctl request does, on top of the actors.
+//!
+//! [`crate::admin_server`] owns the socket, framing and peer checks; this module
+//! implements its [`AdminHandler`] by sending one message to the Broker, Dlq,
+//! Schedulers or WorkerPools, or by reading the store, and mapping the answer to
+//! the protocol's types (`admin/views.rs`). Runtime overrides (`limits set`,
+//! `workers set`, `queue pause`) are written to the store first, then applied to
+//! the live [`crate::limits::Limits`] and announced to the actors that enforce them.
+
+mod views;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use qd_proto::{DlqSelection, ErrorBody, ErrorCode, Request, Response};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
+
+use crate::admin_server::{AdminHandler, AdminServer, AdminServerArgs, DEFAULT_IDLE_TIMEOUT, Peer};
+use crate::broker::{self, BrokerError, BrokerMsg, EnqueueRequest};
+use crate::dlq::{self, DlqMsg, Selection};
+use crate::job::{JobId, State};
+use crate::scheduler::{self, SchedulerMsg};
+use crate::store::JobFilter;
+use crate::supervisor::{Daemon, SupervisorMsg};
+use crate::worker_pool::{self, PoolMsg};
+
+/// The registered name of the admin server.
+pub const NAME: &str = "admin";
+/// Default and largest page of `jobs list` / `dlq list`.
+const DEFAULT_LIMIT: u32 = 100;
+const MAX_LIMIT: u32 = 10_000;
+const CALL: Duration = Duration::from_secs(30);
+
+/// What the admin handler needs.
+pub struct AdminArgs {
+    daemon: Daemon,
+}
+
+impl AdminArgs {
+    /// Handler arguments from the daemon's shared parts.
+    pub fn new(daemon: Daemon, _supervisor: ActorRef<SupervisorMsg>) -> Self {
+        AdminArgs { daemon }
+    }
+}
+
+/// Spawns the AdminServer, linked to `supervisor`, serving this handler.
+pub async fn spawn(
+    args: AdminArgs,
+    supervisor: ActorCell,
+) -> Result<ActorCell, ActorProcessingErr> {
+    let d = &args.daemon.config.daemon;
+    let server_args = AdminServerArgs {
+        socket_path: d.admin_socket.clone(),
+        socket_mode: d.admin_socket_mode,
+        admin_group: d.admin_group.clone(),
+        idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        handler: Arc::new(Handler {
+            daemon: args.daemon,
+        }),
+    };
+    let (actor, _) = Actor::spawn_linked(
+        Some(NAME.into()),
+        AdminServer::<Handler>::new(),
+        server_args,
+        supervisor,
+    )
+    .await?;
+    Ok(actor.get_cell())
+}
+
+/// The qctl request handler.
+pub struct Handler {
+    daemon: Daemon,
+}
+
+fn err(code: ErrorCode, message: impl Into<String>) -> ErrorBody {
+    ErrorBody::new(code, message.into())
+}
+
+impl From<BrokerError> for ErrorBody {
+    fn from(e: BrokerError) -> Self {
+        let code = match &e {
+            BrokerError::UnknownQueue(_) | BrokerError::UnknownJob(_) => ErrorCode::NotFound,
+            BrokerError::KeyConflict { .. } | BrokerError::Transition(_) => ErrorCode::Conflict,
+            BrokerError::Invalid(_) | BrokerError::PayloadTooLarge { .. } => ErrorCode::BadRequest,
+            BrokerError::QueueFull { .. }
+            | BrokerError::TenantFull { .. }
+            | BrokerError::ShuttingDown
+            | BrokerError::Unavailable(_) => ErrorCode::Unavailable,
+            BrokerError::Store(_) => ErrorCode::Internal,
+        };
+        err(code, e.to_string())
+    }
+}
+
+fn parse_id(id: &str) -> Result<JobId, ErrorBody> {
+    id.parse().map_err(|_| {
+        err(
+            ErrorCode::BadRequest,
+            format!("{id:?} is not a job id (a UUID)"),
+        )
+    })
+}
+
+impl AdminHandler for Handler {
+    async fn handle(&self, req: Request, peer: Peer) -> Result<Response, ErrorBody> {
+        let by = format!("uid {}", peer.uid);
+        match req {
+            Request::Status {} => Ok(Response::Status(views::status(&self.daemon))),
+            Request::Queues {} => Ok(Response::Queues {
+                queues: self.queues().await,
+            }),
+            Request::JobsList {
+                queue,
+                tenant,
+                state,
+                limit,
+            } => {
+                let state = state
+                    .map(|s| {
+                        s.parse::<State>()
+                            .map_err(|e| err(ErrorCode::BadRequest, e))
+                    })
+                    .transpose()?;
+                let filter = JobFilter {
+                    queue,
+                    tenant,
+                    state,
+                    limit: limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT),
+                    ..JobFilter::default()
+                };
+                let mut jobs = self
+                    .daemon
+                    .store
+                    .run(move |b| b.list_jobs(&filter))
+                    .await
+                    .map_err(BrokerError::from)?;
+                jobs.reverse();
+                Ok(Response::Jobs {
+                    jobs: jobs.iter().map(views::summary).collect(),
+                })
+            }
+            Request::JobsShow { id } | Request::DlqShow { id } => self.show(&id).await,
+            Request::JobsCancel { id } => {
+                let id = parse_id(&id)?;
+                let previous = broker::request(|tx| BrokerMsg::Cancel(id, by, tx), CALL).await??;
+                Ok(Response::Cancelled {
+                    id: id.to_string(),
+                    previous_state: previous.to_string(),
+                })
+            }
+            Request::Enqueue {
+                queue,
+                tenant,
+                key,
+                delay_ms,
+                max_attempts,
+                payload,
+            } => {
+                let payload = payload
+                    .into_bytes()
+                    .map_err(|e| err(ErrorCode::BadRequest, e))?;
+                let req = EnqueueRequest {
+                    queue,
+                    tenant,
+                    payload,
+                    idempotency_key: key,
+                    delay: Duration::from_millis(delay_ms.unwrap_or(0)),
+                    max_attempts,
+                };
+                let done = broker::request(|tx| BrokerMsg::Enqueue(req, tx), CALL).await??;
+                Ok(Response::Enqueued(qd_proto::Enqueued {
+                    id: done.id.to_string(),
+                    duplicate: done.duplicate,
+                }))
+            }
+            Request::DlqList { selection, limit } => {
+                let mut sel = selection_of(&selection)?;
+                sel.all = true;
+                sel.limit = Some(limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT));
+                let mut jobs = dlq_call(|tx| DlqMsg::Select(sel, tx)).await?;
+                jobs.sort_by_key(|j| std::cmp::Reverse(j.updated_at));
+                Ok(Response::Jobs {
+                    jobs: jobs.iter().map(views::summary).collect(),
+                })
+            }
+            Request::DlqRedrive {
+                selection,
+                dry_run,
+                batch_size,
+                rate_per_sec,
+            } => {
+                selection
+                    .check_mutation()
+                    .map_err(|e| err(ErrorCode::BadRequest, e))?;
+                let sel = selection_of(&selection)?;
+                let pace = Pace::new(batch_size, rate_per_sec);
+                let outcome = self
+                    .batched(sel, dry_run, pace, |s, dry, tx| {
+                        DlqMsg::Redrive(s, by.clone(), dry, tx)
+                    })
+                    .await?;
+                Ok(Response::Redrive(views::redrive(outcome, dry_run)))
+            }
+            Request::DlqPurge { selection, dry_run } => {
+                selection
+                    .check_mutation()
+                    .map_err(|e| err(ErrorCode::BadRequest, e))?;
+                let sel = selection_of(&selection)?;
+                let pace = Pace::new(None, None);
+                let outcome = self.batched(sel, dry_run, pace, DlqMsg::Purge).await?;
+                Ok(Response::Purge(views::purge(outcome, dry_run)))
+            }
+            Request::LimitsShow {} => Ok(self.limits()),
+            Request::LimitsSet {
+                tenant,
+                weight,
+                max_concurrency,
+                max_depth,
+            } => {
+                crate::broker::check_name("tenant", &tenant)?;
+                if weight == Some(0) {
+                    return Err(err(ErrorCode::BadRequest, "weight must be at least 1"));
+                }
+                let mut changes = Vec::new();
+                let fields = [
+                    ("weight", weight.map(u64::from)),
+                    ("max_concurrency", max_concurrency.map(u64::from)),
+                    ("max_depth", max_depth),
+                ];
+                for (key, value) in fields {
+                    if let Some(v) = value {
+                        changes.push(("tenant", tenant.clone(), key, Some(v.to_string())));
+                    }
+                }
+                self.set_overrides(changes).await
+            }
+            Request::LimitsReset { tenant, queue } => {
+                let changes = match (tenant, queue) {
+                    (Some(t), None) => ["weight", "max_concurrency", "max_depth"]
+                        .map(|k| ("tenant", t.clone(), k, None))
+                        .to_vec(),
+                    (None, Some(q)) => {
+                        self.queue_exists(&q)?;
+                        ["workers_min", "workers_max", "paused"]
+                            .map(|k| ("queue", q.clone(), k, None))
+                            .to_vec()
+                    }
+                    _ => {
+                        return Err(err(
+                            ErrorCode::BadRequest,
+                            "give exactly one of tenant or queue",
+                        ));
+                    }
+                };
+                self.set_overrides(changes).await
+            }
+            Request::WorkersSet { queue, min, max } => {
+                self.queue_exists(&queue)?;
+                if !self.daemon.executors.contains_key(&queue) {
+                    return Err(err(
+                        ErrorCode::BadRequest,
+                        format!("queue {queue:?} has no worker pool (external workers)"),
+                    ));
+                }
+                if min > max || max == 0 || max > 1024 {
+                    return Err(err(
+                        ErrorCode::BadRequest,
+                        format!("need 0 <= min <= max, 1 <= max <= 1024; got min {min}, max {max}"),
+                    ));
+                }
+                let changes = vec![
+                    ("queue", queue.clone(), "workers_min", Some(min.to_string())),
+                    ("queue", queue, "workers_max", Some(max.to_string())),
+                ];
+                self.set_overrides(changes).await
+            }
+            Request::QueuePause { queue } => {
+                self.queue_exists(&queue)?;
+                self.set_overrides(vec![("queue", queue, "paused", Some("true".into()))])
+                    .await
+            }
+            Request::QueueResume { queue } => {
+                self.queue_exists(&queue)?;
+                self.set_overrides(vec![("queue", queue, "paused", None)])
+                    .await
+            }
+        }
+    }
+}
+
+/// Daemon-side batching of a bulk redrive or purge: each batch is one atomic write;
+/// `rate` (jobs per second) spaces them out so a redrive cannot become a retry storm.
+struct Pace {
+    batch: usize,
+    rate: Option<f64>,
+}
+
+impl Pace {
+    fn new(batch: Option<u32>, rate: Option<f64>) -> Self {
+        Pace {
+            batch: batch.unwrap_or(100).clamp(1, 10_000) as usize,
+            rate: rate.filter(|r| r.is_finite() && *r > 0.0),
+        }
+    }
+
+    async fn wait(&self, moved: usize) {
+        if let Some(rate) = self.rate {
+            tokio::time::sleep(Duration::from_secs_f64(moved as f64 / rate)).await;
+        }
+    }
+}
+
+async fn dlq_call<T: Send + 'static>(
+    build: impl FnOnce(ractor::RpcReplyPort<Result<T, BrokerError>>) -> DlqMsg,
+) -> Result<T, ErrorBody> {
+    let dlq = ActorRef::<DlqMsg>::where_is(dlq::NAME)
+        .ok_or_else(|| err(ErrorCode::Unavailable, "the dlq actor is restarting; retry"))?;
+    match dlq.call(build, Some(Duration::from_secs(120))).await {
+        Ok(ractor::rpc::CallResult::Success(r)) => Ok(r?),
+        _ => Err(err(
+            ErrorCode::Unavailable,
+            "the dlq actor did not answer; retry",
+        )),
+    }
+}
+
+fn selection_of(sel: &DlqSelection) -> Result<Selection, ErrorBody> {
+    let ids = sel
+        .ids
+        .iter()
+        .map(|id| parse_id(id))
+        .collect::<Result<Vec<_>, _>>()?;
+    let since = sel.since_secs.map(|s| {
+        crate::clock::wall_ms() - i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX / 2)
+    });
+    Ok(Selection {
+        ids,
+        queue: sel.queue.clone(),
+        tenant: sel.tenant.clone(),
+        error_contains: sel.error_contains.clone(),
+        since,
+        all: sel.all,
+        limit: None,
+    })
+}
+
+impl Handler {
+    fn queue_exists(&self, queue: &str) -> Result<(), ErrorBody> {
+        if self.daemon.config.queues.contains_key(queue) {
+            Ok(())
+        } else {
+            Err(BrokerError::UnknownQueue(queue.to_string()).into())
+        }
+    }
+
+    async fn show(&self, id: &str) -> Result<Response, ErrorBody> {
+        let id = parse_id(id)?;
+        let detail = self
+            .daemon
+            .store
+            .run(move |b| b.job(id))
+            .await
+            .map_err(BrokerError::from)?;
+        let detail = detail.ok_or_else(|| ErrorBody::from(BrokerError::UnknownJob(id)))?;
+        Ok(Response::Job(views::detail(&detail)))
+    }
+
+    async fn queues(&self) -> Vec<qd_proto::QueueInfo> {
+        let counts = broker::request(BrokerMsg::Counts, CALL)
+            .await
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        for (name, qcfg) in &self.daemon.config.queues {
+            let sched = match ActorRef::<SchedulerMsg>::where_is(scheduler::name(name)) {
+                Some(s) => ractor::call_t!(s, SchedulerMsg::Stats, 5000).unwrap_or_default(),
+                None => Default::default(),
+            };
+            let pool = match ActorRef::<PoolMsg>::where_is(worker_pool::name(name)) {
+                Some(p) => ractor::call_t!(p, PoolMsg::Stats, 5000).unwrap_or_default(),
+                None => Default::default(),
+            };
+            let (min, max) = self.daemon.limits.workers(name, &qcfg.workers);
+            let c = counts.get(name.as_str()).copied().unwrap_or_default();
+            out.push(views::queue(
+                name,
+                &sched,
+                &c,
+                &pool,
+                (min, max),
+                self.daemon.limits.paused(name),
+            ));
+        }
+        out
+    }
+
+    fn limits(&self) -> Response {
+        Response::Limits(views::limits(&self.daemon))
+    }
+
+    /// Stores overrides (durable first), applies them, tells the enforcing actors.
+    async fn set_overrides(
+        &self,
+        changes: Vec<(&'static str, String, &'static str, Option<String>)>,
+    ) -> Result<Response, ErrorBody> {
+        let stored = changes.clone();
+        self.daemon
+            .store
+            .run(move |b| {
+                for (scope, name, key, value) in &stored {
+                    b.set_override(scope, name, key, value.as_deref())?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(BrokerError::from)?;
+        for (scope, name, key, value) in changes {
+            self.daemon.limits.set(scope, &name, key, value);
+        }
+        for queue in self.daemon.config.queues.keys() {
+            if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
+                let _ = s.cast(SchedulerMsg::LimitsChanged);
+            }
+            if let Some(p) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
+                let _ = p.cast(PoolMsg::LimitsChanged);
+            }
+        }
+        Ok(self.limits())
+    }
+
+    /// Resolves a selection (a dry run), then applies `msg` batch by batch at `pace`.
+    async fn batched(
+        &self,
+        sel: Selection,
+        dry_run: bool,
+        pace: Pace,
+        msg: impl Fn(
+            Selection,
+            bool,
+            ractor::RpcReplyPort<Result<broker::BatchOutcome, BrokerError>>,
+        ) -> DlqMsg,
+    ) -> Result<broker::BatchOutcome, ErrorBody> {
+        let resolved = dlq_call(|tx| msg(sel, true, tx)).await?;
+        if dry_run {
+            return Ok(resolved);
+        }
+        let mut total = broker::BatchOutcome {
+            moved: Vec::new(),
+            refused: resolved.refused,
+        };
+        let batches: Vec<Vec<JobId>> = resolved
+            .moved
+            .chunks(pace.batch)
+            .map(<[JobId]>::to_vec)
+            .collect();
+        for (n, ids) in batches.into_iter().enumerate() {
+            if n > 0 {
+                pace.wait(pace.batch).await;
+            }
+            let batch = Selection {
+                ids,
+                ..Selection::default()
+            };
+            let outcome = dlq_call(|tx| msg(batch, false, tx)).await?;
+            total.moved.extend(outcome.moved);
+            total.refused.extend(outcome.refused);
+        }
+        Ok(total)
+    }
+}

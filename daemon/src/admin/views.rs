@@ -1,0 +1,210 @@
+//! Conversions from qd's internal records to the admin protocol's types.
+
+use qd_proto::{
+    ActorInfo, HistoryItem, JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo, QueueLimits,
+    RedriveResult, Refusal, StatusInfo, TenantLimits, Valued,
+};
+
+use crate::broker::{BatchOutcome, QueueCounts};
+use crate::clock::wall_ms;
+use crate::job::{Job, State};
+use crate::limits::Source;
+use crate::scheduler::SchedulerStats;
+use crate::store::JobDetail as StoredJob;
+use crate::supervisor::Daemon;
+use crate::worker_pool::PoolStats;
+
+/// The actor kinds `qctl status` reports, in tree order.
+const ACTORS: [&str; 9] = [
+    "broker",
+    "scheduler",
+    "lease_reaper",
+    "dlq",
+    "worker_pool",
+    "worker",
+    "gauges",
+    "api",
+    "admin",
+];
+
+/// `qctl status`.
+pub fn status(d: &Daemon) -> StatusInfo {
+    let restarts = d.restarts.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let stats = d.store.stats();
+    StatusInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        uptime_secs: d.started.elapsed().as_secs_f64(),
+        store_path: d.config.db_path().display().to_string(),
+        store_bytes: stats.size_bytes,
+        actors: ACTORS
+            .iter()
+            .map(|name| ActorInfo {
+                name: (*name).to_string(),
+                restarts: restarts.get(*name).copied().unwrap_or(0),
+            })
+            .collect(),
+    }
+}
+
+/// The state a user sees: a delayed job whose time has come is ready.
+fn shown_state(job: &Job, now: i64) -> State {
+    match job.state {
+        State::Delayed if job.ready_at <= now => State::Ready,
+        s => s,
+    }
+}
+
+/// One line of `jobs list` / `dlq list`.
+pub fn summary(job: &Job) -> JobSummary {
+    JobSummary {
+        id: job.id.to_string(),
+        queue: job.queue.to_string(),
+        tenant: job.tenant.to_string(),
+        state: shown_state(job, wall_ms()).to_string(),
+        attempts: job.attempts,
+        max_attempts: job.max_attempts,
+        created_at: job.created_at,
+        updated_at: job.updated_at,
+        last_error: job.last_error.clone(),
+    }
+}
+
+/// `jobs show` / `dlq show`.
+pub fn detail(d: &StoredJob) -> JobDetail {
+    JobDetail {
+        summary: summary(&d.job),
+        idempotency_key: d.job.idempotency_key.clone(),
+        payload_preview: JobDetail::preview(&d.payload),
+        payload_bytes: d.payload.len() as u64,
+        history: d
+            .history
+            .iter()
+            .map(|h| HistoryItem {
+                attempt: h.attempt,
+                outcome: h.outcome.to_string(),
+                worker: h.worker.clone(),
+                started_at: h.started_at,
+                ended_at: h.ended_at,
+                error: h.error.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// One row of `qctl queues`.
+pub fn queue(
+    name: &str,
+    sched: &SchedulerStats,
+    counts: &QueueCounts,
+    pool: &PoolStats,
+    (min, max): (u32, u32),
+    paused: bool,
+) -> QueueInfo {
+    let now = wall_ms();
+    QueueInfo {
+        name: name.to_string(),
+        ready: sched.ready,
+        delayed: sched.delayed,
+        leased: counts.leased,
+        dead: counts.dead,
+        oldest_ready_age_secs: sched
+            .oldest_ready_at
+            .map(|at| (now - at).max(0) as f64 / 1000.0),
+        workers_busy: pool.busy,
+        workers_total: pool.total,
+        workers_min: min,
+        workers_max: max,
+        paused,
+    }
+}
+
+fn refusals(outcome: &BatchOutcome) -> Vec<Refusal> {
+    outcome
+        .refused
+        .iter()
+        .map(|(id, reason)| Refusal {
+            id: id.to_string(),
+            reason: reason.clone(),
+        })
+        .collect()
+}
+
+/// `dlq redrive`: `matched` counts every selected job, `moved` only those moved.
+pub fn redrive(outcome: BatchOutcome, dry_run: bool) -> RedriveResult {
+    RedriveResult {
+        matched: (outcome.moved.len() + outcome.refused.len()) as u64,
+        moved: if dry_run {
+            0
+        } else {
+            outcome.moved.len() as u64
+        },
+        refused: refusals(&outcome),
+        ids: outcome.moved.iter().map(ToString::to_string).collect(),
+        dry_run,
+    }
+}
+
+/// `dlq purge`.
+pub fn purge(outcome: BatchOutcome, dry_run: bool) -> PurgeResult {
+    PurgeResult {
+        matched: (outcome.moved.len() + outcome.refused.len()) as u64,
+        purged: if dry_run {
+            0
+        } else {
+            outcome.moved.len() as u64
+        },
+        refused: refusals(&outcome),
+        ids: outcome.moved.iter().map(ToString::to_string).collect(),
+        dry_run,
+    }
+}
+
+fn valued<T>(value: T, source: Source) -> Valued<T> {
+    let source = match source {
+        Source::Config => qd_proto::Source::Config,
+        Source::Override => qd_proto::Source::Override,
+    };
+    Valued { value, source }
+}
+
+/// `limits show`, and the answer to every limit change.
+pub fn limits(d: &Daemon) -> LimitsView {
+    let l = &d.limits;
+    let tenants = l
+        .tenant_names()
+        .into_iter()
+        .map(|t| {
+            let v = l.tenant(&t);
+            let [w, c, m] = l.tenant_sources(&t);
+            TenantLimits {
+                weight: valued(v.weight, w),
+                max_concurrency: valued(v.max_concurrency, c),
+                max_depth: valued(v.max_depth, m),
+                tenant: t,
+            }
+        })
+        .collect();
+    let queues = d
+        .config
+        .queues
+        .iter()
+        .map(|(name, q)| {
+            let (min, max) = l.workers(name, &q.workers);
+            let [smin, smax] = l.worker_sources(name);
+            let paused = l.paused(name);
+            let spaused = if paused {
+                Source::Override
+            } else {
+                Source::Config
+            };
+            QueueLimits {
+                queue: name.clone(),
+                workers_min: valued(min, smin),
+                workers_max: valued(max, smax),
+                rate_limiter: q.rate_limiter.clone(),
+                paused: valued(paused, spaused),
+            }
+        })
+        .collect();
+    LimitsView { tenants, queues }
+}

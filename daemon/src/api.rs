@@ -1,0 +1,102 @@
+//! The Api actor: qd's HTTP interface (axum) at `daemon.api_listen`.
+//!
+//! Producers enqueue and read job status (`api/producer.rs`); external workers
+//! lease, heartbeat, ack and nack (`api/lessee.rs`). Handlers hold no business
+//! logic: they validate input, send one message to the Broker or a Scheduler, and
+//! map the answer to a status code. The endpoints are specified in
+//! `daemon/docs/http-api.md`.
+//!
+//! The actor binds the listener in `pre_start` (a bind failure fails the start with
+//! the address in the message) and serves from a spawned task, so its mailbox is
+//! never blocked by `accept`. It takes no messages. Supervised by the Supervisor.
+
+mod error;
+mod lessee;
+mod producer;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::config::Config;
+use crate::store::Store;
+
+pub use error::ApiError;
+
+/// What the Api actor is started with.
+#[derive(Clone)]
+pub struct ApiArgs {
+    /// The compiled config (queues, `max_payload`, `api_listen`).
+    pub config: Arc<Config>,
+    /// The store, for job status reads.
+    pub store: Store,
+}
+
+/// The running server: cancel to stop accepting.
+pub struct ApiState {
+    stop: CancellationToken,
+    /// The bound address (useful when `api_listen` has port 0).
+    pub local_addr: SocketAddr,
+}
+
+/// The Api actor.
+pub struct Api;
+
+impl Actor for Api {
+    type Msg = ();
+    type State = ApiState;
+    type Arguments = ApiArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<()>,
+        args: ApiArgs,
+    ) -> Result<ApiState, ActorProcessingErr> {
+        let addr = args.config.daemon.api_listen;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on api_listen {addr}: {e}"))?;
+        let local_addr = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let app = router(args);
+        let shutdown = stop.clone().cancelled_owned();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await;
+        });
+        info!(listen = %local_addr, "HTTP API listening.");
+        Ok(ApiState { stop, local_addr })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<()>,
+        state: &mut ApiState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.stop.cancel();
+        Ok(())
+    }
+}
+
+/// The route table. Body size is bounded at the transport: base64 of `max_payload`
+/// plus room for the JSON envelope.
+pub fn router(args: ApiArgs) -> Router {
+    let body_limit = args.config.daemon.max_payload / 3 * 4 + 64 * 1024;
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/v1/queues/{queue}/jobs", post(producer::enqueue))
+        .route("/v1/jobs/{id}", get(producer::job))
+        .route("/v1/queues/{queue}/leases", post(lessee::lease))
+        .route("/v1/jobs/{id}/heartbeat", post(lessee::heartbeat))
+        .route("/v1/jobs/{id}/ack", post(lessee::ack))
+        .route("/v1/jobs/{id}/nack", post(lessee::nack))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(Arc::new(args))
+}

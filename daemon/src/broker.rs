@@ -1,0 +1,409 @@
+//! The Broker actor: the owner of job state and the only writer to the [`Store`].
+//!
+//! It keeps every unfinished job (delayed, ready, leased, dead) in memory *without
+//! its payload*, applies life-cycle events through [`job::apply`], and queues one
+//! durable store write per transition. Callers are answered from the store's
+//! completion callback, i.e. only after the write is durable (group commit): a
+//! producer hears "accepted" only once its job survives `kill -9`.
+//!
+//! Messages: [`BrokerMsg`] — enqueue (from the API and the admin socket), lease
+//! (from a Scheduler, on behalf of a worker), heartbeat/ack/nack (from workers),
+//! expire (from the LeaseReaper), worker-lost (from a WorkerPool), redrive, cancel
+//! and purge (from the Dlq and admin), resync (from derived actors that restarted),
+//! stats and flush. Supervised by the Supervisor; on (re)start it reloads from the
+//! store, expires every lease an earlier run held, and pushes its view to the
+//! schedulers, the reaper and the Dlq, which are rebuilt from it.
+//!
+//! The broker never awaits the store inside `handle`: writes are submitted with a
+//! completion, so one slow fsync never stalls the mailbox.
+
+mod events;
+mod state;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use tokio::time::Instant;
+
+use crate::clock::wall_ms;
+use crate::config::Config;
+use crate::job::{Failure, Job, JobId, State, Token, TransitionError, UnixMillis};
+use crate::limits::Limits;
+use crate::store::{Inserted, Store, StoreError};
+
+use state::BrokerState;
+pub use state::QueueCounts;
+
+/// The registered actor name of the broker.
+pub const NAME: &str = "broker";
+
+/// A producer's request to add a job.
+#[derive(Clone, Debug)]
+pub struct EnqueueRequest {
+    /// Target queue (must be configured).
+    pub queue: String,
+    /// Tenant; `None` means `"default"`.
+    pub tenant: Option<String>,
+    /// Opaque payload bytes (size already checked against `max_payload` by the caller).
+    pub payload: Vec<u8>,
+    /// Idempotency key, unique per queue within `retention`.
+    pub idempotency_key: Option<String>,
+    /// Do not run before this delay has passed.
+    pub delay: Duration,
+    /// Override of the queue's `max_attempts`.
+    pub max_attempts: Option<u32>,
+}
+
+/// A successful enqueue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id (the original job's, for a duplicate).
+    pub id: JobId,
+    /// True when the idempotency key matched an existing job and nothing was added.
+    pub duplicate: bool,
+}
+
+/// A job handed to a worker under a lease.
+#[derive(Clone, Debug)]
+pub struct LeasedJob {
+    /// The job.
+    pub id: JobId,
+    /// Its queue.
+    pub queue: Arc<str>,
+    /// Its tenant.
+    pub tenant: Arc<str>,
+    /// The attempt number this lease runs (1-based).
+    pub attempt: u32,
+    /// The fencing token to present on heartbeat, ack and nack.
+    pub token: Token,
+    /// `QD_IDEMPOTENCY_KEY`: the producer's key, else the job id.
+    pub idempotency_key: String,
+    /// The payload bytes.
+    pub payload: Vec<u8>,
+    /// The lease (visibility timeout) length; renew with heartbeats before it passes.
+    pub lease: Duration,
+    /// The lease deadline as wall time (Unix ms), for external workers.
+    pub deadline_ms: UnixMillis,
+}
+
+/// A live lease after a heartbeat.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseInfo {
+    /// New deadline, wall time (Unix ms).
+    pub deadline_ms: UnixMillis,
+}
+
+/// Why the broker refused a request. Nothing was changed when an error is returned.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// No such queue in the config.
+    #[error("unknown queue {0:?}")]
+    UnknownQueue(String),
+    /// No such job (or it already finished and was pruned).
+    #[error("unknown job {0}")]
+    UnknownJob(JobId),
+    /// The queue holds `max_depth` unfinished jobs (backpressure).
+    #[error("queue {queue:?} is full ({depth} jobs, max_depth {max}); retry later")]
+    QueueFull {
+        /// Queue.
+        queue: String,
+        /// Current depth.
+        depth: u64,
+        /// Its limit.
+        max: u64,
+    },
+    /// The tenant holds its `max_depth` of unfinished jobs in this queue.
+    #[error(
+        "tenant {tenant:?} is full in queue {queue:?} ({depth} jobs, max_depth {max}); retry later"
+    )]
+    TenantFull {
+        /// Queue.
+        queue: String,
+        /// Tenant.
+        tenant: String,
+        /// Current depth.
+        depth: u64,
+        /// Its limit.
+        max: u64,
+    },
+    /// The idempotency key is taken by a job with a different payload.
+    #[error(
+        "idempotency key {key:?} already used in queue {queue:?} by job {id} with a different payload"
+    )]
+    KeyConflict {
+        /// Queue.
+        queue: String,
+        /// The key.
+        key: String,
+        /// The job holding it.
+        id: JobId,
+    },
+    /// The daemon is shutting down and takes no new work.
+    #[error("qd is shutting down")]
+    ShuttingDown,
+    /// The broker is not running or did not answer in time (it may be restarting).
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+    /// The request itself is malformed (bad name, out-of-range value).
+    #[error("{0}")]
+    Invalid(String),
+    /// The payload is larger than `daemon.max_payload`.
+    #[error("payload is {size} bytes; max_payload is {max} bytes")]
+    PayloadTooLarge {
+        /// Its size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// The event does not apply to the job (stale token, wrong state).
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    /// The durable write failed; nothing was accepted.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Result of a redrive or purge batch.
+#[derive(Clone, Debug, Default)]
+pub struct BatchOutcome {
+    /// Jobs that moved (redriven or purged).
+    pub moved: Vec<JobId>,
+    /// Jobs that were refused, with the reason (e.g. "job X is ready; cannot redrive").
+    pub refused: Vec<(JobId, String)>,
+}
+
+/// Which derived actor asks to be rebuilt from the broker's state.
+#[derive(Clone, Debug)]
+pub enum Resync {
+    /// A queue's Scheduler: gets every ready/delayed job and the running counts.
+    Scheduler(Arc<str>),
+    /// The LeaseReaper: gets every live lease's deadline.
+    Reaper,
+    /// The Dlq: gets every dead job.
+    Dlq,
+}
+
+/// Messages the broker takes.
+pub enum BrokerMsg {
+    /// Add a job; answered after it is durable.
+    Enqueue(EnqueueRequest, RpcReplyPort<Result<Enqueued, BrokerError>>),
+    /// Internal: an enqueue's store write finished.
+    Inserted(
+        Box<Job>,
+        Result<Inserted, StoreError>,
+        RpcReplyPort<Result<Enqueued, BrokerError>>,
+    ),
+    /// Lease these jobs (chosen by the queue's Scheduler) to `worker`; the reply goes
+    /// straight to the worker after the lease is durable.
+    Lease {
+        /// Queue.
+        queue: Arc<str>,
+        /// Jobs picked by the scheduler.
+        picks: Vec<JobId>,
+        /// Lessee id.
+        worker: String,
+        /// Where the leased jobs go.
+        reply: RpcReplyPort<Vec<LeasedJob>>,
+    },
+    /// Internal: a lessee went away before receiving its jobs; return them uncharged.
+    Abandoned(Vec<(JobId, Token)>),
+    /// Renew a lease for `extend` (default: the queue's lease).
+    Heartbeat(
+        JobId,
+        Token,
+        Option<Duration>,
+        RpcReplyPort<Result<LeaseInfo, BrokerError>>,
+    ),
+    /// The attempt succeeded; answered after the ack is durable.
+    Ack(JobId, Token, RpcReplyPort<Result<(), BrokerError>>),
+    /// The attempt failed; answered after the write is durable.
+    Nack(JobId, Token, Failure, RpcReplyPort<Result<(), BrokerError>>),
+    /// From the reaper: the lease with this token passed its deadline.
+    Expire(JobId, Token),
+    /// From a pool: this worker crashed; fail whatever it held.
+    WorkerLost(String, String),
+    /// Move dead jobs back to ready with a fresh budget (one atomic write).
+    Redrive(
+        Vec<JobId>,
+        String,
+        RpcReplyPort<Result<BatchOutcome, BrokerError>>,
+    ),
+    /// Delete dead jobs (one atomic write).
+    Purge(Vec<JobId>, RpcReplyPort<Result<BatchOutcome, BrokerError>>),
+    /// Cancel a ready, delayed or dead job; answers the state it was cancelled from.
+    Cancel(JobId, String, RpcReplyPort<Result<State, BrokerError>>),
+    /// A derived actor (re)started and needs the current state.
+    Resync(Resync),
+    /// Per-queue counts of unfinished jobs.
+    Counts(RpcReplyPort<HashMap<Arc<str>, QueueCounts>>),
+    /// Stop taking enqueues (graceful shutdown).
+    StopIntake,
+    /// Answer once every write queued so far is durable.
+    Flush(RpcReplyPort<()>),
+    /// Timer: prune finished jobs past retention.
+    Prune,
+}
+
+/// What the broker is started with.
+pub struct BrokerArgs {
+    /// The compiled config.
+    pub config: Arc<Config>,
+    /// The durable store.
+    pub store: Store,
+    /// Live limits (tenant max_depth).
+    pub limits: Arc<Limits>,
+}
+
+/// The largest retry budget a producer may ask for.
+pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
+/// The longest idempotency key, in bytes.
+pub const MAX_KEY_BYTES: usize = 255;
+
+/// Checks a tenant name: 1 to 64 of `A-Z a-z 0-9 _ . -`.
+///
+/// Errors: [`BrokerError::Invalid`] naming `what` and the value.
+pub fn check_name(what: &str, name: &str) -> Result<(), BrokerError> {
+    let ok = (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(BrokerError::Invalid(format!(
+            "{what} {name:?} must be 1 to 64 characters of A-Z a-z 0-9 _ . -"
+        )))
+    }
+}
+
+/// Checks an enqueue's own fields (not the queue's state): tenant name, key length,
+/// retry budget and payload size against `max_payload` bytes.
+pub fn validate(req: &EnqueueRequest, max_payload: usize) -> Result<(), BrokerError> {
+    if let Some(tenant) = &req.tenant {
+        check_name("tenant", tenant)?;
+    }
+    if let Some(key) = &req.idempotency_key
+        && (key.is_empty() || key.len() > MAX_KEY_BYTES)
+    {
+        return Err(BrokerError::Invalid(format!(
+            "idempotency_key must be 1 to {MAX_KEY_BYTES} bytes"
+        )));
+    }
+    if let Some(n) = req.max_attempts
+        && (n == 0 || n > MAX_ATTEMPTS_LIMIT)
+    {
+        return Err(BrokerError::Invalid(format!(
+            "max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {n}"
+        )));
+    }
+    if req.payload.len() > max_payload {
+        return Err(BrokerError::PayloadTooLarge {
+            size: req.payload.len(),
+            max: max_payload,
+        });
+    }
+    Ok(())
+}
+
+/// Sends a request to the broker and waits up to `timeout` for its answer.
+///
+/// Errors: [`BrokerError::Unavailable`] when the broker is not running (restarting)
+/// or does not answer within `timeout`.
+pub async fn request<T: Send + 'static>(
+    build: impl FnOnce(RpcReplyPort<T>) -> BrokerMsg,
+    timeout: Duration,
+) -> Result<T, BrokerError> {
+    let broker = ActorRef::<BrokerMsg>::where_is(NAME)
+        .ok_or_else(|| BrokerError::Unavailable("not running".into()))?;
+    match broker.call(build, Some(timeout)).await {
+        Ok(ractor::rpc::CallResult::Success(v)) => Ok(v),
+        Ok(ractor::rpc::CallResult::Timeout) => Err(BrokerError::Unavailable(format!(
+            "no answer within {}",
+            humantime::format_duration(timeout)
+        ))),
+        Ok(ractor::rpc::CallResult::SenderError) | Err(_) => {
+            Err(BrokerError::Unavailable("stopped while answering".into()))
+        }
+    }
+}
+
+/// Sends a message to the broker without waiting; dropped if it is not running.
+pub fn cast(msg: BrokerMsg) {
+    if let Some(broker) = ActorRef::<BrokerMsg>::where_is(NAME) {
+        let _ = broker.cast(msg);
+    }
+}
+
+/// The broker actor (stateless handle; its state is [`BrokerState`]).
+pub struct Broker;
+
+/// How often finished jobs past retention are pruned.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+impl Actor for Broker {
+    type Msg = BrokerMsg;
+    type State = BrokerState;
+    type Arguments = BrokerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<BrokerMsg>,
+        args: BrokerArgs,
+    ) -> Result<BrokerState, ActorProcessingErr> {
+        let jobs = args.store.run(|b| b.load_unfinished()).await?;
+        let mut state = BrokerState::new(args, StdRng::from_os_rng(), myself.clone());
+        state.recover(jobs, wall_ms());
+        state.push_all();
+        myself.send_interval(PRUNE_EVERY, || BrokerMsg::Prune);
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<BrokerMsg>,
+        msg: BrokerMsg,
+        state: &mut BrokerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = wall_ms();
+        match msg {
+            BrokerMsg::Enqueue(req, reply) => state.enqueue(req, reply, now),
+            BrokerMsg::Inserted(job, result, reply) => state.inserted(*job, result, reply),
+            BrokerMsg::Lease {
+                queue,
+                picks,
+                worker,
+                reply,
+            } => state.lease(&queue, picks, worker, reply, now, Instant::now()),
+            BrokerMsg::Abandoned(leases) => state.abandoned(leases, now),
+            BrokerMsg::Heartbeat(id, token, extend, reply) => {
+                let _ = reply.send(state.heartbeat(id, token, extend, now, Instant::now()));
+            }
+            BrokerMsg::Ack(id, token, reply) => state.ack(id, token, reply, now),
+            BrokerMsg::Nack(id, token, failure, reply) => {
+                state.fail(id, token, failure, Some(reply), now)
+            }
+            BrokerMsg::Expire(id, token) => state.expire(id, token, now, Instant::now()),
+            BrokerMsg::WorkerLost(worker, error) => state.worker_lost(&worker, &error, now),
+            BrokerMsg::Redrive(ids, by, reply) => state.redrive(ids, &by, reply, now),
+            BrokerMsg::Purge(ids, reply) => state.purge(ids, reply),
+            BrokerMsg::Cancel(id, by, reply) => state.cancel(id, &by, reply, now),
+            BrokerMsg::Resync(what) => state.resync(what),
+            BrokerMsg::Counts(reply) => {
+                let _ = reply.send(state.counts());
+            }
+            BrokerMsg::StopIntake => state.accepting = false,
+            BrokerMsg::Flush(reply) => state.store.submit(
+                |_| Ok(()),
+                move |_| {
+                    let _ = reply.send(());
+                },
+            ),
+            BrokerMsg::Prune => state.prune(now),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,92 @@
+//! Fan-out of job state changes to the actors derived from the broker's state:
+//! the queue's Scheduler (ready jobs, running counts), the LeaseReaper (lease
+//! deadlines) and the Dlq (dead jobs), plus the matching metrics.
+//!
+//! Actors are looked up by registered name on every send, so a restarted actor is
+//! found under its old name; a send to an actor that is restarting is dropped, which
+//! is safe because every derived actor asks for a full [`super::Resync`] on start.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::dlq::{self, DeadEntry, DlqMsg};
+use crate::job::{Job, JobId, State, Token, UnixMillis};
+use crate::lease_reaper::{self, ReaperMsg};
+use crate::scheduler::{self, SchedulerMsg};
+
+/// Sends `msg` to the Scheduler of `queue`, if it is running.
+pub fn to_scheduler(queue: &str, msg: SchedulerMsg) {
+    if let Some(actor) = ractor::ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
+        let _ = actor.cast(msg);
+    }
+}
+
+/// Sends `msg` to the LeaseReaper, if it is running.
+pub fn to_reaper(msg: ReaperMsg) {
+    if let Some(actor) = ractor::ActorRef::<ReaperMsg>::where_is(lease_reaper::NAME) {
+        let _ = actor.cast(msg);
+    }
+}
+
+/// Sends `msg` to the Dlq, if it is running.
+pub fn to_dlq(msg: DlqMsg) {
+    if let Some(actor) = ractor::ActorRef::<DlqMsg>::where_is(dlq::NAME) {
+        let _ = actor.cast(msg);
+    }
+}
+
+/// The Dlq's view of a dead job.
+pub fn dead_entry(job: &Job) -> DeadEntry {
+    DeadEntry {
+        id: job.id,
+        queue: job.queue.clone(),
+        tenant: job.tenant.clone(),
+        died_at: job.updated_at,
+    }
+}
+
+/// Tells the derived actors that `old` became `new` (the same job) at wall time `now`.
+pub fn changed(old: &Job, new: &Job, now: UnixMillis) {
+    if old.state == State::Leased && new.state != State::Leased {
+        let run = old
+            .leased_at
+            .map(|at| Duration::from_millis(u64::try_from(now - at).unwrap_or(0)))
+            .unwrap_or_default();
+        to_scheduler(&old.queue, SchedulerMsg::Finished(old.tenant.clone(), run));
+        to_reaper(ReaperMsg::Untrack(old.id));
+    }
+    match (old.state, new.state) {
+        (State::Ready | State::Delayed, State::Cancelled) => {
+            to_scheduler(&old.queue, SchedulerMsg::Remove(old.id))
+        }
+        (State::Dead, State::Dead) => {}
+        (State::Dead, _) => to_dlq(DlqMsg::Removed(vec![old.id])),
+        (_, State::Dead) => to_dlq(DlqMsg::Dead(dead_entry(new))),
+        _ => {}
+    }
+    if matches!(new.state, State::Ready | State::Delayed)
+        && !matches!(old.state, State::Ready | State::Delayed)
+    {
+        ready(new);
+    }
+}
+
+/// Hands a ready or delayed job to its queue's Scheduler.
+pub fn ready(job: &Job) {
+    to_scheduler(
+        &job.queue,
+        SchedulerMsg::Ready(job.tenant.clone(), job.id, job.ready_at),
+    );
+}
+
+/// Tells the reaper about a live lease's (new) deadline.
+pub fn track(id: JobId, token: Token, deadline: Instant) {
+    to_reaper(ReaperMsg::Track(id, token, deadline));
+}
+
+/// Tells a queue's Scheduler that a job it handed out was not leased after all.
+pub fn release(queue: &str, tenant: Arc<str>) {
+    to_scheduler(queue, SchedulerMsg::Finished(tenant, Duration::ZERO));
+}

@@ -1,0 +1,118 @@
+//! The Gauges actor: keeps state gauges right and feeds the systemd watchdog.
+//!
+//! Every second it asks the Broker (leased/dead counts), each Scheduler (ready,
+//! delayed, oldest ready job), the Dlq (depth, oldest death) and each WorkerPool
+//! (busy/idle/desired), and sets `qd_queue_depth`, `qd_queue_oldest_ready_age_seconds`,
+//! `qd_dlq_depth`, `qd_dlq_oldest_age_seconds` and `qd_workers*`. Because the values
+//! are derived from the actors' state, they are right after a restart and return to
+//! zero when a queue drains. When the Broker and every Scheduler answered, it sends
+//! `WATCHDOG=1`: a wedged tree stops the pings and systemd restarts qd.
+//!
+//! Messages: only its own `Tick`. Supervised by the Supervisor.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use crate::broker::{self, BrokerMsg};
+use crate::clock::wall_ms;
+use crate::config::Config;
+use crate::dlq::{self, DlqMsg};
+use crate::job::UnixMillis;
+use crate::metrics::{self, DepthState};
+use crate::scheduler::{self, SchedulerMsg};
+use crate::worker_pool::{self, PoolMsg};
+
+/// The registered name of the gauges actor.
+pub const NAME: &str = "gauges";
+/// How often gauges are refreshed.
+pub const EVERY: Duration = Duration::from_secs(1);
+const ASK: Duration = Duration::from_millis(900);
+
+/// What the gauges actor is started with.
+pub struct GaugesArgs {
+    /// The config (queue names).
+    pub config: Arc<Config>,
+}
+
+/// Messages the gauges actor takes.
+pub enum GaugesMsg {
+    /// Timer.
+    Tick,
+}
+
+/// The gauges actor.
+pub struct Gauges;
+
+impl Actor for Gauges {
+    type Msg = GaugesMsg;
+    type State = Arc<Config>;
+    type Arguments = GaugesArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<GaugesMsg>,
+        args: GaugesArgs,
+    ) -> Result<Arc<Config>, ActorProcessingErr> {
+        myself.send_interval(EVERY, || GaugesMsg::Tick);
+        Ok(args.config)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<GaugesMsg>,
+        _msg: GaugesMsg,
+        config: &mut Arc<Config>,
+    ) -> Result<(), ActorProcessingErr> {
+        if refresh(config).await {
+            let _ = crate::notify::watchdog_ping();
+        }
+        Ok(())
+    }
+}
+
+async fn ask<M: ractor::Message, T: Send + 'static>(
+    name: String,
+    build: impl FnOnce(ractor::RpcReplyPort<T>) -> M,
+) -> Option<T> {
+    let actor = ActorRef::<M>::where_is(name)?;
+    match actor.call(build, Some(ASK)).await {
+        Ok(ractor::rpc::CallResult::Success(v)) => Some(v),
+        _ => None,
+    }
+}
+
+fn age(at: Option<UnixMillis>, now: UnixMillis) -> Duration {
+    at.map(|t| crate::clock::until(now, t)).unwrap_or_default()
+}
+
+/// Sets every state gauge; true when the Broker and all Schedulers answered.
+async fn refresh(config: &Config) -> bool {
+    let now = wall_ms();
+    let counts = ask(broker::NAME.into(), BrokerMsg::Counts).await;
+    let dead = ask(dlq::NAME.into(), DlqMsg::Stats)
+        .await
+        .unwrap_or_default();
+    let mut healthy = counts.is_some();
+    for queue in config.queues.keys() {
+        let sched = ask(scheduler::name(queue), SchedulerMsg::Stats).await;
+        healthy &= sched.is_some();
+        let sched = sched.unwrap_or_default();
+        let c = counts
+            .as_ref()
+            .and_then(|c| c.get(queue.as_str()).copied())
+            .unwrap_or_default();
+        metrics::set_queue_depth(queue, DepthState::Ready, sched.ready);
+        metrics::set_queue_depth(queue, DepthState::Delayed, sched.delayed);
+        metrics::set_queue_depth(queue, DepthState::Leased, c.leased);
+        metrics::set_queue_depth(queue, DepthState::Dead, c.dead);
+        metrics::set_oldest_ready_age(queue, age(sched.oldest_ready_at, now));
+        let d = dead.get(queue.as_str()).copied().unwrap_or_default();
+        metrics::set_dlq(queue, d.depth, age(d.oldest_died_at, now));
+        if let Some(p) = ask(worker_pool::name(queue), PoolMsg::Stats).await {
+            metrics::set_workers(queue, p.busy, p.total - p.busy, p.desired);
+        }
+    }
+    healthy
+}

@@ -1,0 +1,238 @@
+//! Live limits: tenant weights, concurrency caps and depths, queue worker bounds and
+//! pause flags — the config's values overlaid with runtime overrides.
+//!
+//! Overrides are set by operators through qctl (`limits set`, `workers set`,
+//! `queue pause`), stored in the store's `overrides` table so they survive restarts
+//! until reset, and read here by the Broker (depth), Schedulers (weights, caps,
+//! pause) and WorkerPools (bounds). Unconfigured tenants inherit `[tenants.default]`.
+//!
+//! Override keys: scope `tenant` with `weight`, `max_concurrency`, `max_depth`;
+//! scope `queue` with `workers_min`, `workers_max`, `paused`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use crate::config::{Config, TenantConfig, WorkersConfig};
+use crate::store::Override;
+
+/// Where a live value comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The config file (or its default).
+    Config,
+    /// A runtime override set with qctl.
+    Override,
+}
+
+impl Source {
+    /// `"config"` or `"override"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Config => "config",
+            Source::Override => "override",
+        }
+    }
+}
+
+/// A tenant's effective limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantLimits {
+    /// Share weight (>= 1).
+    pub weight: u32,
+    /// Most jobs leased at once per queue (None: unlimited).
+    pub max_concurrency: Option<u32>,
+    /// Most unfinished jobs per queue (None: only the queue's max_depth).
+    pub max_depth: Option<u64>,
+}
+
+/// The override store: (scope, name, key) → value.
+type Overrides = BTreeMap<(String, String, String), String>;
+
+/// Config plus runtime overrides, shared by every actor that enforces a limit.
+pub struct Limits {
+    config: Arc<Config>,
+    overrides: RwLock<Overrides>,
+}
+
+impl Limits {
+    /// Limits from the config and the stored overrides.
+    pub fn new(config: Arc<Config>, stored: Vec<Override>) -> Self {
+        let overrides = stored
+            .into_iter()
+            .map(|o| ((o.scope, o.name, o.key), o.value))
+            .collect();
+        Limits {
+            config,
+            overrides: RwLock::new(overrides),
+        }
+    }
+
+    fn get<T: std::str::FromStr>(&self, scope: &str, name: &str, key: &str) -> Option<T> {
+        let map = self.overrides.read().unwrap_or_else(|e| e.into_inner());
+        map.get(&(scope.to_string(), name.to_string(), key.to_string()))
+            .and_then(|v| v.parse().ok())
+    }
+
+    fn has(&self, scope: &str, name: &str, key: &str) -> bool {
+        let map = self.overrides.read().unwrap_or_else(|e| e.into_inner());
+        map.contains_key(&(scope.to_string(), name.to_string(), key.to_string()))
+    }
+
+    /// Sets (Some) or removes (None) one override in memory. The caller stores it.
+    pub fn set(&self, scope: &str, name: &str, key: &str, value: Option<String>) {
+        let mut map = self.overrides.write().unwrap_or_else(|e| e.into_inner());
+        let k = (scope.to_string(), name.to_string(), key.to_string());
+        match value {
+            Some(v) => map.insert(k, v),
+            None => map.remove(&k),
+        };
+    }
+
+    /// The configured limits of `tenant`, or `[tenants.default]`'s.
+    fn configured(&self, tenant: &str) -> TenantConfig {
+        self.config.tenant(tenant)
+    }
+
+    /// A tenant's effective limits. "0" as an override of a cap or depth means unlimited.
+    pub fn tenant(&self, tenant: &str) -> TenantLimits {
+        let cfg = self.configured(tenant);
+        let opt = |key: &str, configured: Option<u64>| match self.get::<u64>("tenant", tenant, key)
+        {
+            Some(0) => None,
+            Some(v) => Some(v),
+            None => configured,
+        };
+        TenantLimits {
+            weight: self
+                .get("tenant", tenant, "weight")
+                .unwrap_or(cfg.weight)
+                .max(1),
+            max_concurrency: opt("max_concurrency", cfg.max_concurrency.map(u64::from))
+                .map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
+            max_depth: opt("max_depth", cfg.max_depth),
+        }
+    }
+
+    /// Where each of a tenant's values comes from: (weight, max_concurrency, max_depth).
+    pub fn tenant_sources(&self, tenant: &str) -> [Source; 3] {
+        ["weight", "max_concurrency", "max_depth"].map(|k| self.source("tenant", tenant, k))
+    }
+
+    fn source(&self, scope: &str, name: &str, key: &str) -> Source {
+        if self.has(scope, name, key) {
+            Source::Override
+        } else {
+            Source::Config
+        }
+    }
+
+    /// A tenant's cap in `queue`: an operator override wins, then the queue's
+    /// `tenants.T.max_concurrency`, then the tenant's own.
+    pub fn tenant_cap(&self, queue: &str, tenant: &str) -> Option<u32> {
+        if self.has("tenant", tenant, "max_concurrency") {
+            return self.tenant(tenant).max_concurrency;
+        }
+        self.config
+            .queues
+            .get(queue)
+            .and_then(|q| q.tenant_caps.get(tenant).copied())
+            .or(self.tenant(tenant).max_concurrency)
+    }
+
+    /// Every tenant named in the config or in an override.
+    pub fn tenant_names(&self) -> Vec<String> {
+        let map = self.overrides.read().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<String> = self.config.tenants.keys().cloned().collect();
+        names.extend(
+            map.keys()
+                .filter(|(scope, _, _)| scope == "tenant")
+                .map(|(_, name, _)| name.clone()),
+        );
+        names.push("default".into());
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// A queue's worker bounds (min, max), min never above max.
+    pub fn workers(&self, queue: &str, cfg: &WorkersConfig) -> (u32, u32) {
+        let min = self.get("queue", queue, "workers_min").unwrap_or(cfg.min);
+        let max = self.get("queue", queue, "workers_max").unwrap_or(cfg.max);
+        (min.min(max), max)
+    }
+
+    /// Where a queue's worker bounds come from: (min, max).
+    pub fn worker_sources(&self, queue: &str) -> [Source; 2] {
+        ["workers_min", "workers_max"].map(|k| self.source("queue", queue, k))
+    }
+
+    /// Whether an operator paused the queue.
+    pub fn paused(&self, queue: &str) -> bool {
+        self.get("queue", queue, "paused").unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn limits(stored: Vec<Override>) -> Limits {
+        let text = r#"
+[queues.q]
+executor = { kind = "external" }
+tenants.acme = { max_concurrency = 2 }
+[tenants.default]
+weight = 1
+max_concurrency = 4
+[tenants.acme]
+weight = 3
+max_concurrency = 10
+"#;
+        let config = Config::parse(text, Path::new("/tmp/qd.toml")).expect("config");
+        Limits::new(Arc::new(config), stored)
+    }
+
+    fn ov(scope: &str, name: &str, key: &str, value: &str) -> Override {
+        Override {
+            scope: scope.into(),
+            name: name.into(),
+            key: key.into(),
+            value: value.into(),
+        }
+    }
+
+    #[test]
+    fn unconfigured_tenants_inherit_default_and_queue_caps_win_over_tenant_caps() {
+        let l = limits(vec![]);
+        assert_eq!(l.tenant("someone").max_concurrency, Some(4));
+        assert_eq!(l.tenant("acme").weight, 3);
+        assert_eq!(l.tenant_cap("q", "acme"), Some(2));
+        assert_eq!(l.tenant_sources("acme"), [Source::Config; 3]);
+    }
+
+    #[test]
+    fn overrides_win_and_can_be_reset() {
+        let l = limits(vec![ov("tenant", "acme", "weight", "5")]);
+        assert_eq!(l.tenant("acme").weight, 5);
+        l.set("tenant", "acme", "max_concurrency", Some("1".into()));
+        assert_eq!(l.tenant_cap("q", "acme"), Some(1));
+        l.set("tenant", "acme", "max_concurrency", Some("0".into()));
+        assert_eq!(l.tenant_cap("q", "acme"), None);
+        l.set("tenant", "acme", "weight", None);
+        assert_eq!(l.tenant("acme").weight, 3);
+        assert_eq!(l.tenant_sources("acme")[0], Source::Config);
+    }
+
+    #[test]
+    fn worker_bounds_keep_min_at_most_max() {
+        let l = limits(vec![ov("queue", "q", "workers_max", "2")]);
+        let cfg = WorkersConfig {
+            min: 3,
+            max: 8,
+            target_age: std::time::Duration::from_secs(5),
+            idle_cooldown: std::time::Duration::from_secs(30),
+        };
+        assert_eq!(l.workers("q", &cfg), (2, 2));
+    }
+}

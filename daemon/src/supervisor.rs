@@ -1,0 +1,396 @@
+//! The Supervisor actor: the root of qd's actor tree.
+//!
+//! It spawns, linked to itself: the Broker, one Scheduler per queue, the
+//! LeaseReaper, the Dlq, one WorkerPool per queue with an in-process executor, the
+//! Gauges (metrics and watchdog), the HTTP Api and the AdminServer — listeners last,
+//! so nothing is accepted before the tree is up. It restarts a failed child
+//! one-for-one after a short delay, under the same name; the derived actors rebuild
+//! themselves from the Broker when they start. More than `restart.max_restarts`
+//! restarts within `restart.window` means something is persistently wrong: the
+//! supervisor stops with a failure, the daemon exits non-zero and systemd restarts it.
+//!
+//! Messages ([`SupervisorMsg`]): `Shutdown` (from signals and the admin socket — the
+//! one control path), and its own `Restart` timers. Shutdown is ordered and bounded
+//! by `shutdown_grace`: stop intake → stop leasing → let running jobs finish (then
+//! interrupt them, uncharged) → flush the store → stop.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+
+use crate::admin::{self, AdminArgs};
+use crate::api::{Api, ApiArgs};
+use crate::broker::{self, Broker, BrokerArgs, BrokerMsg};
+use crate::config::Config;
+use crate::dlq::{self, Dlq};
+use crate::executor::Executor;
+use crate::gauges::{self, Gauges, GaugesArgs};
+use crate::lease_reaper::{self, LeaseReaper};
+use crate::limits::Limits;
+use crate::metrics;
+use crate::rate_limit::RateLimiter;
+use crate::scheduler::{self, Scheduler, SchedulerArgs, SchedulerMsg};
+use crate::store::Store;
+use crate::worker_pool::{self, PoolArgs, PoolMsg, WorkerPool};
+
+/// Everything the tree needs, built by `main` before the supervisor starts.
+#[derive(Clone)]
+pub struct Daemon {
+    /// The compiled config.
+    pub config: Arc<Config>,
+    /// The durable store.
+    pub store: Store,
+    /// Live limits.
+    pub limits: Arc<Limits>,
+    /// Shared rate limiters by name.
+    pub limiters: HashMap<String, Arc<RateLimiter>>,
+    /// The executor of each queue that has an in-process pool.
+    pub executors: HashMap<String, Arc<Executor>>,
+    /// Enables test hooks (`QD_TEST_HOOKS=1`).
+    pub test_hooks: bool,
+    /// When the daemon started (for `qctl status`).
+    pub started: Instant,
+    /// Restart count per actor kind (for `qctl status`).
+    pub restarts: Arc<Mutex<HashMap<String, u64>>>,
+    /// Set when the supervisor gives up: why the daemon must exit non-zero.
+    pub failure: Arc<Mutex<Option<String>>>,
+}
+
+/// A child of the supervisor, by role.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Child {
+    /// The Broker.
+    Broker,
+    /// A queue's Scheduler.
+    Scheduler(Arc<str>),
+    /// The LeaseReaper.
+    Reaper,
+    /// The Dlq.
+    Dlq,
+    /// A queue's WorkerPool.
+    Pool(Arc<str>),
+    /// The Gauges.
+    Gauges,
+    /// The HTTP Api.
+    Api,
+    /// The AdminServer.
+    Admin,
+}
+
+impl Child {
+    /// The label used in logs and `qd_actor_restarts_total{actor}`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Child::Broker => "broker",
+            Child::Scheduler(_) => "scheduler",
+            Child::Reaper => "lease_reaper",
+            Child::Dlq => "dlq",
+            Child::Pool(_) => "worker_pool",
+            Child::Gauges => "gauges",
+            Child::Api => "api",
+            Child::Admin => "admin",
+        }
+    }
+}
+
+/// Messages the supervisor takes.
+pub enum SupervisorMsg {
+    /// Graceful, ordered shutdown (SIGTERM, SIGINT, or `qctl shutdown`).
+    Shutdown(String),
+    /// Timer: restart this child.
+    Restart(Child),
+}
+
+/// The supervisor's state.
+pub struct SupervisorState {
+    daemon: Daemon,
+    children: HashMap<ActorId, Child>,
+    recent: VecDeque<Instant>,
+    shutting_down: bool,
+}
+
+/// The supervisor actor.
+pub struct Supervisor;
+
+/// The registered name of the supervisor.
+pub const NAME: &str = "supervisor";
+/// Pause before restarting a failed child.
+const RESTART_DELAY: Duration = Duration::from_millis(200);
+
+impl Actor for Supervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = Daemon;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        daemon: Daemon,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let mut state = SupervisorState {
+            daemon,
+            children: HashMap::new(),
+            recent: VecDeque::new(),
+            shutting_down: false,
+        };
+        for child in state.all_children() {
+            metrics::register_actor(child.kind());
+            if let Child::Scheduler(q) = &child {
+                metrics::register_queue(q);
+            }
+            state.spawn(&myself, child).await?;
+        }
+        info!(queues = state.daemon.config.queues.len(), "qd is up.");
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Restart(child) if !state.shutting_down => {
+                if let Err(err) = state.spawn(&myself, child.clone()).await {
+                    error!(actor = child.kind(), error = %err, "Restart failed; retrying.");
+                    state.failed(&myself, child, &err.to_string());
+                }
+            }
+            SupervisorMsg::Restart(_) => {}
+            SupervisorMsg::Shutdown(reason) => {
+                if !state.shutting_down {
+                    state.shutting_down = true;
+                    state.shutdown(&reason).await;
+                    myself.stop(Some(format!("shutdown: {reason}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match event {
+            SupervisionEvent::ActorFailed(cell, err) => (cell, err.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (
+                cell,
+                format!("stopped unexpectedly ({})", reason.unwrap_or_default()),
+            ),
+            _ => return Ok(()),
+        };
+        if let Some(child) = state.children.remove(&cell.get_id())
+            && !state.shutting_down
+        {
+            state.failed(&myself, child, &why);
+        }
+        Ok(())
+    }
+}
+
+impl SupervisorState {
+    fn all_children(&self) -> Vec<Child> {
+        let cfg = &self.daemon.config;
+        let queues = || cfg.queues.keys().map(|q| Arc::<str>::from(q.as_str()));
+        let mut children = vec![Child::Broker];
+        children.extend(queues().map(Child::Scheduler));
+        children.extend([Child::Reaper, Child::Dlq]);
+        children.extend(
+            queues()
+                .filter(|q| self.daemon.executors.contains_key(&**q))
+                .map(Child::Pool),
+        );
+        children.extend([Child::Gauges, Child::Api, Child::Admin]);
+        children
+    }
+
+    async fn spawn(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        child: Child,
+    ) -> Result<(), ActorProcessingErr> {
+        let d = &self.daemon;
+        let sup = myself.get_cell();
+        let cell: ActorCell = match &child {
+            Child::Broker => {
+                let args = BrokerArgs {
+                    config: d.config.clone(),
+                    store: d.store.clone(),
+                    limits: d.limits.clone(),
+                };
+                Actor::spawn_linked(Some(broker::NAME.into()), Broker, args, sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
+            Child::Scheduler(q) => {
+                let qcfg = &d.config.queues[&**q];
+                let args = SchedulerArgs {
+                    queue: q.clone(),
+                    fairness: qcfg.fairness,
+                    limits: d.limits.clone(),
+                    limiter: qcfg
+                        .rate_limiter
+                        .as_ref()
+                        .and_then(|n| d.limiters.get(n).cloned()),
+                };
+                Actor::spawn_linked(Some(scheduler::name(q)), Scheduler, args, sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
+            Child::Reaper => {
+                Actor::spawn_linked(Some(lease_reaper::NAME.into()), LeaseReaper, (), sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
+            Child::Dlq => Actor::spawn_linked(Some(dlq::NAME.into()), Dlq, d.store.clone(), sup)
+                .await?
+                .0
+                .get_cell(),
+            Child::Pool(q) => {
+                let qcfg = &d.config.queues[&**q];
+                let args = PoolArgs {
+                    queue: q.clone(),
+                    executor: d.executors[&**q].clone(),
+                    workers: qcfg.workers,
+                    heartbeat: qcfg.heartbeat,
+                    limiter: qcfg
+                        .rate_limiter
+                        .as_ref()
+                        .and_then(|n| d.limiters.get(n).cloned()),
+                    limits: d.limits.clone(),
+                    test_hooks: d.test_hooks,
+                };
+                Actor::spawn_linked(Some(worker_pool::name(q)), WorkerPool, args, sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
+            Child::Gauges => {
+                let args = GaugesArgs {
+                    config: d.config.clone(),
+                };
+                Actor::spawn_linked(Some(gauges::NAME.into()), Gauges, args, sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
+            Child::Api => {
+                let args = ApiArgs {
+                    config: d.config.clone(),
+                    store: d.store.clone(),
+                };
+                Actor::spawn_linked(Some("api".into()), Api, args, sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
+            Child::Admin => {
+                let args = AdminArgs::new(d.clone(), myself.clone());
+                admin::spawn(args, sup).await?
+            }
+        };
+        self.children.insert(cell.get_id(), child);
+        Ok(())
+    }
+
+    /// A child failed: count it, give up past the restart intensity, else restart it.
+    fn failed(&mut self, myself: &ActorRef<SupervisorMsg>, child: Child, why: &str) {
+        let kind = child.kind();
+        error!(actor = kind, error = why, "Actor failed; restarting it.");
+        metrics::actor_restarted(kind);
+        *self
+            .daemon
+            .restarts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(kind.to_string())
+            .or_default() += 1;
+        let limit = &self.daemon.config.daemon.restart;
+        let now = Instant::now();
+        self.recent.push_back(now);
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > limit.window)
+        {
+            self.recent.pop_front();
+        }
+        if self.recent.len() as u32 > limit.max_restarts {
+            let reason = format!(
+                "{} actor restarts within {}; giving up so systemd can restart qd",
+                self.recent.len(),
+                humantime::format_duration(limit.window)
+            );
+            error!(last = kind, "{reason}");
+            *self
+                .daemon
+                .failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(reason.clone());
+            self.shutting_down = true;
+            myself.stop(Some(reason));
+            return;
+        }
+        myself.send_after(RESTART_DELAY, move || SupervisorMsg::Restart(child));
+    }
+
+    /// The ordered shutdown, bounded by `shutdown_grace`.
+    async fn shutdown(&mut self, reason: &str) {
+        let grace = self.daemon.config.daemon.shutdown_grace;
+        info!(reason, grace = %humantime::format_duration(grace), "Shutting down: intake stopped.");
+        let _ = crate::notify::stopping();
+        broker::cast(BrokerMsg::StopIntake);
+        let queues: Vec<String> = self.daemon.config.queues.keys().cloned().collect();
+        for q in &queues {
+            if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(q)) {
+                let _ = s.cast(SchedulerMsg::Drain);
+            }
+        }
+        let pools: Vec<ActorRef<PoolMsg>> = queues
+            .iter()
+            .filter_map(|q| ActorRef::<PoolMsg>::where_is(worker_pool::name(q)))
+            .collect();
+        let drained = drain_pools(&pools, grace).await;
+        if !drained {
+            warn!(
+                "Shutdown grace ran out; interrupting running jobs (their attempts are not charged)."
+            );
+            for p in &pools {
+                let _ = p.cast(PoolMsg::Interrupt);
+            }
+            drain_pools(&pools, INTERRUPT_GRACE).await;
+        }
+        if let Err(err) = broker::request(BrokerMsg::Flush, Duration::from_secs(30)).await {
+            warn!(error = %err, "Store flush not confirmed.");
+        }
+        info!("Shutdown complete.");
+    }
+}
+
+/// How long interrupted jobs get to be killed and nacked.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(15);
+
+/// Asks every pool to drain at once; true when all answered within `within`.
+async fn drain_pools(pools: &[ActorRef<PoolMsg>], within: Duration) -> bool {
+    let mut calls = tokio::task::JoinSet::new();
+    for pool in pools {
+        let pool = pool.clone();
+        calls.spawn(async move { pool.call(PoolMsg::Drain, Some(within)).await });
+    }
+    let mut all = true;
+    while let Some(result) = calls.join_next().await {
+        all &= matches!(result, Ok(Ok(ractor::rpc::CallResult::Success(()))));
+    }
+    all
+}

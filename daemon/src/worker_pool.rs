@@ -1,0 +1,355 @@
+//! The WorkerPool actor, one per queue with an in-process executor: supervises its
+//! Workers and sizes the pool between `workers.min` and `workers.max` on the age of
+//! the oldest ready job ([`autoscale`]).
+//!
+//! A Worker that panics is restarted after a backoff (100 ms doubling to 10 s per
+//! consecutive crash of that slot), and the Broker is told to fail the job it held
+//! (charged as `worker_crashed`, then retried or dead-lettered by the normal policy)
+//! — never lost. Every second the pool asks its Scheduler for the oldest ready age,
+//! decides, logs each change with its reason, and exports `qd_workers` and
+//! `qd_workers_desired`.
+//!
+//! Messages ([`PoolMsg`]): `Busy` (from Workers), `Tick`, `Respawn` (its timers),
+//! `LimitsChanged` (from admin), `Drain`, `Interrupt` (from the Supervisor during
+//! shutdown), `Stats`. Supervised by the Supervisor.
+
+pub mod autoscale;
+pub mod worker;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::broker::{self, BrokerMsg};
+use crate::config::WorkersConfig;
+use crate::executor::Executor;
+use crate::limits::Limits;
+use crate::metrics;
+use crate::rate_limit::RateLimiter;
+use crate::scheduler::{self, SchedulerMsg};
+use autoscale::{Observation, Policy};
+use worker::{Worker, WorkerArgs, WorkerMsg};
+
+/// The registered name of the pool of `queue`.
+pub fn name(queue: &str) -> String {
+    format!("pool:{queue}")
+}
+
+/// Busy and total workers, and the desired size.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolStats {
+    /// Workers running a job.
+    pub busy: u32,
+    /// Workers alive.
+    pub total: u32,
+    /// What the autoscaler wants.
+    pub desired: u32,
+    /// Current lower bound.
+    pub min: u32,
+    /// Current upper bound.
+    pub max: u32,
+}
+
+/// Messages the pool takes.
+pub enum PoolMsg {
+    /// A worker started (true) or finished (false) a job.
+    Busy(String, bool),
+    /// Autoscaler timer.
+    Tick,
+    /// Restart the worker of this slot (after a crash backoff).
+    Respawn(u32),
+    /// Worker bounds changed: reread them from [`Limits`].
+    LimitsChanged,
+    /// Shutdown: take no new jobs; answer when every worker has stopped.
+    Drain(RpcReplyPort<()>),
+    /// Shutdown grace ran out: interrupt running jobs.
+    Interrupt,
+    /// Busy/total/desired.
+    Stats(RpcReplyPort<PoolStats>),
+}
+
+/// What a pool is started with.
+pub struct PoolArgs {
+    /// Its queue.
+    pub queue: Arc<str>,
+    /// The queue's executor.
+    pub executor: Arc<Executor>,
+    /// Configured sizing.
+    pub workers: WorkersConfig,
+    /// Heartbeat interval.
+    pub heartbeat: Duration,
+    /// The queue's shared rate limiter.
+    pub limiter: Option<Arc<RateLimiter>>,
+    /// Live bounds (runtime overrides).
+    pub limits: Arc<Limits>,
+    /// Enables the worker panic test hook.
+    pub test_hooks: bool,
+}
+
+struct Slot {
+    id: String,
+    actor: Option<ActorRef<WorkerMsg>>,
+    busy: bool,
+    idle_since: Instant,
+    crashes: u32,
+}
+
+/// The pool's state.
+pub struct PoolState {
+    args: PoolArgs,
+    slots: BTreeMap<u32, Slot>,
+    by_actor: BTreeMap<ActorId, u32>,
+    desired: u32,
+    last_scale_up: Instant,
+    draining: CancellationToken,
+    interrupt: CancellationToken,
+    drained: Vec<RpcReplyPort<()>>,
+}
+
+/// The pool actor.
+pub struct WorkerPool;
+
+/// How often the autoscaler decides.
+const TICK: Duration = Duration::from_secs(1);
+
+impl Actor for WorkerPool {
+    type Msg = PoolMsg;
+    type State = PoolState;
+    type Arguments = PoolArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<PoolMsg>,
+        args: PoolArgs,
+    ) -> Result<PoolState, ActorProcessingErr> {
+        let (min, _) = args.limits.workers(&args.queue, &args.workers);
+        let mut state = PoolState {
+            args,
+            slots: BTreeMap::new(),
+            by_actor: BTreeMap::new(),
+            desired: min,
+            last_scale_up: Instant::now(),
+            draining: CancellationToken::new(),
+            interrupt: CancellationToken::new(),
+            drained: Vec::new(),
+        };
+        state.resize(&myself).await?;
+        myself.send_interval(TICK, || PoolMsg::Tick);
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<PoolMsg>,
+        msg: PoolMsg,
+        state: &mut PoolState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            PoolMsg::Busy(id, busy) => state.set_busy(&id, busy),
+            PoolMsg::Tick => state.autoscale(&myself).await?,
+            PoolMsg::Respawn(slot) => state.spawn(&myself, slot).await?,
+            PoolMsg::LimitsChanged => state.autoscale(&myself).await?,
+            PoolMsg::Drain(reply) => {
+                state.draining.cancel();
+                state.drained.push(reply);
+                state.check_drained();
+            }
+            PoolMsg::Interrupt => state.interrupt.cancel(),
+            PoolMsg::Stats(reply) => {
+                let _ = reply.send(state.stats());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<PoolMsg>,
+        event: SupervisionEvent,
+        state: &mut PoolState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, err) => {
+                state.crashed(&myself, &cell, &err.to_string())
+            }
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                if let Some(n) = state.by_actor.remove(&cell.get_id()) {
+                    state.slots.remove(&n);
+                }
+                state.check_drained();
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl PoolState {
+    fn stats(&self) -> PoolStats {
+        let (min, max) = self.bounds();
+        PoolStats {
+            busy: self.slots.values().filter(|s| s.busy).count() as u32,
+            total: self.slots.values().filter(|s| s.actor.is_some()).count() as u32,
+            desired: self.desired,
+            min,
+            max,
+        }
+    }
+
+    fn bounds(&self) -> (u32, u32) {
+        self.args
+            .limits
+            .workers(&self.args.queue, &self.args.workers)
+    }
+
+    fn set_busy(&mut self, id: &str, busy: bool) {
+        if let Some(slot) = self.slots.values_mut().find(|s| s.id == id) {
+            slot.busy = busy;
+            if !busy {
+                slot.idle_since = Instant::now();
+            }
+        }
+    }
+
+    async fn autoscale(&mut self, myself: &ActorRef<PoolMsg>) -> Result<(), ActorProcessingErr> {
+        if self.draining.is_cancelled() {
+            return Ok(());
+        }
+        let stats = match ActorRef::<SchedulerMsg>::where_is(scheduler::name(&self.args.queue)) {
+            Some(s) => ractor::call_t!(s, SchedulerMsg::Stats, 1000).unwrap_or_default(),
+            None => return Ok(()),
+        };
+        let now = Instant::now();
+        let wall = crate::clock::wall_ms();
+        let (min, max) = self.bounds();
+        let obs = Observation {
+            current: self.slots.len() as u32,
+            ready: stats.ready,
+            oldest_ready_age: stats
+                .oldest_ready_at
+                .map(|at| Duration::from_millis(u64::try_from(wall - at).unwrap_or(0))),
+            longest_idle: self
+                .slots
+                .values()
+                .filter(|s| !s.busy)
+                .map(|s| now - s.idle_since)
+                .max()
+                .unwrap_or_default(),
+            since_scale_up: now - self.last_scale_up,
+        };
+        let policy = Policy {
+            min,
+            max,
+            target_age: self.args.workers.target_age,
+            idle_cooldown: self.args.workers.idle_cooldown,
+        };
+        let decision = autoscale::decide(obs, policy);
+        if decision.desired != self.desired {
+            info!(queue = %self.args.queue, from = self.desired, to = decision.desired,
+                reason = %decision.reason, "Worker pool resized.");
+            if decision.desired > self.desired {
+                self.last_scale_up = now;
+            }
+            self.desired = decision.desired;
+        }
+        self.resize(myself).await?;
+        let s = self.stats();
+        metrics::set_workers(&self.args.queue, s.busy, s.total - s.busy, s.desired);
+        Ok(())
+    }
+
+    /// Starts or stops workers until the pool has `desired` of them.
+    async fn resize(&mut self, myself: &ActorRef<PoolMsg>) -> Result<(), ActorProcessingErr> {
+        while (self.slots.len() as u32) < self.desired {
+            let slot = (0..).find(|n| !self.slots.contains_key(n)).unwrap_or(0);
+            self.spawn(myself, slot).await?;
+        }
+        while (self.slots.len() as u32) > self.desired {
+            let idle = self
+                .slots
+                .iter()
+                .filter(|(_, s)| !s.busy)
+                .max_by_key(|(n, _)| **n)
+                .or_else(|| self.slots.iter().max_by_key(|(n, _)| **n))
+                .map(|(n, _)| *n);
+            let Some(n) = idle else { break };
+            if let Some(actor) = self.slots.remove(&n).and_then(|s| s.actor) {
+                self.by_actor.remove(&actor.get_id());
+                actor.stop(Some("pool scaled down".into()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn spawn(
+        &mut self,
+        myself: &ActorRef<PoolMsg>,
+        n: u32,
+    ) -> Result<(), ActorProcessingErr> {
+        if self.draining.is_cancelled() {
+            self.slots.remove(&n);
+            self.check_drained();
+            return Ok(());
+        }
+        let id = format!("{}/{n}", self.args.queue);
+        let args = WorkerArgs {
+            id: id.clone(),
+            queue: self.args.queue.clone(),
+            executor: self.args.executor.clone(),
+            heartbeat: self.args.heartbeat,
+            limiter: self.args.limiter.clone(),
+            pool: myself.clone(),
+            draining: self.draining.clone(),
+            interrupt: self.interrupt.clone(),
+            test_hooks: self.args.test_hooks,
+        };
+        let name = format!("worker:{id}");
+        let (actor, _) = Actor::spawn_linked(Some(name), Worker, args, myself.get_cell()).await?;
+        let crashes = self.slots.get(&n).map(|s| s.crashes).unwrap_or(0);
+        self.by_actor.insert(actor.get_id(), n);
+        self.slots.insert(
+            n,
+            Slot {
+                id,
+                actor: Some(actor),
+                busy: false,
+                idle_since: Instant::now(),
+                crashes,
+            },
+        );
+        Ok(())
+    }
+
+    fn crashed(&mut self, myself: &ActorRef<PoolMsg>, cell: &ActorCell, error: &str) {
+        let Some(n) = self.by_actor.remove(&cell.get_id()) else {
+            return;
+        };
+        let Some(slot) = self.slots.get_mut(&n) else {
+            return;
+        };
+        slot.actor = None;
+        slot.busy = false;
+        slot.crashes += 1;
+        let delay =
+            Duration::from_millis(100 * 2u64.pow(slot.crashes.min(7))).min(Duration::from_secs(10));
+        warn!(queue = %self.args.queue, worker = %slot.id, error, restart_in = ?delay, "Worker crashed; its job goes back through the retry policy.");
+        metrics::actor_restarted("worker");
+        broker::cast(BrokerMsg::WorkerLost(slot.id.clone(), error.to_string()));
+        myself.send_after(delay, move || PoolMsg::Respawn(n));
+    }
+
+    fn check_drained(&mut self) {
+        if self.draining.is_cancelled() && self.slots.values().all(|s| s.actor.is_none()) {
+            for reply in self.drained.drain(..) {
+                let _ = reply.send(());
+            }
+        }
+    }
+}

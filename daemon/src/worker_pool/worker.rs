@@ -1,0 +1,203 @@
+//! A Worker actor: lease → run the executor (heartbeating) → ack or nack, repeat.
+//!
+//! It asks its queue's Scheduler for one job with a long poll, runs it with the
+//! queue's executor while renewing the lease every `heartbeat`, and reports the
+//! result to the Broker only after the executor finished — ack after the effect.
+//! If a heartbeat is refused (the lease was lost to expiry), the attempt is cut
+//! short: its result could not be accepted anyway.
+//!
+//! Messages ([`WorkerMsg`]): only `Next`, sent to itself, so each lease→run→report
+//! cycle is one message and a `stop()` (scale-down) takes effect between jobs.
+//! Supervised by its WorkerPool, which restarts it after a panic and tells the
+//! Broker to fail whatever it held.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::PoolMsg;
+use crate::broker::{self, BrokerMsg, LeasedJob};
+use crate::executor::{ExecResult, Executor, JobRun};
+use crate::job::Failure;
+use crate::rate_limit::RateLimiter;
+use crate::scheduler::{self, LeaseRequest, SchedulerMsg};
+
+/// How long a worker waits in one long poll for a job.
+const POLL: Duration = Duration::from_secs(5);
+/// How long an ack, nack or heartbeat may take to be answered.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a worker is started with.
+#[derive(Clone)]
+pub struct WorkerArgs {
+    /// Its id, `"QUEUE/N"`; recorded as the lease holder.
+    pub id: String,
+    /// Its queue.
+    pub queue: Arc<str>,
+    /// The queue's executor.
+    pub executor: Arc<Executor>,
+    /// Heartbeat interval.
+    pub heartbeat: Duration,
+    /// The queue's shared rate limiter, paused on a throttled result.
+    pub limiter: Option<Arc<RateLimiter>>,
+    /// Its pool, told when the worker is busy or idle.
+    pub pool: ActorRef<PoolMsg>,
+    /// Cancelled when the pool drains: take no new job.
+    pub draining: CancellationToken,
+    /// Cancelled when the shutdown grace ran out: interrupt the running job.
+    pub interrupt: CancellationToken,
+    /// Test hook (`QD_TEST_HOOKS=1`): panic on a job whose payload asks for it.
+    pub test_hooks: bool,
+}
+
+/// Messages a worker takes.
+pub enum WorkerMsg {
+    /// Lease and run the next job.
+    Next,
+}
+
+/// The worker actor.
+pub struct Worker;
+
+impl Actor for Worker {
+    type Msg = WorkerMsg;
+    type State = WorkerArgs;
+    type Arguments = WorkerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<WorkerMsg>,
+        args: WorkerArgs,
+    ) -> Result<WorkerArgs, ActorProcessingErr> {
+        myself.cast(WorkerMsg::Next)?;
+        Ok(args)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<WorkerMsg>,
+        _msg: WorkerMsg,
+        state: &mut WorkerArgs,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.draining.is_cancelled() {
+            myself.stop(Some("pool draining".into()));
+            return Ok(());
+        }
+        if let Some(job) = lease(state).await {
+            let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), true));
+            let result = run(state, &job).await;
+            report(state, &job, result).await;
+            let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), false));
+        }
+        myself.cast(WorkerMsg::Next)?;
+        Ok(())
+    }
+}
+
+/// One long poll on the Scheduler; `None` when nothing came.
+async fn lease(state: &WorkerArgs) -> Option<LeasedJob> {
+    let Some(scheduler) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(&state.queue)) else {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        return None;
+    };
+    let request = LeaseRequest {
+        worker: state.id.clone(),
+        max_jobs: 1,
+        wait: POLL,
+    };
+    tokio::select! {
+        answer = scheduler.call(|tx| SchedulerMsg::Lease(request, tx), Some(POLL + REPORT_TIMEOUT)) => {
+            match answer {
+                Ok(ractor::rpc::CallResult::Success(jobs)) => jobs.into_iter().next(),
+                _ => None,
+            }
+        }
+        _ = state.draining.cancelled() => None,
+    }
+}
+
+/// Runs the executor, heartbeating; a refused heartbeat interrupts the attempt.
+async fn run(state: &WorkerArgs, job: &LeasedJob) -> ExecResult {
+    if state.test_hooks {
+        test_hook(job);
+    }
+    let run = JobRun {
+        id: job.id,
+        queue: job.queue.clone(),
+        tenant: job.tenant.clone(),
+        attempt: job.attempt,
+        idempotency_key: job.idempotency_key.clone(),
+        payload: job.payload.clone(),
+    };
+    let cancel = state.interrupt.child_token();
+    let exec = state.executor.run(&run, &cancel);
+    tokio::pin!(exec);
+    let start = tokio::time::Instant::now() + state.heartbeat;
+    let mut beats = tokio::time::interval_at(start, state.heartbeat);
+    loop {
+        tokio::select! {
+            result = &mut exec => return result,
+            _ = beats.tick() => heartbeat(job, &cancel).await,
+        }
+    }
+}
+
+async fn heartbeat(job: &LeasedJob, cancel: &CancellationToken) {
+    let (id, token) = (job.id, job.token);
+    match broker::request(
+        |tx| BrokerMsg::Heartbeat(id, token, None, tx),
+        REPORT_TIMEOUT,
+    )
+    .await
+    {
+        Ok(Ok(_)) => {}
+        Ok(Err(err)) => {
+            warn!(queue = %job.queue, job = %id, error = %err, "Heartbeat refused; the lease was lost, stopping the attempt.");
+            cancel.cancel();
+        }
+        Err(err) => {
+            debug!(job = %id, error = %err, "Heartbeat not answered; retrying at the next beat.")
+        }
+    }
+}
+
+/// Acks or nacks; a throttled result pauses the queue's rate limiter first.
+async fn report(state: &WorkerArgs, job: &LeasedJob, result: ExecResult) {
+    let (id, token) = (job.id, job.token);
+    let answer = match result {
+        ExecResult::Success { .. } => {
+            broker::request(|tx| BrokerMsg::Ack(id, token, tx), REPORT_TIMEOUT).await
+        }
+        ExecResult::Failure(failure) => {
+            if let (Failure::Throttled { retry_after, .. }, Some(limiter)) =
+                (&failure, &state.limiter)
+            {
+                limiter.pause(*retry_after);
+            }
+            broker::request(|tx| BrokerMsg::Nack(id, token, failure, tx), REPORT_TIMEOUT).await
+        }
+    };
+    match answer {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            debug!(job = %id, error = %err, "Result refused (lease lost); another attempt owns the job.")
+        }
+        Err(err) => {
+            warn!(job = %id, error = %err, "Result not recorded; the job is redelivered when its lease expires.")
+        }
+    }
+}
+
+/// `QD_TEST_HOOKS=1` only: a payload `qd-test:panic-on-attempt:N` panics the worker
+/// on attempt N, to test that a crashed worker's job is retried, not lost.
+fn test_hook(job: &LeasedJob) {
+    let payload = String::from_utf8_lossy(&job.payload);
+    if let Some(n) = payload.trim().strip_prefix("qd-test:panic-on-attempt:")
+        && n.parse::<u32>().ok() == Some(job.attempt)
+    {
+        panic!("test hook: worker panics on attempt {}", job.attempt);
+    }
+}

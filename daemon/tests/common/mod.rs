@@ -1,0 +1,311 @@
+//! Test harness: starts the real `qd` binary on a temp dir with a generated config
+//! and talks to it over HTTP and through `qctl`, as a user would.
+//!
+//! Ports are taken from the kernel (bind to port 0, then release), the data dir is
+//! a `TempDir`, and every wait is a bounded poll, never a bare sleep.
+#![allow(dead_code, missing_docs)]
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// The `qd` binary under test.
+pub fn qd_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_qd"))
+}
+
+/// The `qctl` binary, built beside `qd` in the same target dir.
+pub fn qctl_bin() -> PathBuf {
+    let qd = qd_bin();
+    qd.with_file_name("qctl")
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Writes an executable shell script into `dir` and returns its path.
+pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    let mut f = std::fs::File::create(&path).expect("create script");
+    writeln!(f, "#!/bin/sh\n{body}").expect("write script");
+    drop(f);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+/// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A running (or stopped) qd with its own temp dir.
+pub struct Qd {
+    pub dir: TempDir,
+    pub config: PathBuf,
+    pub api: String,
+    pub metrics: String,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+    agent: ureq::Agent,
+}
+
+impl Qd {
+    /// Starts qd with `[daemon]` filled in and `body` (queues, tenants, ...) appended.
+    pub fn start(body: &str) -> Qd {
+        Self::start_with(body, &[])
+    }
+
+    /// Like [`Qd::start`], with extra environment variables for the daemon.
+    pub fn start_with(body: &str, env: &[(&str, &str)]) -> Qd {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut qd = Self::configure(dir, body, "5s");
+        qd.spawn(env);
+        qd
+    }
+
+    /// Writes the config without starting the daemon.
+    pub fn configure(dir: TempDir, body: &str, grace: &str) -> Qd {
+        let (api_port, metrics_port) = (free_port(), free_port());
+        let socket = dir.path().join("qctl.sock");
+        let config = dir.path().join("qd.toml");
+        let text = format!(
+            "[daemon]\ndata_dir = \"{data}\"\nadmin_socket = \"{sock}\"\napi_listen = \"127.0.0.1:{api_port}\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\nshutdown_grace = \"{grace}\"\n\n{body}",
+            data = dir.path().join("data").display(),
+            sock = socket.display(),
+        );
+        std::fs::write(&config, text).expect("write config");
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(60)))
+            .build()
+            .into();
+        Qd {
+            api: format!("http://127.0.0.1:{api_port}"),
+            metrics: format!("http://127.0.0.1:{metrics_port}/metrics"),
+            log: dir.path().join("qd.log"),
+            socket,
+            config,
+            dir,
+            child: None,
+            agent,
+        }
+    }
+
+    /// Starts the daemon process and waits until its API answers.
+    pub fn spawn(&mut self, env: &[(&str, &str)]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let mut cmd = Command::new(qd_bin());
+        cmd.args(["run", "--config"])
+            .arg(&self.config)
+            .env("QD_LOG", "info,qd=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn qd"));
+        let url = format!("{}/healthz", self.api);
+        let agent = self.agent.clone();
+        let start = Instant::now();
+        loop {
+            if agent.get(&url).call().is_ok_and(|r| r.status() == 200) {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("qd exited during start-up with {status}:\n{}", self.logs());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "qd did not come up:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The daemon's log so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> i32 {
+        self.child
+            .as_ref()
+            .map(|c| c.id() as i32)
+            .expect("qd running")
+    }
+
+    /// SIGKILL, no chance to clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait (up to `within`) for the exit status.
+    pub fn terminate(&mut self, within: Duration) -> ExitStatus {
+        let mut c = self.child.take().expect("qd running");
+        signal(c.id() as i32, "TERM");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = c.try_wait().expect("wait") {
+                return status;
+            }
+            if start.elapsed() > within {
+                let _ = c.kill();
+                panic!(
+                    "qd did not exit within {within:?} of SIGTERM:\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// POST JSON; returns (status, body).
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let mut resp = self
+            .agent
+            .post(format!("{}{path}", self.api))
+            .send_json(body)
+            .expect("POST");
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// POST raw bytes as JSON content; returns (status, body).
+    pub fn post_raw(&self, path: &str, body: &[u8]) -> (u16, Value) {
+        let mut resp = self
+            .agent
+            .post(format!("{}{path}", self.api))
+            .header("content-type", "application/json")
+            .send(body)
+            .expect("POST");
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// GET; returns (status, body).
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        let mut resp = self
+            .agent
+            .get(format!("{}{path}", self.api))
+            .call()
+            .expect("GET");
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// GET the Prometheus exposition text.
+    pub fn scrape(&self) -> String {
+        let mut resp = self.agent.get(&self.metrics).call().expect("scrape");
+        resp.body_mut().read_to_string().expect("metrics body")
+    }
+
+    /// Enqueues `payload` (a string) on `queue`; returns the job id. Panics unless 202.
+    pub fn enqueue(&self, queue: &str, payload: &str) -> String {
+        self.enqueue_json(queue, json!({ "payload": payload }))
+    }
+
+    /// Enqueues with a full body; returns the job id. Panics unless 202.
+    pub fn enqueue_json(&self, queue: &str, body: Value) -> String {
+        let (status, resp) = self.post(&format!("/v1/queues/{queue}/jobs"), &body);
+        assert_eq!(status, 202, "enqueue answered {status}: {resp}");
+        resp["id"].as_str().expect("id").to_string()
+    }
+
+    /// The job's status document.
+    pub fn job(&self, id: &str) -> Value {
+        let (status, body) = self.get(&format!("/v1/jobs/{id}"));
+        assert_eq!(status, 200, "GET job {id}: {body}");
+        body
+    }
+
+    /// Waits until the job is in a final state (succeeded, dead, cancelled).
+    pub fn wait_final(&self, id: &str, timeout: Duration) -> Value {
+        wait_for(&format!("job {id} to finish"), timeout, || {
+            let job = self.job(id);
+            matches!(
+                job["state"].as_str(),
+                Some("succeeded" | "dead" | "cancelled")
+            )
+            .then_some(job)
+        })
+    }
+
+    /// Runs qctl against this daemon's socket.
+    pub fn qctl(&self, args: &[&str]) -> Output {
+        Command::new(qctl_bin())
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("run qctl")
+    }
+}
+
+impl Drop for Qd {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Sends a signal by name with kill(1) (tests avoid unsafe libc calls).
+pub fn signal(pid: i32, sig: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+/// True while a process with this pid exists.
+pub fn alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
+}

@@ -1,0 +1,395 @@
+//! The delivery contract of qd's core, tested through the real `qd` binary:
+//! jobs run, retry with backoff, dead-letter with their history, survive
+//! `kill -9`, and a graceful shutdown never spends a job's budget.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::{Qd, alive, script, wait_for};
+use serde_json::{Value, json};
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// A command queue running `program`, with fast retries.
+fn queue(name: &str, program: &std::path::Path, extra: &str) -> String {
+    format!(
+        "[queues.{name}]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nbackoff = {{ base = \"200ms\", max = \"1s\" }}\n{extra}\n",
+        program.display()
+    )
+}
+
+fn history(job: &Value) -> Vec<&str> {
+    job["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .map(|h| h["outcome"].as_str().expect("outcome"))
+        .collect()
+}
+
+#[test]
+fn two_hundred_jobs_each_run_exactly_once() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let out = work.path().join("out");
+    let prog = script(
+        work.path(),
+        "append.sh",
+        &format!("echo \"$QD_JOB_ID\" >> {}", out.display()),
+    );
+    let qd = Qd::start(&queue("append", &prog, "workers = { min = 4, max = 4 }"));
+    let ids: Vec<String> = (0..200)
+        .map(|i| qd.enqueue("append", &format!("job {i}")))
+        .collect();
+    for id in &ids {
+        let job = qd.wait_final(id, LONG);
+        assert_eq!(job["state"], "succeeded", "{job}");
+    }
+    let text = std::fs::read_to_string(&out).expect("output");
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for line in text.lines() {
+        *seen.entry(line).or_default() += 1;
+    }
+    for id in &ids {
+        assert_eq!(
+            seen.get(id.as_str()),
+            Some(&1),
+            "job {id} ran {:?} times",
+            seen.get(id.as_str())
+        );
+    }
+    assert_eq!(seen.len(), 200);
+}
+
+const FLAKY: &str = r#"p=$(cat)
+case "$p" in
+  flaky) if [ "$QD_ATTEMPT" -le 2 ]; then echo "flaky attempt $QD_ATTEMPT" >&2; exit 75; fi ;;
+  bad) echo "cannot parse the payload" >&2; exit 65 ;;
+  fail) echo "downstream said no (attempt $QD_ATTEMPT)" >&2; exit 1 ;;
+esac
+exit 0"#;
+
+#[test]
+fn transient_errors_retry_permanent_ones_dead_letter_and_the_budget_is_enforced() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let prog = script(work.path(), "flaky.sh", FLAKY);
+    let qd = Qd::start(&queue(
+        "q",
+        &prog,
+        "max_attempts = 3\nworkers = { min = 2, max = 2 }",
+    ));
+    let flaky = qd.enqueue("q", "flaky");
+    let bad = qd.enqueue("q", "bad");
+    let fail = qd.enqueue("q", "fail");
+
+    let job = qd.wait_final(&flaky, LONG);
+    assert_eq!(
+        (job["state"].as_str(), job["attempts"].as_u64()),
+        (Some("succeeded"), Some(3)),
+        "{job}"
+    );
+    assert_eq!(history(&job), ["failed", "failed", "succeeded"]);
+
+    let job = qd.wait_final(&bad, LONG);
+    assert_eq!(
+        (job["state"].as_str(), job["attempts"].as_u64()),
+        (Some("dead"), Some(1)),
+        "{job}"
+    );
+    assert_eq!(history(&job), ["permanent"]);
+    assert!(
+        job["last_error"]
+            .as_str()
+            .expect("error")
+            .contains("cannot parse the payload")
+    );
+
+    let job = qd.wait_final(&fail, LONG);
+    assert_eq!(
+        (job["state"].as_str(), job["attempts"].as_u64()),
+        (Some("dead"), Some(3)),
+        "{job}"
+    );
+    assert_eq!(history(&job), ["failed", "failed", "failed"]);
+    assert!(
+        job["last_error"]
+            .as_str()
+            .expect("error")
+            .contains("downstream said no (attempt 3)")
+    );
+
+    // Full jitter: the n-th retry waits at most min(max, base * 2^(n-1)) (+ dispatch slack).
+    let h = job["history"].as_array().expect("history");
+    for (n, pair) in h.windows(2).enumerate() {
+        let gap = pair[1]["started_at"].as_i64().expect("start")
+            - pair[0]["ended_at"].as_i64().expect("end");
+        let cap = 200 * (1 << n);
+        assert!(
+            (0..=cap + 1_000).contains(&gap),
+            "retry {} waited {gap} ms, cap {cap} ms",
+            n + 1
+        );
+    }
+}
+
+#[test]
+fn a_timeout_kills_the_whole_process_group_and_the_job_is_retried() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let pids = work.path().join("pids");
+    let body = format!("sleep 1000 & echo $! >> {}\nsleep 1000", pids.display());
+    let prog = script(work.path(), "hang.sh", &body);
+    let extra = "timeout = \"1s\"\nkill_grace = \"1s\"\nmax_attempts = 2";
+    let qd = Qd::start(&queue("slow", &prog, extra));
+    let id = qd.enqueue("slow", "x");
+    let job = qd.wait_final(&id, LONG);
+    assert_eq!(job["state"], "dead", "{job}");
+    assert_eq!(history(&job), ["timed_out", "timed_out"]);
+    let text = std::fs::read_to_string(&pids).expect("pids");
+    let grandchildren: Vec<i32> = text
+        .lines()
+        .map(|l| l.trim().parse().expect("pid"))
+        .collect();
+    assert_eq!(grandchildren.len(), 2, "one grandchild per attempt");
+    for pid in grandchildren {
+        wait_for(
+            &format!("grandchild {pid} to be gone"),
+            Duration::from_secs(10),
+            || (!alive(pid)).then_some(()),
+        );
+    }
+}
+
+#[test]
+fn a_panicking_worker_is_restarted_and_its_job_is_retried_not_lost() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let prog = script(work.path(), "ok.sh", "cat > /dev/null; exit 0");
+    let qd = Qd::start_with(
+        &queue("q", &prog, "workers = { min = 1, max = 1 }"),
+        &[("QD_TEST_HOOKS", "1")],
+    );
+    let id = qd.enqueue("q", "qd-test:panic-on-attempt:1");
+    let job = qd.wait_final(&id, LONG);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(history(&job), ["worker_crashed", "succeeded"]);
+    // The restarted worker keeps serving.
+    let next = qd.enqueue("q", "plain");
+    assert_eq!(qd.wait_final(&next, LONG)["state"], "succeeded");
+    assert!(qd.logs().contains("Worker crashed"), "{}", qd.logs());
+}
+
+#[test]
+fn kill_dash_nine_loses_no_accepted_job() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let prog = script(work.path(), "work.sh", "cat > /dev/null; sleep 0.05");
+    let mut qd = Qd::start(&queue(
+        "q",
+        &prog,
+        "workers = { min = 4, max = 4 }\nlease = \"3s\"\nheartbeat = \"1s\"",
+    ));
+    let ids: Vec<String> = (0..500).map(|i| qd.enqueue("q", &format!("{i}"))).collect();
+    // Kill while jobs are queued and some are running.
+    wait_for("some jobs to finish", LONG, || {
+        let done = ids
+            .iter()
+            .take(50)
+            .filter(|id| qd.job(id)["state"] == "succeeded")
+            .count();
+        (done > 5).then_some(())
+    });
+    qd.kill9();
+    qd.spawn(&[]);
+    let mut states: HashMap<String, usize> = HashMap::new();
+    for id in &ids {
+        let job = qd.wait_final(id, Duration::from_secs(120));
+        *states
+            .entry(job["state"].as_str().expect("state").to_string())
+            .or_default() += 1;
+    }
+    let total: usize = states.values().sum();
+    assert_eq!(total, 500, "{states:?}");
+    assert_eq!(states.get("succeeded"), Some(&500), "{states:?}");
+    assert!(
+        qd.logs().contains("recovered"),
+        "restart should log recovery"
+    );
+}
+
+#[test]
+fn sigterm_lets_running_jobs_finish_and_interrupts_long_ones_without_charging_them() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let marker = work.path().join("long-ran");
+    let body = format!(
+        r#"p=$(cat)
+if [ "$p" = "short" ]; then sleep 1; exit 0; fi
+if [ -e {m} ]; then exit 0; fi
+touch {m}; sleep 60"#,
+        m = marker.display()
+    );
+    let prog = script(work.path(), "job.sh", &body);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut qd = Qd::configure(
+        dir,
+        &queue(
+            "q",
+            &prog,
+            "max_attempts = 1\nworkers = { min = 2, max = 2 }",
+        ),
+        "3s",
+    );
+    qd.spawn(&[]);
+    let long = qd.enqueue("q", "long");
+    wait_for("the long job to start", LONG, || {
+        marker.exists().then_some(())
+    });
+    let short = qd.enqueue("q", "short");
+    wait_for("the short job to be leased", LONG, || {
+        (qd.job(&short)["state"] == "leased").then_some(())
+    });
+    let started = Instant::now();
+    let status = qd.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit {status}:\n{}", qd.logs());
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    qd.spawn(&[]);
+    let job = qd.wait_final(&short, LONG);
+    assert_eq!(
+        (job["state"].as_str(), job["attempts"].as_u64()),
+        (Some("succeeded"), Some(1)),
+        "{job}"
+    );
+    // max_attempts = 1: an interruption that charged the budget would dead-letter it.
+    let job = qd.wait_final(&long, LONG);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(history(&job), ["interrupted", "succeeded"]);
+}
+
+#[test]
+fn an_idempotency_key_makes_one_job_and_a_different_payload_conflicts() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let prog = script(work.path(), "ok.sh", "cat > /dev/null");
+    let qd = Qd::start(&queue("q", &prog, ""));
+    let body = json!({ "payload": "charge 42", "idempotency_key": "order-42" });
+    let (s1, first) = qd.post("/v1/queues/q/jobs", &body);
+    let (s2, second) = qd.post("/v1/queues/q/jobs", &body);
+    let (s3, third) = qd.post("/v1/queues/q/jobs", &body);
+    assert_eq!((s1, s2, s3), (202, 200, 200), "{first} {second} {third}");
+    assert_eq!(first["id"], second["id"]);
+    assert_eq!(first["id"], third["id"]);
+    assert_eq!(second["duplicate"], true);
+    let (status, err) = qd.post(
+        "/v1/queues/q/jobs",
+        &json!({ "payload": "charge 43", "idempotency_key": "order-42" }),
+    );
+    assert_eq!(status, 409, "{err}");
+    assert_eq!(err["error"]["code"], "idempotency_conflict");
+    let id = first["id"].as_str().expect("id");
+    assert_eq!(qd.wait_final(id, LONG)["attempts"], 1);
+    // The key still dedupes after the job finished (within retention).
+    let (s4, fourth) = qd.post("/v1/queues/q/jobs", &body);
+    assert_eq!((s4, &fourth["id"]), (200, &first["id"]));
+}
+
+#[test]
+fn bad_requests_get_clear_errors_and_change_nothing() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let prog = script(work.path(), "ok.sh", "cat > /dev/null");
+    let qd = Qd::start(&format!(
+        "max_payload = \"1KiB\"\n{}",
+        queue("q", &prog, "")
+    ));
+    let (status, err) = qd.post_raw("/v1/queues/q/jobs", b"{\"payload\": ");
+    assert_eq!(status, 400, "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .expect("msg")
+            .contains("invalid JSON"),
+        "{err}"
+    );
+    let (status, err) = qd.post("/v1/queues/nope/jobs", &json!({ "payload": "x" }));
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (404, Some("unknown_queue")),
+        "{err}"
+    );
+    let (status, err) = qd.post("/v1/queues/q/jobs", &json!({ "payload": "x".repeat(2000) }));
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (413, Some("payload_too_large")),
+        "{err}"
+    );
+    let (status, err) = qd.post_raw("/v1/queues/q/jobs", &vec![b'x'; 5 << 20]);
+    assert_eq!(status, 413, "{err}");
+    let (status, err) = qd.get("/v1/jobs/not-a-uuid");
+    assert_eq!(status, 400, "{err}");
+    let (status, _) = qd.get("/v1/jobs/01939a4e-0000-7000-8000-000000000000");
+    assert_eq!(status, 404);
+    let metrics = qd.scrape();
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("qd_jobs_enqueued_total{") && !l.ends_with(" 0")),
+        "a refused request enqueued something:\n{metrics}"
+    );
+}
+
+#[test]
+fn broken_configs_are_refused_by_check_config_and_by_run() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/config");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&fixtures).expect("fixtures") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        let first = std::fs::read_to_string(&path).expect("fixture");
+        let expect = first
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# expect: "))
+            .and_then(|l| l.split(" -- ").next())
+            .expect("fixture names its expected key path")
+            .trim()
+            .to_string();
+        let check = std::process::Command::new(common::qd_bin())
+            .arg("check-config")
+            .arg(&path)
+            .output()
+            .expect("check-config");
+        let stderr = String::from_utf8_lossy(&check.stderr);
+        assert_eq!(check.status.code(), Some(1), "{}: {stderr}", path.display());
+        if expect != "-" {
+            assert!(
+                stderr.contains(&expect),
+                "{}: expected {expect:?} in {stderr}",
+                path.display()
+            );
+        }
+        let run = std::process::Command::new(common::qd_bin())
+            .args(["run", "--config"])
+            .arg(&path)
+            .output()
+            .expect("run");
+        assert_eq!(
+            run.status.code(),
+            Some(64),
+            "{}: {}",
+            path.display(),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        checked += 1;
+    }
+    assert!(checked >= 8, "only {checked} broken configs checked");
+    let good = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/qd.toml");
+    let ok = std::process::Command::new(common::qd_bin())
+        .arg("check-config")
+        .arg(&good)
+        .output()
+        .expect("check");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}
