@@ -90,7 +90,12 @@ impl Limits {
 
     /// The configured limits of `tenant`, or `[tenants.default]`'s.
     fn configured(&self, tenant: &str) -> TenantConfig {
-        self.config.tenant(tenant)
+        let tenants = &self.config.tenants;
+        tenants
+            .get(tenant)
+            .or_else(|| tenants.get("default"))
+            .cloned()
+            .unwrap_or_else(|| self.config.tenant(tenant))
     }
 
     /// A tenant's effective limits. "0" as an override of a cap or depth means unlimited.

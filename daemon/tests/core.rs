@@ -319,7 +319,7 @@ fn bad_requests_get_clear_errors_and_change_nothing() {
         (413, Some("payload_too_large")),
         "{err}"
     );
-    let (status, err) = qd.post_raw("/v1/queues/q/jobs", &vec![b'x'; 5 << 20]);
+    let (status, err) = qd.post_raw("/v1/queues/q/jobs", &vec![b'x'; 200 << 10]);
     assert_eq!(status, 413, "{err}");
     let (status, err) = qd.get("/v1/jobs/not-a-uuid");
     assert_eq!(status, 400, "{err}");
