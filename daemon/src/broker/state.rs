@@ -190,6 +190,8 @@ impl BrokerState {
             .map(|q| q.backoff)
             .unwrap_or(FALLBACK_BACKOFF);
         let t = job::apply(&old, event, &backoff, now)?;
+        debug!(queue = %old.queue, job = %id, from = %old.state, to = %t.job.state,
+            attempts = t.job.attempts, "Job state changed.");
         self.replace(t.job.clone());
         events::changed(&old, &t.job, now);
         Ok((old, t))
