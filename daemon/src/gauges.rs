@@ -1,6 +1,6 @@
 //! The Gauges actor: keeps state gauges right and feeds the systemd watchdog.
 //!
-//! Every second it asks the Broker (leased/dead counts), each Scheduler (ready,
+//! Every second (or half the watchdog timeout, if shorter) it asks the Broker (leased/dead counts), each Scheduler (ready,
 //! delayed, oldest ready job), the Dlq (depth, oldest death) and each WorkerPool
 //! (busy/idle/desired), and sets `qd_queue_depth`, `qd_queue_oldest_ready_age_seconds`,
 //! `qd_dlq_depth`, `qd_dlq_oldest_age_seconds` and `qd_workers*`. Because the values
@@ -26,8 +26,10 @@ use crate::worker_pool::{self, PoolMsg};
 
 /// The registered name of the gauges actor.
 pub const NAME: &str = "gauges";
-/// How often gauges are refreshed.
+/// How often gauges are refreshed (and the watchdog pinged) at most; see [`tick_every`].
 pub const EVERY: Duration = Duration::from_secs(1);
+/// The shortest tick, however short `WatchdogSec=` is.
+const FASTEST: Duration = Duration::from_millis(100);
 const ASK: Duration = Duration::from_millis(900);
 
 /// What the gauges actor is started with.
@@ -55,7 +57,9 @@ impl Actor for Gauges {
         myself: ActorRef<GaugesMsg>,
         args: GaugesArgs,
     ) -> Result<Arc<Config>, ActorProcessingErr> {
-        myself.send_interval(EVERY, || GaugesMsg::Tick);
+        myself.send_interval(tick_every(crate::notify::watchdog_interval()), || {
+            GaugesMsg::Tick
+        });
         Ok(args.config)
     }
 
@@ -70,6 +74,13 @@ impl Actor for Gauges {
         }
         Ok(())
     }
+}
+
+/// The tick interval: [`EVERY`], or half the systemd watchdog timeout when that is
+/// shorter (as `sd_watchdog_enabled(3)` advises), never below 100 ms. With the
+/// shipped `WatchdogSec=30s` this is 1 s, fifteen pings per timeout.
+pub fn tick_every(watchdog: Option<Duration>) -> Duration {
+    watchdog.map_or(EVERY, |w| (w / 2).clamp(FASTEST, EVERY))
 }
 
 async fn ask<M: ractor::Message, T: Send + 'static>(
@@ -115,4 +126,20 @@ async fn refresh(config: &Config) -> bool {
         }
     }
     healthy
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_every_second_or_at_half_a_shorter_watchdog_timeout() {
+        assert_eq!(tick_every(None), EVERY);
+        assert_eq!(tick_every(Some(Duration::from_secs(30))), EVERY);
+        assert_eq!(
+            tick_every(Some(Duration::from_millis(1200))),
+            Duration::from_millis(600)
+        );
+        assert_eq!(tick_every(Some(Duration::from_millis(10))), FASTEST);
+    }
 }

@@ -124,7 +124,10 @@ pub enum MetricsError {
 pub fn install(listen: SocketAddr) -> Result<(), MetricsError> {
     tokio::runtime::Handle::try_current().map_err(|_| MetricsError::NoRuntime)?;
     // `build()` binds the socket synchronously, so a busy port fails here, before
-    // the recorder is installed, rather than later inside a detached task.
+    // the recorder is installed, rather than later inside a detached task. It also
+    // spawns the exporter's upkeep task (`run_upkeep` every 5 s, checked in
+    // metrics-exporter-prometheus 0.18.3 `PrometheusBuilder::build`), which drains
+    // histogram samples into their buckets, so memory stays bounded when nobody scrapes.
     let (recorder, exporter) =
         builder()
             .with_http_listener(listen)

@@ -7,10 +7,13 @@
 //! here and returned; callers may ignore it, since a missed notification is
 //! systemd's problem to time out on, not qd's to crash on.
 //!
-//! Who calls what: the supervisor sends [`ready`] once the store is open and the
-//! listeners are bound, [`status`] on notable changes, [`stopping`] when shutdown
-//! begins, and pings [`watchdog_ping`] from its own loop at half of
-//! [`watchdog_interval`], so a wedged runtime stops the pings and systemd restarts qd.
+//! Who calls what: `main` sends [`ready`] once the store is open, the metrics
+//! listener is bound and the supervisor has started its tree (the HTTP API and the
+//! admin socket bind in their actors' `pre_start`); the supervisor sends [`stopping`]
+//! when shutdown begins; the Gauges actor ([`crate::gauges`]) pings [`watchdog_ping`]
+//! on each tick (every 1 s, or half of [`watchdog_interval`] if shorter) but only when
+//! the Broker and every Scheduler answered, so a wedged tree stops the pings and
+//! systemd restarts qd. `daemon/tests/metrics.rs` checks all three through the binary.
 
 use std::io;
 use std::time::Duration;

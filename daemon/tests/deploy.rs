@@ -314,12 +314,13 @@ fn systemd_unit_has_the_keys_the_deployment_relies_on() {
     ] {
         assert_eq!(one(key), "yes", "[Service] {key}=");
     }
-    // systemd must wait longer than qd's default shutdown_grace (30s) plus time to
-    // kill jobs and flush the store, or it SIGKILLs a clean shutdown.
+    // systemd must wait longer than qd's default shutdown_grace (30s) plus the
+    // supervisor's 15s for interrupted jobs to be killed and nacked, plus the store
+    // flush, or it SIGKILLs a clean shutdown.
     let stop: Duration = humantime::parse_duration(one("TimeoutStopSec")).expect("TimeoutStopSec");
     assert!(
-        stop >= Duration::from_secs(30 + 10),
-        "TimeoutStopSec {stop:?} leaves no margin over 30s grace"
+        stop >= Duration::from_secs(30 + 15 + 10),
+        "TimeoutStopSec {stop:?} leaves no margin over 30s grace + 15s interrupt"
     );
     assert_eq!(unit["Install"]["WantedBy"], ["multi-user.target"]);
 }
