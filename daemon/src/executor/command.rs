@@ -89,11 +89,6 @@ impl CommandExecutor {
         Ok(CommandExecutor { spec })
     }
 
-    /// The settings this executor runs with.
-    pub fn spec(&self) -> &CommandSpec {
-        &self.spec
-    }
-
     /// Runs one attempt: spawn, feed stdin, drain stdout/stderr, enforce the timeout,
     /// reap exactly once, classify. Never leaves a process of the group running, even
     /// when this future is dropped.

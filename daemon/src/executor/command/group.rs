@@ -68,7 +68,9 @@ impl ProcessGroup {
     }
 
     /// Resolves when the leader has exited, leaving it unreaped (a zombie) so the group
-    /// id stays pinned. Call once per attempt; the wait runs on a blocking thread.
+    /// id stays pinned. Call once per attempt. The wait holds a blocking-pool thread
+    /// until the leader exits, which every path guarantees (exit, SIGKILL on timeout or
+    /// cancel, SIGKILL on drop); a runtime's shutdown waits for that thread.
     pub(super) fn leader_exit(&self) -> JoinHandle<()> {
         let pid = self.pgid;
         tokio::task::spawn_blocking(move || {

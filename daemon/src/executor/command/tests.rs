@@ -83,12 +83,28 @@ fn is_running(pid: i32) -> bool {
     }
 }
 
-async fn assert_gone_soon(pid: i32) {
+/// Waits until none of `pids` runs. On failure it SIGKILLs them first: a leader left
+/// running would also block the test runtime's shutdown (its `waitid` thread), turning
+/// a clear failure into a hang.
+async fn assert_gone_soon(pids: &[i32]) {
     let deadline = Instant::now() + SOON;
-    while is_running(pid) {
-        assert!(Instant::now() < deadline, "process {pid} is still running");
+    while let Some(&pid) = pids.iter().find(|&&pid| is_running(pid)) {
+        if Instant::now() >= deadline {
+            for &pid in pids {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            panic!("process {pid} is still running");
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The leader's and the grandchild's pids, as written by [`pids_then`].
+async fn group_pids(dir: &Path) -> [i32; 2] {
+    [
+        read_pid(&dir.join("leader")).await,
+        read_pid(&dir.join("grandchild")).await,
+    ]
 }
 
 /// A script that records its own pid and a `sleep 1000` grandchild's pid, then waits.
@@ -232,8 +248,7 @@ async fn timeout_kills_the_whole_group_with_sigterm() {
             if error.contains("stopped by SIGTERM") && error.ends_with(": working")),
         "{f:?}"
     );
-    assert_gone_soon(read_pid(&dir.path().join("leader")).await).await;
-    assert_gone_soon(read_pid(&dir.path().join("grandchild")).await).await;
+    assert_gone_soon(&group_pids(dir.path()).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,8 +270,7 @@ async fn child_ignoring_sigterm_is_sigkilled_after_grace() {
         matches!(&f, Failure::TimedOut { error } if error.contains("SIGKILLed")),
         "{f:?}"
     );
-    assert_gone_soon(read_pid(&dir.path().join("leader")).await).await;
-    assert_gone_soon(read_pid(&dir.path().join("grandchild")).await).await;
+    assert_gone_soon(&group_pids(dir.path()).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,18 +281,16 @@ async fn cancel_interrupts_and_kills_the_group() {
     let job = job(b"");
     let attempt = exec.run(&job, &cancel);
     let canceller = async {
-        let pid = read_pid(&dir.path().join("grandchild")).await;
+        let pids = group_pids(dir.path()).await;
         cancel.cancel();
-        pid
+        pids
     };
-    let (result, grandchild) =
-        tokio::time::timeout(SOON, async { tokio::join!(attempt, canceller) })
-            .await
-            .expect("the attempt ends within the bound");
+    let (result, pids) = tokio::time::timeout(SOON, async { tokio::join!(attempt, canceller) })
+        .await
+        .expect("the attempt ends within the bound");
 
     assert!(matches!(failure(result), Failure::Interrupted { .. }));
-    assert_gone_soon(grandchild).await;
-    assert_gone_soon(read_pid(&dir.path().join("leader")).await).await;
+    assert_gone_soon(&pids).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,14 +301,12 @@ async fn dropping_the_attempt_kills_the_group() {
         let exec = Arc::clone(&exec);
         async move { exec.run(&job(b""), &CancellationToken::new()).await }
     });
-    let grandchild = read_pid(&dir.path().join("grandchild")).await;
-    let leader = read_pid(&dir.path().join("leader")).await;
-    assert!(is_running(grandchild) && is_running(leader));
+    let pids = group_pids(dir.path()).await;
+    assert!(pids.iter().all(|&pid| is_running(pid)));
 
     task.abort();
     assert!(task.await.is_err_and(|e| e.is_cancelled()));
-    assert_gone_soon(grandchild).await;
-    assert_gone_soon(leader).await;
+    assert_gone_soon(&pids).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -305,7 +315,7 @@ async fn stragglers_are_killed_after_a_clean_exit() {
     let s = spec(&pids_then(dir.path(), "exit 0"));
     // The grandchild holds stdout open; the attempt must still end promptly.
     assert_eq!(run(s, b"").await, ExecResult::Success { detail: None });
-    assert_gone_soon(read_pid(&dir.path().join("grandchild")).await).await;
+    assert_gone_soon(&group_pids(dir.path()).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
