@@ -62,6 +62,7 @@ pub fn summary(job: &Job) -> JobSummary {
         tenant: job.tenant.to_string(),
         state: shown_state(job, wall_ms()).to_string(),
         attempts: job.attempts,
+        budget_used: job.attempts_in_budget(),
         max_attempts: job.max_attempts,
         created_at: job.created_at,
         updated_at: job.updated_at,
