@@ -367,7 +367,7 @@ fn runtime_limits_take_effect_at_once_and_survive_restarts_until_reset() {
     let work = tempfile::tempdir().expect("tempdir");
     let prog = script(work.path(), "ok.sh", "exit 0");
     let mut qd = Qd::start(&format!(
-        "[queues.run]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nworkers = {{ min = 1, max = 4 }}\n\n[tenants.acme]\nweight = 3\n",
+        "[queues.run]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nworkers = {{ min = 1, max = 4 }}\nrate_limiter = \"smtp\"\n\n[rate_limiters.smtp]\nper_second = 50\nburst = 10\n\n[tenants.acme]\nweight = 3\n",
         prog.display()
     ));
     let limits = json_of(
@@ -424,6 +424,7 @@ fn runtime_limits_take_effect_at_once_and_survive_restarts_until_reset() {
         json!({"value": 2, "source": "override"})
     );
     let run = &limits["queues"][0];
+    assert_eq!(run["rate_limiter"], "smtp: 50/s burst 10");
     assert_eq!(run["paused"], json!({"value": true, "source": "override"}));
     assert_eq!(
         run["workers_max"],
