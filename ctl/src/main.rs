@@ -8,6 +8,7 @@ mod commands;
 mod format;
 mod render;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
@@ -15,11 +16,26 @@ use clap::{CommandFactory, Parser};
 use crate::cli::{Cli, Command};
 use crate::client::{Client, resolve_socket};
 
+/// Writes `bytes` to stdout. A reader that went away (`qctl ... | head`) is not an
+/// error worth a panic: the output is simply cut short. Other write errors exit 1.
+fn emit(bytes: &[u8]) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("qctl: cannot write the output: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Completions { shell } = cli.command {
-        clap_complete::generate(shell, &mut Cli::command(), "qctl", &mut std::io::stdout());
-        return ExitCode::SUCCESS;
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "qctl", &mut script);
+        return emit(&script);
     }
     let env = std::env::var_os("QD_SOCKET");
     let outcome =
@@ -29,15 +45,22 @@ fn main() -> ExitCode {
         });
     match outcome {
         Ok(out) => {
-            if cli.json {
+            let printed = if cli.json {
                 match serde_json::to_string_pretty(&out.response) {
-                    Ok(json) => println!("{json}"),
-                    Err(e) => eprintln!("qctl: cannot print JSON: {e}"),
+                    Ok(json) => emit(format!("{json}\n").as_bytes()),
+                    Err(e) => {
+                        eprintln!("qctl: cannot print JSON: {e}");
+                        ExitCode::FAILURE
+                    }
                 }
             } else {
-                print!("{}", out.text);
+                emit(out.text.as_bytes())
+            };
+            if out.refused {
+                ExitCode::FAILURE
+            } else {
+                printed
             }
-            ExitCode::from(u8::from(out.refused))
         }
         Err(e) => {
             eprintln!("qctl: {e}");

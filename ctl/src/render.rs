@@ -108,13 +108,25 @@ pub fn jobs(js: &[JobSummary], now_ms: i64) -> String {
             j.queue.clone(),
             j.tenant.clone(),
             j.state.clone(),
-            format!("{}/{}", j.attempts, j.max_attempts),
+            attempts(j),
             age(secs_since(j.created_at, now_ms)),
             time(j.updated_at),
             last_error(j),
         ]);
     }
     finish(&t)
+}
+
+/// Attempts as budget spent of budget, e.g. `2/3`, or `1/3 (4 total)` after a redrive.
+fn attempts(j: &JobSummary) -> String {
+    if j.attempts == j.budget_used {
+        format!("{}/{}", j.budget_used, j.max_attempts)
+    } else {
+        format!(
+            "{}/{} ({} total)",
+            j.budget_used, j.max_attempts, j.attempts
+        )
+    }
 }
 
 /// `qctl dlq list`: one dead job per line.
@@ -152,7 +164,7 @@ pub fn job(d: &JobDetail) -> String {
         ("queue", j.queue.clone()),
         ("tenant", j.tenant.clone()),
         ("state", j.state.clone()),
-        ("attempts", format!("{}/{}", j.attempts, j.max_attempts)),
+        ("attempts", attempts(j)),
         (
             "key",
             d.idempotency_key.clone().unwrap_or_else(|| "-".into()),
@@ -275,6 +287,7 @@ mod tests {
             tenant: "acme".into(),
             state: "dead".into(),
             attempts: 3,
+            budget_used: 3,
             max_attempts: 3,
             created_at: 0,
             updated_at: 1_000,

@@ -20,7 +20,7 @@ use crate::broker::{self, BrokerError, BrokerMsg, EnqueueRequest};
 use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::{JobId, State};
 use crate::scheduler::{self, SchedulerMsg};
-use crate::store::JobFilter;
+use crate::store::{JobDetail as StoredJob, JobFilter, JobOrder};
 use crate::supervisor::{Daemon, SupervisorMsg};
 use crate::worker_pool::{self, PoolMsg};
 
@@ -126,24 +126,42 @@ impl AdminHandler for Handler {
                     queue,
                     tenant,
                     state,
+                    order: JobOrder::NewestFirst,
                     limit: limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT),
                     ..JobFilter::default()
                 };
-                let mut jobs = self
+                let jobs = self
                     .daemon
                     .store
                     .run(move |b| b.list_jobs(&filter))
                     .await
                     .map_err(BrokerError::from)?;
-                jobs.reverse();
                 Ok(Response::Jobs {
                     jobs: jobs.iter().map(views::summary).collect(),
                 })
             }
-            Request::JobsShow { id } | Request::DlqShow { id } => self.show(&id).await,
+            Request::JobsShow { id } => Ok(Response::Job(views::detail(&self.stored(&id).await?))),
+            Request::DlqShow { id } => {
+                let detail = self.stored(&id).await?;
+                if detail.job.state != State::Dead {
+                    return Err(err(
+                        ErrorCode::Conflict,
+                        format!(
+                            "job {} is {}, not dead; see `qctl jobs show {}`",
+                            detail.job.id, detail.job.state, detail.job.id
+                        ),
+                    ));
+                }
+                Ok(Response::Job(views::detail(&detail)))
+            }
             Request::JobsCancel { id } => {
                 let id = parse_id(&id)?;
-                let previous = broker::request(|tx| BrokerMsg::Cancel(id, by, tx), CALL).await??;
+                let previous = match broker::request(|tx| BrokerMsg::Cancel(id, by, tx), CALL)
+                    .await?
+                {
+                    Err(BrokerError::UnknownJob(_)) => return Err(self.not_cancellable(id).await),
+                    other => other?,
+                };
                 Ok(Response::Cancelled {
                     id: id.to_string(),
                     previous_state: previous.to_string(),
@@ -178,8 +196,7 @@ impl AdminHandler for Handler {
                 let mut sel = selection_of(&selection)?;
                 sel.all = true;
                 sel.limit = Some(limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT));
-                let mut jobs = dlq_call(|tx| DlqMsg::Select(sel, tx)).await?;
-                jobs.sort_by_key(|j| std::cmp::Reverse(j.updated_at));
+                let jobs = dlq_call(|tx| DlqMsg::Select(sel, tx)).await?;
                 Ok(Response::Jobs {
                     jobs: jobs.iter().map(views::summary).collect(),
                 })
@@ -326,11 +343,14 @@ async fn dlq_call<T: Send + 'static>(
 }
 
 fn selection_of(sel: &DlqSelection) -> Result<Selection, ErrorBody> {
-    let ids = sel
-        .ids
-        .iter()
-        .map(|id| parse_id(id))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut ids: Vec<JobId> = Vec::with_capacity(sel.ids.len());
+    for id in &sel.ids {
+        let id = parse_id(id)?;
+        // The same id twice is one job: it moves once and is counted once.
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
     let since = sel.since_secs.map(|s| {
         crate::clock::wall_ms() - i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX / 2)
     });
@@ -354,7 +374,8 @@ impl Handler {
         }
     }
 
-    async fn show(&self, id: &str) -> Result<Response, ErrorBody> {
+    /// One stored job with payload and history; `not_found` when there is none.
+    async fn stored(&self, id: &str) -> Result<StoredJob, ErrorBody> {
         let id = parse_id(id)?;
         let detail = self
             .daemon
@@ -362,8 +383,22 @@ impl Handler {
             .run(move |b| b.job(id))
             .await
             .map_err(BrokerError::from)?;
-        let detail = detail.ok_or_else(|| ErrorBody::from(BrokerError::UnknownJob(id)))?;
-        Ok(Response::Job(views::detail(&detail)))
+        detail.ok_or_else(|| ErrorBody::from(BrokerError::UnknownJob(id)))
+    }
+
+    /// Why the broker, which holds only unfinished jobs, did not know `id`: a finished
+    /// (succeeded or cancelled) job is a `conflict` naming its state, else `not_found`.
+    async fn not_cancellable(&self, id: JobId) -> ErrorBody {
+        match self.stored(&id.to_string()).await {
+            Ok(d) => err(
+                ErrorCode::Conflict,
+                format!(
+                    "job {id} is {}; only ready, delayed or dead jobs can be cancelled",
+                    d.job.state
+                ),
+            ),
+            Err(e) => e,
+        }
     }
 
     async fn queues(&self) -> Vec<qd_proto::QueueInfo> {

@@ -18,7 +18,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::broker::{self, BatchOutcome, BrokerError, BrokerMsg, Resync};
 use crate::job::{Job, JobId, State, UnixMillis};
-use crate::store::{JobFilter, Store};
+use crate::store::{JobFilter, JobOrder, Store};
 
 /// The registered actor name of the Dlq.
 pub const NAME: &str = "dlq";
@@ -202,7 +202,8 @@ impl DlqState {
             .collect()
     }
 
-    /// Resolves a selection to dead jobs, reading the store for the filters.
+    /// Resolves a selection to dead jobs, reading the store for the filters; filtered
+    /// selections come most recently dead first.
     async fn select(&self, sel: &Selection) -> Result<Vec<Job>, BrokerError> {
         let limit = sel.limit.unwrap_or(MAX_SELECTION).min(MAX_SELECTION);
         if !sel.ids.is_empty() {
@@ -231,6 +232,7 @@ impl DlqState {
             error_contains: sel.error_contains.clone(),
             updated_since: sel.since,
             after: None,
+            order: JobOrder::RecentlyUpdated,
             limit,
         };
         Ok(self.store.run(move |b| b.list_jobs(&filter)).await?)

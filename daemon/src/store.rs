@@ -99,7 +99,7 @@ pub trait Backend: Send {
     /// One job with its payload and history (oldest entry first), or `None`.
     fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError>;
 
-    /// Jobs matching every set field of `filter`, ordered by id ascending, at most
+    /// Jobs matching every set field of `filter`, in `filter.order`, at most
     /// `filter.limit`. Page with `after` = the last id of the previous page.
     fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError>;
 
@@ -192,10 +192,28 @@ pub struct JobFilter {
     pub error_contains: Option<String>,
     /// Only jobs with `updated_at >= updated_since` (Unix ms).
     pub updated_since: Option<UnixMillis>,
-    /// Only ids strictly greater than this one (the cursor of the next page).
+    /// Only jobs strictly after this one in `order` (the cursor of the next page).
+    /// For [`JobOrder::RecentlyUpdated`] the cursor job's `(updated_at, id)` is the
+    /// bound, so a cursor naming no stored job ends the listing (an empty page).
     pub after: Option<JobId>,
+    /// The order of the answer (and the direction `after` pages in).
+    pub order: JobOrder,
     /// At most this many jobs (0 returns none).
     pub limit: u32,
+}
+
+/// The order of [`Backend::list_jobs`]. Ids are UUIDv7, so id order is creation order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum JobOrder {
+    /// Oldest first (id ascending): stable paging over everything.
+    #[default]
+    OldestFirst,
+    /// Newest first (id descending): what `qctl jobs list` shows.
+    NewestFirst,
+    /// Most recently changed first (`updated_at` descending, then id descending): for
+    /// dead jobs, `updated_at` is when they died, so this is "most recently dead
+    /// first" for `qctl dlq list`. Served by the `(queue, state, updated_at)` index.
+    RecentlyUpdated,
 }
 
 impl JobFilter {
@@ -213,6 +231,7 @@ impl Default for JobFilter {
             error_contains: None,
             updated_since: None,
             after: None,
+            order: JobOrder::OldestFirst,
             limit: Self::DEFAULT_LIMIT,
         }
     }

@@ -128,7 +128,12 @@ pub struct JobSummary {
     pub state: String,
     /// Charged attempts so far (never decreases, also across redrives).
     pub attempts: u32,
-    /// Retry budget per life in the queue.
+    /// Charged attempts since enqueue or the last redrive: the part of
+    /// `max_attempts` spent (equals `attempts` until a redrive). Absent from
+    /// older servers, read as 0.
+    #[serde(default)]
+    pub budget_used: u32,
+    /// Retry budget per life in the queue (per enqueue or redrive).
     pub max_attempts: u32,
     /// Enqueue time, Unix ms.
     pub created_at: i64,

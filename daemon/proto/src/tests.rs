@@ -181,6 +181,7 @@ fn response_frames_round_trip_with_the_spec_shape() {
             tenant: "acme".into(),
             state: "dead".into(),
             attempts: 3,
+            budget_used: 3,
             max_attempts: 3,
             created_at: 1,
             updated_at: 2,

@@ -62,6 +62,7 @@ pub fn summary(job: &Job) -> JobSummary {
         tenant: job.tenant.to_string(),
         state: shown_state(job, wall_ms()).to_string(),
         attempts: job.attempts,
+        budget_used: job.attempts_in_budget(),
         max_attempts: job.max_attempts,
         created_at: job.created_at,
         updated_at: job.updated_at,
@@ -167,6 +168,14 @@ fn valued<T>(value: T, source: Source) -> Valued<T> {
     Valued { value, source }
 }
 
+/// A queue's rate limiter as `limits show` prints it: `"smtp: 50/s burst 10"`.
+fn rate_limiter(d: &Daemon, name: &str) -> String {
+    match d.config.rate_limiters.get(name) {
+        Some(r) => format!("{name}: {}/s burst {}", r.per_second, r.burst),
+        None => name.to_string(),
+    }
+}
+
 /// `limits show`, and the answer to every limit change.
 pub fn limits(d: &Daemon) -> LimitsView {
     let l = &d.limits;
@@ -201,7 +210,7 @@ pub fn limits(d: &Daemon) -> LimitsView {
                 queue: name.clone(),
                 workers_min: valued(min, smin),
                 workers_max: valued(max, smax),
-                rate_limiter: q.rate_limiter.clone(),
+                rate_limiter: q.rate_limiter.as_deref().map(|r| rate_limiter(d, r)),
                 paused: valued(paused, spaused),
             }
         })

@@ -3,10 +3,11 @@
 //! compare the SQLite engine against, so it favours plainness over speed.
 
 use std::collections::{BTreeMap, HashMap};
-use std::ops::Bound;
 use std::sync::Arc;
 
-use super::{Backend, Engine, Inserted, JobDetail, JobFilter, Override, StoreError, sort_counts};
+use super::{
+    Backend, Engine, Inserted, JobDetail, JobFilter, JobOrder, Override, StoreError, sort_counts,
+};
 use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
 
 /// A [`Backend`] kept in memory; nothing survives the process.
@@ -185,12 +186,32 @@ impl Backend for MemoryBackend {
     }
 
     fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
-        let start = filter.after.map_or(Bound::Unbounded, Bound::Excluded);
-        Ok(self
+        let mut jobs: Vec<&Job> = self
             .jobs
-            .range((start, Bound::Unbounded))
-            .map(|(_, row)| &row.job)
+            .values()
+            .map(|row| &row.job)
             .filter(|job| Self::matches(job, filter))
+            .collect();
+        match filter.order {
+            JobOrder::OldestFirst => {}
+            JobOrder::NewestFirst => jobs.reverse(),
+            JobOrder::RecentlyUpdated => {
+                jobs.sort_by_key(|j| std::cmp::Reverse((j.updated_at, j.id)));
+            }
+        }
+        if let Some(after) = filter.after {
+            let beyond = |job: &Job| match filter.order {
+                JobOrder::OldestFirst => Some(job.id > after),
+                JobOrder::NewestFirst => Some(job.id < after),
+                JobOrder::RecentlyUpdated => self
+                    .jobs
+                    .get(&after)
+                    .map(|c| (job.updated_at, job.id) < (c.job.updated_at, after)),
+            };
+            jobs.retain(|job| beyond(job).unwrap_or(false));
+        }
+        Ok(jobs
+            .into_iter()
             .take(filter.limit as usize)
             .cloned()
             .collect())

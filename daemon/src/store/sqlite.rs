@@ -13,7 +13,7 @@ use rusqlite::{
 use uuid::Uuid;
 
 use super::{
-    Backend, Engine, Inserted, JobDetail, JobFilter, Override, SqliteOptions, StoreError,
+    Backend, Engine, Inserted, JobDetail, JobFilter, JobOrder, Override, SqliteOptions, StoreError,
     sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
@@ -464,10 +464,14 @@ impl Backend for SqliteBackend {
             add(&|n| format!("updated_at >= ?{n}"), Value::Integer(since));
         }
         if let Some(after) = filter.after {
-            add(
-                &|n| format!("id > ?{n}"),
-                Value::Blob(id_bytes(after).to_vec()),
-            );
+            let cursor = |n| match filter.order {
+                JobOrder::OldestFirst => format!("id > ?{n}"),
+                JobOrder::NewestFirst => format!("id < ?{n}"),
+                JobOrder::RecentlyUpdated => {
+                    format!("(updated_at, id) < (SELECT updated_at, id FROM jobs WHERE id = ?{n})")
+                }
+            };
+            add(&cursor, Value::Blob(id_bytes(after).to_vec()));
         }
         let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs");
         if !clauses.is_empty() {
@@ -475,7 +479,12 @@ impl Backend for SqliteBackend {
             sql.push_str(&clauses.join(" AND "));
         }
         args.push(Value::Integer(filter.limit.into()));
-        sql.push_str(&format!(" ORDER BY id LIMIT ?{}", args.len()));
+        let order = match filter.order {
+            JobOrder::OldestFirst => "id",
+            JobOrder::NewestFirst => "id DESC",
+            JobOrder::RecentlyUpdated => "updated_at DESC, id DESC",
+        };
+        sql.push_str(&format!(" ORDER BY {order} LIMIT ?{}", args.len()));
         self.query_jobs(&sql, args)
     }
 

@@ -65,6 +65,7 @@ struct ListSpec {
     needle: Option<usize>,
     since_back: Option<i64>,
     after: Option<Index>,
+    order: usize,
     limit: u32,
 }
 
@@ -228,6 +229,11 @@ impl Driver {
                 error_contains: spec.needle.map(|n| NEEDLES[n].to_owned()),
                 updated_since: spec.since_back.map(|back| now - STEP_MS * back),
                 after: spec.after.and_then(|i| self.pick(&i)).map(|j| j.id),
+                order: [
+                    JobOrder::OldestFirst,
+                    JobOrder::NewestFirst,
+                    JobOrder::RecentlyUpdated,
+                ][spec.order],
                 limit: spec.limit,
             }),
             Step::Prune { back, limit } => Action::Prune(now - STEP_MS * back, limit),
@@ -256,16 +262,18 @@ fn list_spec() -> impl Strategy<Value = ListSpec> {
         proptest::option::of(0..3usize),
         proptest::option::of(steps_back()),
         proptest::option::of(any::<Index>()),
+        0..3usize,
         0..6u32,
     )
         .prop_map(
-            |(queue, tenant, state, needle, since_back, after, limit)| ListSpec {
+            |(queue, tenant, state, needle, since_back, after, order, limit)| ListSpec {
                 queue,
                 tenant,
                 state,
                 needle,
                 since_back,
                 after,
+                order,
                 limit,
             },
         )
