@@ -2,14 +2,16 @@
 //!
 //! Producers enqueue and read job status (`api/producer.rs`); external workers
 //! lease, heartbeat, ack and nack (`api/lessee.rs`). Handlers hold no business
-//! logic: they validate input, send one message to the Broker or a Scheduler, and
-//! map the answer to a status code. The endpoints are specified in
-//! `daemon/docs/http-api.md`.
+//! logic: they check the caller's role and queue (`api/auth.rs`), validate input,
+//! send one message to the Broker or a Scheduler, and map the answer to a status
+//! code. The endpoints are specified in `daemon/docs/http-api.md`.
 //!
-//! The actor binds the listener in `pre_start` (a bind failure fails the start with
-//! the address in the message) and serves from a spawned task, so its mailbox is
-//! never blocked by `accept`. It takes no messages. Supervised by the Supervisor.
+//! The actor reads `daemon.api_tokens_file` and binds the listener in `pre_start` (a
+//! bad token file or a bind failure fails the start, naming the file or address) and
+//! serves from a spawned task, so its mailbox is never blocked by `accept`. It takes
+//! no messages. Supervised by the Supervisor.
 
+pub mod auth;
 mod error;
 mod lessee;
 mod producer;
@@ -19,6 +21,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::{get, post};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio_util::sync::CancellationToken;
@@ -26,6 +29,7 @@ use tracing::info;
 
 use crate::config::Config;
 use crate::store::Store;
+use auth::Tokens;
 
 pub use error::ApiError;
 
@@ -58,13 +62,14 @@ impl Actor for Api {
         _myself: ActorRef<()>,
         args: ApiArgs,
     ) -> Result<ApiState, ActorProcessingErr> {
+        let tokens = Tokens::from_config(&args.config)?;
         let addr = args.config.daemon.api_listen;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| format!("cannot listen on api_listen {addr}: {e}"))?;
         let local_addr = listener.local_addr()?;
         let stop = CancellationToken::new();
-        let app = router(args);
+        let app = router(args, tokens);
         let shutdown = stop.clone().cancelled_owned();
         tokio::spawn(async move {
             let _ = axum::serve(listener, app)
@@ -85,18 +90,23 @@ impl Actor for Api {
     }
 }
 
-/// The route table. Body size is bounded at the transport: base64 of `max_payload`
-/// plus room for the JSON envelope.
-pub fn router(args: ApiArgs) -> Router {
+/// The route table. Every `/v1` route goes through [`auth::authenticate`] with
+/// `tokens`; `/healthz` is open. Body size is bounded at the transport: base64 of
+/// `max_payload` plus room for the JSON envelope.
+pub fn router(args: ApiArgs, tokens: Tokens) -> Router {
     let body_limit = args.config.daemon.max_payload / 3 * 4 + 64 * 1024;
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
         .route("/v1/queues/{queue}/jobs", post(producer::enqueue))
         .route("/v1/jobs/{id}", get(producer::job))
         .route("/v1/queues/{queue}/leases", post(lessee::lease))
         .route("/v1/jobs/{id}/heartbeat", post(lessee::heartbeat))
         .route("/v1/jobs/{id}/ack", post(lessee::ack))
         .route("/v1/jobs/{id}/nack", post(lessee::nack))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::new(tokens),
+            auth::authenticate,
+        ))
+        .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(Arc::new(args))
 }

@@ -1,7 +1,8 @@
 //! The `qd` binary: parses the command line, loads the config, opens the store,
 //! starts telemetry and the supervisor, and maps the outcome to an exit code:
 //! 0 after a clean shutdown, 1 on a runtime failure (store, listener, restart
-//! intensity exceeded), 64 (EX_USAGE) on a config error.
+//! intensity exceeded), 64 (EX_USAGE) on a config error (including an unusable
+//! `daemon.api_tokens_file`: unreadable, group/other-readable, or invalid).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -64,6 +65,11 @@ fn main() -> ExitCode {
                     return ExitCode::from(EX_CONFIG);
                 }
             };
+            // Checked here for a config exit code; the Api reads it again as it starts.
+            if let Err(e) = qd::api::auth::Tokens::from_config(&config) {
+                eprintln!("qd: {e}");
+                return ExitCode::from(EX_CONFIG);
+            }
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()

@@ -1,7 +1,8 @@
 //! The API's error type and its mapping to HTTP status codes.
 //!
 //! Every error body is `{"error": {"code": "...", "message": "..."}}`; the code is
-//! stable for scripts, the message says what is wrong in words.
+//! stable for scripts, the message says what is wrong in words. A 409 about a
+//! lease (`stale_token`, `wrong_state`) adds `"state"`, the job's current state.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -9,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::broker::BrokerError;
-use crate::job::TransitionError;
+use crate::job::{State, TransitionError};
 use crate::store::StoreError;
 
 /// An API failure: status, stable code, message, and an optional `Retry-After` (s).
@@ -23,6 +24,10 @@ pub struct ApiError {
     pub message: String,
     /// Seconds to wait before retrying, sent as `Retry-After`.
     pub retry_after: Option<u64>,
+    /// The job's current state, for a 409 about its lease (body field `state`).
+    pub state: Option<State>,
+    /// A 401's `WWW-Authenticate` challenge (RFC 6750), e.g. `Bearer realm="qd"`.
+    pub challenge: Option<&'static str>,
 }
 
 impl ApiError {
@@ -38,7 +43,16 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after: None,
+            state: None,
+            challenge: None,
         }
+    }
+
+    /// A 409 `stale_token`: the lease this request names is over; `state` is the job's.
+    pub fn stale(message: impl Into<String>, state: State) -> Self {
+        let mut err = Self::new(StatusCode::CONFLICT, "stale_token", message);
+        err.state = Some(state);
+        err
     }
 
     fn retry(mut self, secs: u64) -> Self {
@@ -72,11 +86,13 @@ impl From<BrokerError> for ApiError {
             BrokerError::PayloadTooLarge { .. } => {
                 Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", msg)
             }
-            BrokerError::Transition(TransitionError::StaleToken { .. }) => {
-                Self::new(StatusCode::CONFLICT, "stale_token", msg)
+            BrokerError::Transition(TransitionError::StaleToken { state, .. }) => {
+                Self::stale(msg, state)
             }
-            BrokerError::Transition(TransitionError::IllegalState { .. }) => {
-                Self::new(StatusCode::CONFLICT, "wrong_state", msg)
+            BrokerError::Transition(TransitionError::IllegalState { state, .. }) => {
+                let mut err = Self::new(StatusCode::CONFLICT, "wrong_state", msg);
+                err.state = Some(state);
+                err
             }
             BrokerError::Store(e) => e.into(),
         }
@@ -97,12 +113,20 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(json!({ "error": { "code": self.code, "message": self.message } }));
-        let mut response = (self.status, body).into_response();
+        let mut error = json!({ "code": self.code, "message": self.message });
+        if let Some(state) = self.state {
+            error["state"] = json!(state);
+        }
+        let mut response = (self.status, Json(json!({ "error": error }))).into_response();
+        let headers = response.headers_mut();
         if let Some(secs) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Some(challenge) = self.challenge {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
         }
         response
     }

@@ -3,24 +3,28 @@
 //! Only queues with `executor = { kind = "external" }` are leased over HTTP; their
 //! jobs go through the same Scheduler (fairness, caps, rate limits), Broker
 //! (fencing tokens, retries, DLQ) and LeaseReaper as in-process workers' jobs. A
-//! stale or unknown token gets 409 with the job's current state in the message.
+//! stale or unknown token gets 409 `stale_token` with the job's current state (also
+//! for a job that has finished and left the Broker's memory: the store answers).
+//! Every endpoint needs the `work` role; for a token limited to some queues, the
+//! per-job endpoints look the job's queue up in the store.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use base64::Engine;
 use ractor::ActorRef;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::auth::{Caller, Role};
 use super::producer::{parse_id, parse_seconds_or_duration};
 use super::{ApiArgs, ApiError};
-use crate::broker::{self, BrokerMsg, LeasedJob};
+use crate::broker::{self, BrokerError, BrokerMsg, LeasedJob};
 use crate::executor::ExecutorSpec;
-use crate::job::{Failure, Token};
+use crate::job::{Failure, JobId, Token};
 use crate::scheduler::{self, LeaseRequest, MAX_WAIT, SchedulerMsg};
 
 /// The most jobs one lease request may take.
@@ -44,9 +48,11 @@ fn one() -> u32 {
 /// `POST /v1/queues/{queue}/leases`.
 pub async fn lease(
     State(args): State<Arc<ApiArgs>>,
+    Extension(caller): Extension<Caller>,
     Path(queue): Path<String>,
     body: Result<Json<LeaseBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    caller.allow(Role::Work, &queue)?;
     let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let qcfg = args
         .config
@@ -127,22 +133,67 @@ pub(super) struct HeartbeatBody {
     extend: Option<Value>,
 }
 
+/// Checks that `caller` may work job `id`: the `work` role, and the job's queue when
+/// the token is limited to some queues (one store read; 404 if there is no such job).
+async fn authorize_job(args: &ApiArgs, caller: &Caller, id: JobId) -> Result<(), ApiError> {
+    caller.require(Role::Work)?;
+    if caller.every_queue() {
+        return Ok(());
+    }
+    let queue = args
+        .store
+        .run(move |b| Ok(b.job(id)?.map(|d| d.job.queue)))
+        .await?;
+    match queue {
+        Some(queue) => caller.allow_queue(&queue),
+        None => Err(BrokerError::UnknownJob(id).into()),
+    }
+}
+
+/// Sends one lease report (heartbeat, ack, nack) for job `id` to the Broker. A job
+/// the Broker no longer holds but the store does (it finished) gets 409
+/// `stale_token` with its state, as any other stale report does.
+async fn report<T: Send + 'static>(
+    args: &ApiArgs,
+    id: JobId,
+    build: impl FnOnce(ractor::RpcReplyPort<Result<T, BrokerError>>) -> BrokerMsg,
+) -> Result<T, ApiError> {
+    match broker::request(build, REPORT_TIMEOUT).await.and_then(|r| r) {
+        Ok(v) => Ok(v),
+        Err(BrokerError::UnknownJob(_)) => {
+            let state = args
+                .store
+                .run(move |b| Ok(b.job(id)?.map(|d| d.job.state)))
+                .await?;
+            Err(match state {
+                Some(state) => {
+                    ApiError::stale(format!("job {id} is {state}; this lease is over"), state)
+                }
+                None => BrokerError::UnknownJob(id).into(),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// `POST /v1/jobs/{id}/heartbeat`.
 pub async fn heartbeat(
+    State(args): State<Arc<ApiArgs>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Result<Json<HeartbeatBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
+    authorize_job(&args, &caller, id).await?;
     let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let extend = match body.extend {
         None => None,
         v => Some(parse_seconds_or_duration("extend", v)?),
     };
-    let info = broker::request(
-        |tx| BrokerMsg::Heartbeat(id, body.token, extend, tx),
-        REPORT_TIMEOUT,
-    )
-    .await??;
+    let info = report(&args, id, |tx| {
+        BrokerMsg::Heartbeat(id, body.token, extend, tx)
+    })
+    .await?;
     Ok(Json(json!({ "id": id, "deadline": info.deadline_ms })))
 }
 
@@ -154,12 +205,15 @@ pub(super) struct AckBody {
 
 /// `POST /v1/jobs/{id}/ack`.
 pub async fn ack(
+    State(args): State<Arc<ApiArgs>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Result<Json<AckBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
+    authorize_job(&args, &caller, id).await?;
     let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    broker::request(|tx| BrokerMsg::Ack(id, body.token, tx), REPORT_TIMEOUT).await??;
+    report(&args, id, |tx| BrokerMsg::Ack(id, body.token, tx)).await?;
     Ok(Json(json!({ "id": id, "state": "succeeded" })))
 }
 
@@ -184,10 +238,13 @@ pub(super) struct NackBody {
 
 /// `POST /v1/jobs/{id}/nack`.
 pub async fn nack(
+    State(args): State<Arc<ApiArgs>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Result<Json<NackBody>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
+    authorize_job(&args, &caller, id).await?;
     let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let retry_after = match body.retry_after {
         None => None,
@@ -202,10 +259,6 @@ pub async fn nack(
             error,
         },
     };
-    broker::request(
-        |tx| BrokerMsg::Nack(id, body.token, failure, tx),
-        REPORT_TIMEOUT,
-    )
-    .await??;
+    report(&args, id, |tx| BrokerMsg::Nack(id, body.token, failure, tx)).await?;
     Ok(Json(json!({ "id": id, "nacked": true })))
 }

@@ -12,12 +12,13 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::auth::{Caller, Role};
 use super::{ApiArgs, ApiError};
 use crate::broker::{self, BrokerMsg, EnqueueRequest};
 use crate::clock::wall_ms;
@@ -44,10 +45,12 @@ struct EnqueueBody {
 /// `POST /v1/queues/{queue}/jobs`.
 pub async fn enqueue(
     State(args): State<Arc<ApiArgs>>,
+    Extension(caller): Extension<Caller>,
     Path(queue): Path<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    caller.allow(Role::Produce, &queue)?;
     let max = args.config.daemon.max_payload;
     let body = body.map_err(|e| too_large(max, e.to_string()))?;
     if !args.config.queues.contains_key(&queue) {
@@ -160,11 +163,14 @@ pub fn parse_id(id: &str) -> Result<JobId, ApiError> {
 /// `GET /v1/jobs/{id}`.
 pub async fn job(
     State(args): State<Arc<ApiArgs>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    caller.require(Role::Read)?;
     let id = parse_id(&id)?;
     let detail = args.store.run(move |b| b.job(id)).await?;
     let detail = detail.ok_or_else(|| ApiError::from(broker::BrokerError::UnknownJob(id)))?;
+    caller.allow_queue(&detail.job.queue)?;
     Ok(Json(job_json(&detail, wall_ms())))
 }
 
