@@ -16,8 +16,8 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -252,5 +252,8 @@ fn random_sigkills_of_jobs_and_of_qd_lose_no_job_and_duplicate_no_effect() {
     let keys: HashSet<&String> = accepted.iter().map(|(k, _)| k).collect();
     assert!(effects.iter().all(|k| keys.contains(k)), "unknown effect");
     assert_eq!(daemon_kills, DAEMON_KILLS);
-    assert!(killed.load(Ordering::Relaxed) > 0, "the chaos loop killed no job");
+    assert!(
+        killed.load(Ordering::Relaxed) > 0,
+        "the chaos loop killed no job"
+    );
 }

@@ -167,18 +167,27 @@ fn qd_refuses_to_start_on_an_unusable_data_dir() {
     let qd = Qd::configure(dir, ANY_QUEUE, "1s");
     let (code, text) = run_expecting_failure(&qd.config);
     assert_ne!(code, 0, "{text}");
-    assert!(text.contains("data"), "message does not name the data dir: {text}");
+    assert!(
+        text.contains("data"),
+        "message does not name the data dir: {text}"
+    );
 
     // A data dir under /proc, where nothing can be created.
     let dir = tempfile::tempdir().expect("tempdir");
     let qd = Qd::configure(dir, ANY_QUEUE, "1s");
     let config = std::fs::read_to_string(&qd.config).expect("config");
-    let data_line = config.lines().find(|l| l.starts_with("data_dir")).expect("data_dir");
+    let data_line = config
+        .lines()
+        .find(|l| l.starts_with("data_dir"))
+        .expect("data_dir");
     let config = config.replace(data_line, "data_dir = \"/proc/self/qd-data\"");
     std::fs::write(&qd.config, config).expect("rewrite");
     let (code, text) = run_expecting_failure(&qd.config);
     assert_ne!(code, 0, "{text}");
-    assert!(text.contains("/proc/self/qd-data"), "message does not name the path: {text}");
+    assert!(
+        text.contains("/proc/self/qd-data"),
+        "message does not name the path: {text}"
+    );
 }
 
 #[test]
@@ -186,12 +195,17 @@ fn qd_refuses_to_start_on_a_corrupt_database() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     std::fs::create_dir(&data).expect("data dir");
-    let garbage: Vec<u8> = (0..64 * 1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let garbage: Vec<u8> = (0..64 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
     std::fs::write(data.join("qd.db"), garbage).expect("garbage db");
     let qd = Qd::configure(dir, ANY_QUEUE, "1s");
     let (code, text) = run_expecting_failure(&qd.config);
     assert_ne!(code, 0, "{text}");
-    assert!(text.contains("qd.db"), "message does not name the database: {text}");
+    assert!(
+        text.contains("qd.db"),
+        "message does not name the database: {text}"
+    );
 }
 
 #[test]
@@ -213,7 +227,10 @@ fn wall_clock_jumps_neither_expire_live_leases_nor_freeze_delayed_jobs() {
     let hour = 3_600_000i64;
     // A live lease (external, no heartbeat) taken before the jumps.
     let held = qd.enqueue("ext", "held");
-    let (_, body) = qd.post("/v1/queues/ext/leases", &json!({ "worker_id": "w", "wait": "5s" }));
+    let (_, body) = qd.post(
+        "/v1/queues/ext/leases",
+        &json!({ "worker_id": "w", "wait": "5s" }),
+    );
     let lease = body["jobs"][0].clone();
     assert_eq!(lease["id"], held.as_str(), "{body}");
     // A running command job with heartbeats, and two delayed jobs.
@@ -232,32 +249,69 @@ fn wall_clock_jumps_neither_expire_live_leases_nor_freeze_delayed_jobs() {
     let probe = qd.enqueue_json("ext", json!({ "payload": "probe", "delay": "1h" }));
     let stamped = qd.job(&probe)["created_at"].as_i64().expect("created_at");
     let before = qd.job(&held)["created_at"].as_i64().expect("created_at");
-    assert!(before - stamped > 9 * hour, "the offset file was not honoured");
+    assert!(
+        before - stamped > 9 * hour,
+        "the offset file was not honoured"
+    );
 
     // 1.2 s in, both jumps done: the 3 s lease is still live and acks.
-    let (status, body) = qd.post(&format!("/v1/jobs/{held}/ack"), &json!({ "token": lease["token"] }));
+    let (status, body) = qd.post(
+        &format!("/v1/jobs/{held}/ack"),
+        &json!({ "token": lease["token"] }),
+    );
     assert_eq!(status, 200, "a wall jump expired a live lease: {body}");
     // Delayed jobs become due on time although wall time went back 10 h.
     let job = qd.wait_final(&soon, Duration::from_secs(20));
     assert_eq!(job["history"].as_array().map(Vec::len), Some(1), "{job}");
-    let (_, body) = qd.post("/v1/queues/ext/leases", &json!({ "worker_id": "w", "wait": "10s" }));
-    assert_eq!(body["jobs"][0]["id"], later.as_str(), "delayed job frozen: {body}");
+    let (_, body) = qd.post(
+        "/v1/queues/ext/leases",
+        &json!({ "worker_id": "w", "wait": "10s" }),
+    );
+    assert_eq!(
+        body["jobs"][0]["id"],
+        later.as_str(),
+        "delayed job frozen: {body}"
+    );
     let job = qd.wait_final(&running, Duration::from_secs(20));
     assert_eq!(job["state"], "succeeded", "{job}");
-    let outcomes: Vec<&str> = job["history"].as_array().expect("history").iter().filter_map(|h| h["outcome"].as_str()).collect();
-    assert_eq!(outcomes, ["succeeded"], "the running job's lease expired: {job}");
+    let outcomes: Vec<&str> = job["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|h| h["outcome"].as_str())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["succeeded"],
+        "the running job's lease expired: {job}"
+    );
 }
 
 fn body_strategy() -> impl Strategy<Value = Vec<u8>> {
     let field = prop_oneof![
-        Just("payload"), Just("payload_b64"), Just("tenant"), Just("idempotency_key"),
-        Just("delay"), Just("max_attempts"), Just("worker_id"), Just("max_jobs"),
-        Just("wait"), Just("token"), Just("extend"), Just("error"), Just("kind"),
-        Just("retry_after"), Just("x"),
+        Just("payload"),
+        Just("payload_b64"),
+        Just("tenant"),
+        Just("idempotency_key"),
+        Just("delay"),
+        Just("max_attempts"),
+        Just("worker_id"),
+        Just("max_jobs"),
+        Just("wait"),
+        Just("token"),
+        Just("extend"),
+        Just("error"),
+        Just("kind"),
+        Just("retry_after"),
+        Just("x"),
     ];
     let value = prop_oneof![
         any::<i64>().prop_map(|n| n.to_string()),
-        any::<f64>().prop_map(|f| if f.is_finite() { format!("{f:e}") } else { "1e999".into() }),
+        any::<f64>().prop_map(|f| if f.is_finite() {
+            format!("{f:e}")
+        } else {
+            "1e999".into()
+        }),
         "[ -~]{0,12}".prop_map(|s| json!(s).to_string()),
         Just("null".to_string()),
         Just("[]".to_string()),
@@ -274,7 +328,9 @@ fn body_strategy() -> impl Strategy<Value = Vec<u8>> {
 
 #[test]
 fn random_request_bodies_get_4xx_never_5xx_and_qd_stays_up() {
-    let qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"2s\"\nheartbeat = \"500ms\"\n");
+    let qd = Qd::start(
+        "[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"2s\"\nheartbeat = \"500ms\"\n",
+    );
     let id = qd.enqueue("ext", "a job to ack and nack");
     let paths = [
         "/v1/queues/ext/jobs".to_string(),
@@ -290,7 +346,12 @@ fn random_request_bodies_get_4xx_never_5xx_and_qd_stays_up() {
     runner
         .run(&(0..paths.len(), body_strategy()), |(p, body)| {
             let (status, answer) = qd.post_raw(&paths[p], &body);
-            prop_assert!(status < 500, "{} {:?} -> {status} {answer}", paths[p], String::from_utf8_lossy(&body));
+            prop_assert!(
+                status < 500,
+                "{} {:?} -> {status} {answer}",
+                paths[p],
+                String::from_utf8_lossy(&body)
+            );
             Ok(())
         })
         .expect("no 5xx");

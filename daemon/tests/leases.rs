@@ -123,7 +123,9 @@ fn heartbeats_keep_a_long_job_leased_while_the_cpu_is_saturated() {
         prog.display()
     ));
     let hogs = CpuHogs::spawn(2 * cpus());
-    let ids: Vec<String> = (0..2).map(|i| qd.enqueue("long", &format!("{i}"))).collect();
+    let ids: Vec<String> = (0..2)
+        .map(|i| qd.enqueue("long", &format!("{i}")))
+        .collect();
     let jobs: Vec<Value> = ids.iter().map(|id| qd.wait_final(id, LONG)).collect();
     drop(hogs);
     for job in &jobs {
@@ -162,16 +164,28 @@ fn a_delay_longer_than_the_lease_runs_the_job_once() {
     assert_eq!(outcomes(&job), ["succeeded"]);
     let waited = job["history"][0]["started_at"].as_i64().expect("start")
         - job["created_at"].as_i64().expect("created");
-    assert!(waited >= 2_900, "ran {waited} ms after enqueue, before its delay");
+    assert!(
+        waited >= 2_900,
+        "ran {waited} ms after enqueue, before its delay"
+    );
     let text = std::fs::read_to_string(&runs).expect("runs");
     assert_eq!(text.lines().count(), 1, "ran more than once: {text}");
 
     // The same over HTTP: nothing is leasable during the delay, then attempt 1.
     let id = qd.enqueue_json("ext", json!({ "payload": "y", "delay": "2500ms" }));
-    assert!(lease_one(&qd, "ext", "w", "1s").is_none(), "leased while delayed");
+    assert!(
+        lease_one(&qd, "ext", "w", "1s").is_none(),
+        "leased while delayed"
+    );
     let leased = lease_one(&qd, "ext", "w", "10s").expect("leased once due");
-    assert_eq!((leased["id"].as_str(), leased["attempt"].as_u64()), (Some(id.as_str()), Some(1)));
-    let (status, body) = qd.post(&format!("/v1/jobs/{id}/ack"), &json!({ "token": leased["token"] }));
+    assert_eq!(
+        (leased["id"].as_str(), leased["attempt"].as_u64()),
+        (Some(id.as_str()), Some(1))
+    );
+    let (status, body) = qd.post(
+        &format!("/v1/jobs/{id}/ack"),
+        &json!({ "token": leased["token"] }),
+    );
     assert_eq!(status, 200, "{body}");
     assert_eq!(outcomes(&qd.job(&id)), ["succeeded"]);
 }

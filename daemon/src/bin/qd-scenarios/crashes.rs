@@ -45,7 +45,11 @@ fn count(db: &Path, dedup: bool) -> Result<(usize, usize, usize)> {
     };
     if dedup {
         let keys = q("SELECT COUNT(*) FROM effects")?;
-        Ok((JOBS - keys, 0, q("SELECT COALESCE(SUM(absorbed), 0) FROM effects")?))
+        Ok((
+            JOBS - keys,
+            0,
+            q("SELECT COALESCE(SUM(absorbed), 0) FROM effects")?,
+        ))
     } else {
         let rows = q("SELECT COUNT(*) FROM log")?;
         let keys = q("SELECT COUNT(DISTINCT key) FROM log")?;
@@ -96,11 +100,21 @@ async fn ack_last(dedup: bool) -> Result<(usize, usize, usize, usize, f64)> {
 }
 
 /// One external worker that acks before running the job.
-async fn ack_first_worker(api: Api, prog: Arc<Path>, db: Arc<Path>, acked: Arc<AtomicUsize>) -> Result<()> {
+async fn ack_first_worker(
+    api: Api,
+    prog: Arc<Path>,
+    db: Arc<Path>,
+    acked: Arc<AtomicUsize>,
+) -> Result<()> {
     while acked.load(Ordering::SeqCst) < JOBS {
         for job in api.lease("crash", "ack-first", 8, 0.5).await? {
             let id = job["id"].as_str().context("id")?;
-            let (status, answer) = api.post(&format!("/v1/jobs/{id}/ack"), &json!({ "token": job["token"] })).await?;
+            let (status, answer) = api
+                .post(
+                    &format!("/v1/jobs/{id}/ack"),
+                    &json!({ "token": job["token"] }),
+                )
+                .await?;
             anyhow::ensure!(status == 200, "ack answered {status}: {answer}");
             acked.fetch_add(1, Ordering::SeqCst);
             let key = job["idempotency_key"].as_str().context("key")?;
@@ -122,13 +136,22 @@ async fn ack_first() -> Result<(usize, usize, f64)> {
     let dir = Scratch::new("ack-first")?;
     let db: Arc<Path> = create_db(&dir.0)?.into();
     let prog: Arc<Path> = dir.script("effect.sh", SCRIPT)?.into();
-    let daemon = Daemon::start(&dir.0, "[queues.crash]\nexecutor = { kind = \"external\" }\n").await?;
+    let daemon = Daemon::start(
+        &dir.0,
+        "[queues.crash]\nexecutor = { kind = \"external\" }\n",
+    )
+    .await?;
     let start = Instant::now();
     daemon.enqueue_all("crash", bodies()).await?;
     let acked = Arc::new(AtomicUsize::new(0));
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..4 {
-        set.spawn(ack_first_worker((*daemon).clone(), prog.clone(), db.clone(), acked.clone()));
+        set.spawn(ack_first_worker(
+            (*daemon).clone(),
+            prog.clone(),
+            db.clone(),
+            acked.clone(),
+        ));
     }
     while let Some(done) = set.join_next().await {
         done??;

@@ -89,7 +89,12 @@ impl Daemon {
             .stderr(out)
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("start {} (build it: cargo build --release -p qd)", qd.display()))?;
+            .with_context(|| {
+                format!(
+                    "start {} (build it: cargo build --release -p qd)",
+                    qd.display()
+                )
+            })?;
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(64)
             .timeout(Duration::from_secs(60))
@@ -107,11 +112,21 @@ impl Daemon {
         let start = Instant::now();
         loop {
             let url = format!("{}/healthz", self.api.base);
-            if self.api.http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
+            if self
+                .api
+                .http
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
                 return Ok(());
             }
             if let Some(status) = self.child.try_wait()? {
-                bail!("qd exited with {status}: {}", std::fs::read_to_string(&self.log)?);
+                bail!(
+                    "qd exited with {status}: {}",
+                    std::fs::read_to_string(&self.log)?
+                );
             }
             if start.elapsed() > Duration::from_secs(30) {
                 bail!("qd did not come up");
@@ -133,12 +148,17 @@ impl Api {
             .await?;
         let status = resp.status().as_u16();
         let bytes = resp.bytes().await?;
-        Ok((status, serde_json::from_slice(&bytes).unwrap_or(Value::Null)))
+        Ok((
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        ))
     }
 
     /// Enqueues `body` on `queue`; returns the job id.
     pub async fn enqueue(&self, queue: &str, body: Value) -> Result<String> {
-        let (status, answer) = self.post(&format!("/v1/queues/{queue}/jobs"), &body).await?;
+        let (status, answer) = self
+            .post(&format!("/v1/queues/{queue}/jobs"), &body)
+            .await?;
         if status != 202 {
             bail!("enqueue answered {status}: {answer}");
         }
@@ -184,7 +204,11 @@ impl Api {
 
     /// The job's status document.
     pub async fn job(&self, id: &str) -> Result<Value> {
-        let resp = self.http.get(format!("{}/v1/jobs/{id}", self.base)).send().await?;
+        let resp = self
+            .http
+            .get(format!("{}/v1/jobs/{id}", self.base))
+            .send()
+            .await?;
         Ok(serde_json::from_slice(&resp.bytes().await?)?)
     }
 
@@ -200,7 +224,10 @@ impl Api {
                 .await?;
             let mut still = Vec::new();
             for (id, doc) in pending.into_iter().zip(docs) {
-                if matches!(doc["state"].as_str(), Some("succeeded" | "dead" | "cancelled")) {
+                if matches!(
+                    doc["state"].as_str(),
+                    Some("succeeded" | "dead" | "cancelled")
+                ) {
                     done.push(doc);
                 } else {
                     still.push(id);
@@ -215,9 +242,17 @@ impl Api {
     }
 
     /// Leases up to `max` jobs as external worker `worker` (long poll `wait` seconds).
-    pub async fn lease(&self, queue: &str, worker: &str, max: u32, wait: f64) -> Result<Vec<Value>> {
+    pub async fn lease(
+        &self,
+        queue: &str,
+        worker: &str,
+        max: u32,
+        wait: f64,
+    ) -> Result<Vec<Value>> {
         let body = json!({ "worker_id": worker, "max_jobs": max, "wait": wait });
-        let (status, answer) = self.post(&format!("/v1/queues/{queue}/leases"), &body).await?;
+        let (status, answer) = self
+            .post(&format!("/v1/queues/{queue}/leases"), &body)
+            .await?;
         if status != 200 {
             bail!("lease answered {status}: {answer}");
         }

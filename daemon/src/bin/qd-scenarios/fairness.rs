@@ -30,19 +30,34 @@ async fn run_once(fair: bool) -> Result<(f64, f64)> {
         ),
     )
     .await?;
-    let (ta, tb) = if fair { ("a", "b") } else { ("default", "default") };
-    let a = daemon.enqueue_all("f", vec![json!({ "tenant": ta, "payload": "A" }); 500]).await?;
+    let (ta, tb) = if fair {
+        ("a", "b")
+    } else {
+        ("default", "default")
+    };
+    let a = daemon
+        .enqueue_all("f", vec![json!({ "tenant": ta, "payload": "A" }); 500])
+        .await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let b = daemon.enqueue_all("f", vec![json!({ "tenant": tb, "payload": "B" }); 10]).await?;
+    let b = daemon
+        .enqueue_all("f", vec![json!({ "tenant": tb, "payload": "B" }); 10])
+        .await?;
     let a_jobs = daemon.wait_final(&a, Duration::from_secs(300)).await?;
     let b_jobs = daemon.wait_final(&b, Duration::from_secs(300)).await?;
     let mut waits: Vec<f64> = b_jobs
         .iter()
         .filter_map(|j| Some((first_start_ms(j)? - j["created_at"].as_i64()?) as f64 / 1000.0))
         .collect();
-    let created = a_jobs.iter().filter_map(|j: &Value| j["created_at"].as_i64()).min().unwrap_or(0);
+    let created = a_jobs
+        .iter()
+        .filter_map(|j: &Value| j["created_at"].as_i64())
+        .min()
+        .unwrap_or(0);
     let finished = a_jobs.iter().filter_map(last_end_ms).max().unwrap_or(0);
-    Ok((percentile(&mut waits, 95.0), (finished - created) as f64 / 1000.0))
+    Ok((
+        percentile(&mut waits, 95.0),
+        (finished - created) as f64 / 1000.0,
+    ))
 }
 
 /// Runs the fairness experiments and returns their rows.

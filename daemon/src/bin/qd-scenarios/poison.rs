@@ -17,7 +17,8 @@ pub const NOTE: &str = "Poison: time scale 1:10 (good jobs 100 ms for the seed's
     times are measured and x10. Poison jobs exit 1 (transient) every time.";
 
 const SCALE: f64 = 10.0;
-const SCRIPT: &str = "p=$(cat)\n[ \"$p\" = poison ] && { echo \"poisoned\" >&2; exit 1; }\nsleep 0.1";
+const SCRIPT: &str =
+    "p=$(cat)\n[ \"$p\" = poison ] && { echo \"poisoned\" >&2; exit 1; }\nsleep 0.1";
 
 /// (seconds until all 40 good jobs succeeded or None, dead poison jobs with 3 history entries, poison attempts).
 async fn run_once(poison: usize, max_attempts: u32) -> Result<(Option<f64>, usize, u64)> {
@@ -33,8 +34,12 @@ async fn run_once(poison: usize, max_attempts: u32) -> Result<(Option<f64>, usiz
     )
     .await?;
     let start = Instant::now();
-    let bad = daemon.enqueue_all("p", vec![json!({ "payload": "poison" }); poison]).await?;
-    let good = daemon.enqueue_all("p", vec![json!({ "payload": "good" }); 40]).await?;
+    let bad = daemon
+        .enqueue_all("p", vec![json!({ "payload": "poison" }); poison])
+        .await?;
+    let good = daemon
+        .enqueue_all("p", vec![json!({ "payload": "good" }); 40])
+        .await?;
     let done = daemon.wait_final(&good, Duration::from_secs(120)).await?;
     let secs = start.elapsed().as_secs_f64();
     let all_good = done.len() == 40 && done.iter().all(|j| j["state"] == "succeeded");
@@ -65,7 +70,11 @@ fn done_by(secs: Option<f64>) -> String {
 /// Runs the poison experiments and returns their rows.
 pub async fn run() -> Result<Vec<Row>> {
     let (base, _, _) = run_once(0, 3).await?;
-    let mut rows = vec![Row::new("No poison jobs (baseline)", "40 of 40 done by 20 s", done_by(base))];
+    let mut rows = vec![Row::new(
+        "No poison jobs (baseline)",
+        "40 of 40 done by 20 s",
+        done_by(base),
+    )];
     let (forever, _, attempts) = run_once(4, 1000).await?;
     rows.push(Row::new(
         "Poison jobs, retry forever (max_attempts = 1000)",

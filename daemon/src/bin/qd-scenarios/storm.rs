@@ -70,7 +70,9 @@ async fn hook(State(seen): State<Arc<Mutex<Seen>>>) -> StatusCode {
 /// Serves the downstream on a free loopback port.
 async fn downstream() -> Result<(SocketAddr, Arc<Mutex<Seen>>, tokio::task::JoinHandle<()>)> {
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let app = Router::new().route("/hook", post(hook)).with_state(seen.clone());
+    let app = Router::new()
+        .route("/hook", post(hook))
+        .with_state(seen.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move {
@@ -97,14 +99,18 @@ async fn run_once(queue_extra: &str, limiter: &str) -> Result<(u32, u32, Option<
     let mut ids = Vec::new();
     for chunk in (0..JOBS).collect::<Vec<_>>().chunks(100) {
         let delay = due.saturating_duration_since(Instant::now()).as_secs_f64();
-        let bodies = chunk.iter().map(|i| json!({ "payload": format!("{i}"), "delay": delay })).collect();
+        let bodies = chunk
+            .iter()
+            .map(|i| json!({ "payload": format!("{i}"), "delay": delay }))
+            .collect();
         ids.extend(daemon.enqueue_all("storm", bodies).await?);
     }
     let done = daemon.wait_final(&ids, RUN_LIMIT).await?;
     server.abort();
     let s = seen.lock().expect("invariant: the lock is never poisoned");
     let peak = s.per_second.iter().copied().max().unwrap_or(0);
-    let cleared = (done.len() == JOBS && s.accepted as usize >= JOBS).then(|| s.last_ok.as_secs_f64());
+    let cleared =
+        (done.len() == JOBS && s.accepted as usize >= JOBS).then(|| s.last_ok.as_secs_f64());
     Ok((peak, s.rejected, cleared))
 }
 
@@ -118,7 +124,9 @@ fn outcome(peak: u32, rejected: u32, cleared: Option<f64>) -> String {
 
 /// Runs the three storm experiments and returns their rows.
 pub async fn run() -> Result<Vec<Row>> {
-    let backoff = |jitter: &str| format!("backoff = {{ base = \"500ms\", max = \"15s\", jitter = \"{jitter}\" }}");
+    let backoff = |jitter: &str| {
+        format!("backoff = {{ base = \"500ms\", max = \"15s\", jitter = \"{jitter}\" }}")
+    };
     let (p, r, c) = run_once(&backoff("none"), "").await?;
     let mut rows = vec![Row::new(
         "1000 retries, no jitter",
