@@ -167,6 +167,16 @@ fn valued<T>(value: T, source: Source) -> Valued<T> {
     Valued { value, source }
 }
 
+/// `"smtp: 50/s burst 10"`, marked `(override)` when a runtime override is in force.
+fn limiter_text(l: &crate::limits::Limits, name: &str) -> String {
+    let Some(s) = l.limiter(name) else {
+        return name.to_string();
+    };
+    let overridden = l.limiter_sources(name).contains(&Source::Override);
+    let mark = if overridden { " (override)" } else { "" };
+    format!("{name}: {}/s burst {}{mark}", s.per_second, s.burst)
+}
+
 /// `limits show`, and the answer to every limit change.
 pub fn limits(d: &Daemon) -> LimitsView {
     let l = &d.limits;
@@ -201,7 +211,7 @@ pub fn limits(d: &Daemon) -> LimitsView {
                 queue: name.clone(),
                 workers_min: valued(min, smin),
                 workers_max: valued(max, smax),
-                rate_limiter: q.rate_limiter.clone(),
+                rate_limiter: q.rate_limiter.as_deref().map(|n| limiter_text(l, n)),
                 paused: valued(paused, spaused),
             }
         })

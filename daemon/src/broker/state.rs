@@ -192,6 +192,7 @@ impl BrokerState {
         let t = job::apply(&old, event, &backoff, now)?;
         self.replace(t.job.clone());
         events::changed(&old, &t.job, now);
+        events::throttled(&t, now);
         Ok((old, t))
     }
 
