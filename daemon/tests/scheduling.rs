@@ -308,8 +308,10 @@ fn a_small_tenant_waits_a_few_job_durations_behind_a_big_backlog_and_costs_it_li
     // FIFO would make B wait behind all of A: ~10 s. Round robin between two
     // tenants serves B every other slot: ~0.45 s for its 10th job.
     assert!(b_p95 <= 1.0, "B's p95 wait {b_p95:.3} s");
-    // B adds 10 x 100 ms of work to A's 500 x 100 ms (2%); allow scheduling noise.
-    assert!(slowdown <= 0.10, "A slowed by {:.1}%", slowdown * 100.0);
+    // B adds 10 x 100 ms of work to A's 500 x 100 ms (2%). Runs on a shared 2-core
+    // machine measured +4% and +7%; 15% (1.5 s of idle workers) still catches a
+    // scheduler that leaves workers idle for fairness.
+    assert!(slowdown <= 0.15, "A slowed by {:.1}%", slowdown * 100.0);
 }
 
 /// The tenants of the next `n` jobs leased (100 at a time) from an external queue,
