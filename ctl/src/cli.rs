@@ -244,8 +244,9 @@ pub enum LimitsCmd {
         #[arg(long, value_name = "N")]
         max_depth: Option<u64>,
     },
-    /// Drop every runtime override of a tenant or a queue; config values apply again.
-    #[command(group(ArgGroup::new("target").required(true).args(["tenant", "queue"])))]
+    /// Drop every runtime override of a tenant, a queue or a rate limiter; config
+    /// values apply again.
+    #[command(group(ArgGroup::new("target").required(true).args(["tenant", "queue", "limiter"])))]
     Reset {
         /// Tenant.
         #[arg(long)]
@@ -253,6 +254,22 @@ pub enum LimitsCmd {
         /// Queue (workers bounds and pause).
         #[arg(long)]
         queue: Option<String>,
+        /// Shared rate limiter (`[rate_limiters.NAME]`).
+        #[arg(long)]
+        limiter: Option<String>,
+    },
+    /// Override a shared rate limiter's rate and burst at runtime (applies at once to
+    /// every queue naming it; stored; survives restarts until reset).
+    #[command(group(ArgGroup::new("change").required(true).multiple(true).args(["per_second", "burst"])))]
+    SetLimiter {
+        /// The `[rate_limiters.NAME]`.
+        limiter: String,
+        /// Sustained rate, jobs per second (≥ 1).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        per_second: Option<u32>,
+        /// Jobs allowed at once after a quiet spell (≥ 1).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        burst: Option<u32>,
     },
 }
 

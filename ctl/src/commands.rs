@@ -88,9 +88,24 @@ fn request_for(cmd: Command) -> Request {
             max_concurrency,
             max_depth,
         },
-        Command::Limits(LimitsCmd::Reset { tenant, queue }) => {
-            Request::LimitsReset { tenant, queue }
-        }
+        Command::Limits(LimitsCmd::Reset {
+            tenant,
+            queue,
+            limiter,
+        }) => Request::LimitsReset {
+            tenant,
+            queue,
+            limiter,
+        },
+        Command::Limits(LimitsCmd::SetLimiter {
+            limiter,
+            per_second,
+            burst,
+        }) => Request::LimiterSet {
+            limiter,
+            per_second,
+            burst,
+        },
         Command::Workers(WorkersCmd::Set { queue, min, max }) => {
             Request::WorkersSet { queue, min, max }
         }

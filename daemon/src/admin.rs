@@ -252,24 +252,57 @@ impl AdminHandler for Handler {
                 }
                 self.set_overrides(changes).await
             }
-            Request::LimitsReset { tenant, queue } => {
-                let changes = match (tenant, queue) {
-                    (Some(t), None) => ["weight", "max_concurrency", "max_depth"]
+            Request::LimitsReset {
+                tenant,
+                queue,
+                limiter,
+            } => {
+                let changes = match (tenant, queue, limiter) {
+                    (Some(t), None, None) => ["weight", "max_concurrency", "max_depth"]
                         .map(|k| ("tenant", t.clone(), k, None))
                         .to_vec(),
-                    (None, Some(q)) => {
+                    (None, Some(q), None) => {
                         self.queue_exists(&q)?;
                         ["workers_min", "workers_max", "paused"]
                             .map(|k| ("queue", q.clone(), k, None))
                             .to_vec()
                     }
+                    (None, None, Some(l)) => {
+                        self.limiter_exists(&l)?;
+                        ["per_second", "burst"]
+                            .map(|k| ("limiter", l.clone(), k, None))
+                            .to_vec()
+                    }
                     _ => {
                         return Err(err(
                             ErrorCode::BadRequest,
-                            "give exactly one of tenant or queue",
+                            "give exactly one of tenant, queue or limiter",
                         ));
                     }
                 };
+                self.set_overrides(changes).await
+            }
+            Request::LimiterSet {
+                limiter,
+                per_second,
+                burst,
+            } => {
+                self.limiter_exists(&limiter)?;
+                if per_second == Some(0) || burst == Some(0) {
+                    return Err(err(
+                        ErrorCode::BadRequest,
+                        "per_second and burst must be at least 1",
+                    ));
+                }
+                let changes: Vec<_> = [("per_second", per_second), ("burst", burst)]
+                    .into_iter()
+                    .filter_map(|(key, v)| {
+                        Some(("limiter", limiter.clone(), key, Some(v?.to_string())))
+                    })
+                    .collect();
+                if changes.is_empty() {
+                    return Err(err(ErrorCode::BadRequest, "give per_second or burst"));
+                }
                 self.set_overrides(changes).await
             }
             Request::WorkersSet { queue, min, max } => {
@@ -366,6 +399,17 @@ fn selection_of(sel: &DlqSelection) -> Result<Selection, ErrorBody> {
 }
 
 impl Handler {
+    fn limiter_exists(&self, name: &str) -> Result<(), ErrorBody> {
+        if self.daemon.limiters.contains_key(name) {
+            Ok(())
+        } else {
+            Err(err(
+                ErrorCode::NotFound,
+                format!("no [rate_limiters.{name}] in the config"),
+            ))
+        }
+    }
+
     fn queue_exists(&self, queue: &str) -> Result<(), ErrorBody> {
         if self.daemon.config.queues.contains_key(queue) {
             Ok(())
@@ -451,6 +495,11 @@ impl Handler {
             .map_err(BrokerError::from)?;
         for (scope, name, key, value) in changes {
             self.daemon.limits.set(scope, &name, key, value);
+        }
+        for (name, limiter) in &self.daemon.limiters {
+            if let Some(settings) = self.daemon.limits.limiter(name) {
+                limiter.reconfigure(&settings);
+            }
         }
         for queue in self.daemon.config.queues.keys() {
             if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {

@@ -7,12 +7,13 @@
 //! pause) and WorkerPools (bounds). Unconfigured tenants inherit `[tenants.default]`.
 //!
 //! Override keys: scope `tenant` with `weight`, `max_concurrency`, `max_depth`;
-//! scope `queue` with `workers_min`, `workers_max`, `paused`.
+//! scope `queue` with `workers_min`, `workers_max`, `paused`; scope `limiter` with
+//! `per_second`, `burst` (read by [`crate::rate_limit`], applied by the admin handler).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use crate::config::{Config, TenantConfig, WorkersConfig};
+use crate::config::{Config, RateLimiterConfig, TenantConfig, WorkersConfig};
 use crate::store::Override;
 
 /// Where a live value comes from.
@@ -171,6 +172,32 @@ impl Limits {
         ["workers_min", "workers_max"].map(|k| self.source("queue", queue, k))
     }
 
+    /// The configured `[rate_limiters.*]` names.
+    pub fn limiter_names(&self) -> Vec<String> {
+        self.config.rate_limiters.keys().cloned().collect()
+    }
+
+    /// A limiter's settings in force, or `None` if no `[rate_limiters.NAME]` exists.
+    /// An override of `per_second` alone keeps the configured burst.
+    pub fn limiter(&self, name: &str) -> Option<RateLimiterConfig> {
+        let cfg = self.config.rate_limiters.get(name)?;
+        Some(RateLimiterConfig {
+            per_second: self
+                .get("limiter", name, "per_second")
+                .unwrap_or(cfg.per_second)
+                .max(1),
+            burst: self
+                .get("limiter", name, "burst")
+                .unwrap_or(cfg.burst)
+                .max(1),
+        })
+    }
+
+    /// Where a limiter's settings come from: (per_second, burst).
+    pub fn limiter_sources(&self, name: &str) -> [Source; 2] {
+        ["per_second", "burst"].map(|k| self.source("limiter", name, k))
+    }
+
     /// Whether an operator paused the queue.
     pub fn paused(&self, queue: &str) -> bool {
         self.get("queue", queue, "paused").unwrap_or(false)
@@ -227,6 +254,25 @@ max_concurrency = 10
         l.set("tenant", "acme", "weight", None);
         assert_eq!(l.tenant("acme").weight, 3);
         assert_eq!(l.tenant_sources("acme")[0], Source::Config);
+    }
+
+    #[test]
+    fn limiter_overrides_overlay_the_config_field_by_field() {
+        let text = "[queues.q]\nexecutor = { kind = \"external\" }\nrate_limiter = \"smtp\"\n\
+                    [rate_limiters.smtp]\nper_second = 50\nburst = 10\n";
+        let config = Config::parse(text, Path::new("/tmp/qd.toml")).expect("config");
+        let l = Limits::new(
+            Arc::new(config),
+            vec![ov("limiter", "smtp", "per_second", "5")],
+        );
+        let smtp = l.limiter("smtp").expect("configured");
+        assert_eq!((smtp.per_second, smtp.burst), (5, 10));
+        assert_eq!(
+            l.limiter_sources("smtp"),
+            [Source::Override, Source::Config]
+        );
+        assert_eq!(l.limiter("nope"), None);
+        assert_eq!(l.limiter_names(), ["smtp"]);
     }
 
     #[test]

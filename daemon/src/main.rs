@@ -140,11 +140,10 @@ async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
     }
     qd::metrics::install(config.daemon.metrics_listen)
         .map_err(|e| Failure::Runtime(e.to_string()))?;
+    let limits = Arc::new(Limits::new(config.clone(), overrides));
     let daemon = Daemon {
-        limits: Arc::new(Limits::new(config.clone(), overrides)),
-        limiters: qd::rate_limit::build(&config.rate_limiters)
-            .into_iter()
-            .collect(),
+        limiters: qd::rate_limit::build(&limits),
+        limits,
         executors,
         store: store.clone(),
         test_hooks: std::env::var("QD_TEST_HOOKS").is_ok_and(|v| v == "1"),

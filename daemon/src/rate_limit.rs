@@ -3,12 +3,15 @@
 //! One token bucket per name (the GCRA of the `governor` crate), shared by every
 //! queue that names it, so the limit holds across all of qd's workers rather than
 //! per worker. A Scheduler takes one token before it hands out a job. A
-//! "throttled" result (HTTP 429, or 503 with Retry-After, or a throttled exit code)
-//! pauses the limiter: nobody gets a token until the pause ends.
+//! "throttled" result (HTTP 429, or 503 with Retry-After, a throttled exit code, or
+//! an external worker's `throttled` nack) pauses the limiter: nobody gets a token
+//! until the pause ends. The rate and burst can be changed at runtime
+//! (`qctl limits set-limiter`): governor's quota is fixed per bucket, so the bucket
+//! is replaced, behind a lock, by a new full one.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
@@ -16,11 +19,33 @@ use governor::{DefaultDirectRateLimiter, Quota};
 use tokio::time::Instant;
 
 use crate::config::RateLimiterConfig;
+use crate::limits::Limits;
+
+/// The bucket and the settings it was built from.
+struct Bucket {
+    settings: RateLimiterConfig,
+    gcra: DefaultDirectRateLimiter,
+}
+
+impl Bucket {
+    /// A full bucket allowing `per_second` on average, `burst` at once (a 0 is read
+    /// as 1 for the rate, and as the rate for the burst).
+    fn new(settings: &RateLimiterConfig) -> Self {
+        let per_second = NonZeroU32::new(settings.per_second).unwrap_or(NonZeroU32::MIN);
+        let burst = NonZeroU32::new(settings.burst).unwrap_or(per_second);
+        Bucket {
+            settings: *settings,
+            gcra: DefaultDirectRateLimiter::direct(
+                Quota::per_second(per_second).allow_burst(burst),
+            ),
+        }
+    }
+}
 
 /// One named, shared token bucket with a pause switch.
 pub struct RateLimiter {
     name: String,
-    bucket: DefaultDirectRateLimiter,
+    bucket: RwLock<Bucket>,
     clock: DefaultClock,
     paused_until: Mutex<Option<Instant>>,
 }
@@ -28,13 +53,9 @@ pub struct RateLimiter {
 impl RateLimiter {
     /// A limiter allowing `per_second` jobs a second on average, `burst` at once.
     pub fn new(name: &str, cfg: &RateLimiterConfig) -> Self {
-        let per_second = NonZeroU32::new(cfg.per_second).unwrap_or(NonZeroU32::MIN);
-        let burst = NonZeroU32::new(cfg.burst).unwrap_or(per_second);
         RateLimiter {
             name: name.to_string(),
-            bucket: DefaultDirectRateLimiter::direct(
-                Quota::per_second(per_second).allow_burst(burst),
-            ),
+            bucket: RwLock::new(Bucket::new(cfg)),
             clock: DefaultClock::default(),
             paused_until: Mutex::new(None),
         }
@@ -45,6 +66,24 @@ impl RateLimiter {
         &self.name
     }
 
+    /// The rate and burst in force.
+    pub fn settings(&self) -> RateLimiterConfig {
+        let bucket = self.bucket.read().unwrap_or_else(|e| e.into_inner());
+        bucket.settings
+    }
+
+    /// Applies new settings; returns whether they differed. A change replaces the
+    /// bucket with a full one (up to `burst` tokens at once right after); a pause in
+    /// force stays.
+    pub fn reconfigure(&self, settings: &RateLimiterConfig) -> bool {
+        let mut bucket = self.bucket.write().unwrap_or_else(|e| e.into_inner());
+        if bucket.settings == *settings {
+            return false;
+        }
+        *bucket = Bucket::new(settings);
+        true
+    }
+
     /// Takes one token, or returns the instant at which to try again.
     pub fn try_acquire(&self, now: Instant) -> Result<(), Instant> {
         let paused = *self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
@@ -53,7 +92,9 @@ impl RateLimiter {
         {
             return Err(until);
         }
-        self.bucket
+        let bucket = self.bucket.read().unwrap_or_else(|e| e.into_inner());
+        bucket
+            .gcra
             .check()
             .map_err(|not_until| now + not_until.wait_time_from(self.clock.now()))
     }
@@ -70,11 +111,16 @@ impl RateLimiter {
     }
 }
 
-/// Every configured limiter by name.
-pub fn build(configs: &BTreeMap<String, RateLimiterConfig>) -> BTreeMap<String, Arc<RateLimiter>> {
-    configs
-        .iter()
-        .map(|(name, cfg)| (name.clone(), Arc::new(RateLimiter::new(name, cfg))))
+/// Every configured limiter by name, with the settings in force (config overlaid
+/// with stored `qctl limits set-limiter` overrides).
+pub fn build(limits: &Limits) -> HashMap<String, Arc<RateLimiter>> {
+    limits
+        .limiter_names()
+        .into_iter()
+        .filter_map(|name| {
+            let settings = limits.limiter(&name)?;
+            Some((name.clone(), Arc::new(RateLimiter::new(&name, &settings))))
+        })
         .collect()
 }
 
@@ -109,5 +155,28 @@ mod tests {
         let until = l.try_acquire(now).expect_err("paused");
         assert!(until >= now + Duration::from_secs(4));
         assert!(l.try_acquire(now + Duration::from_secs(6)).is_ok());
+    }
+
+    #[tokio::test]
+    async fn new_settings_replace_the_bucket_and_keep_a_pause() {
+        let l = limiter(1, 1);
+        let now = Instant::now();
+        assert!(l.try_acquire(now).is_ok());
+        assert!(l.try_acquire(now).is_err(), "1/s, burst 1: empty");
+        let faster = RateLimiterConfig {
+            per_second: 100,
+            burst: 10,
+        };
+        assert!(l.reconfigure(&faster));
+        assert!(!l.reconfigure(&faster), "same settings: no change");
+        assert_eq!(l.settings(), faster);
+        let granted = (0..20).filter(|_| l.try_acquire(now).is_ok()).count();
+        assert_eq!(granted, 10, "a full bucket of the new burst");
+        l.pause(Duration::from_secs(5));
+        l.reconfigure(&RateLimiterConfig {
+            per_second: 1000,
+            burst: 1000,
+        });
+        assert!(l.try_acquire(Instant::now()).is_err(), "still paused");
     }
 }

@@ -7,8 +7,8 @@
 //! never payloads. It arms one timer for the soonest of: a delayed job's due time, a
 //! waiter's deadline, or the rate limiter's next token — it never polls.
 //!
-//! Messages ([`SchedulerMsg`]): `Ready`, `Remove`, `Finished`, `Running`, `Reset`
-//! (from the Broker), `Lease` (from Workers and the API), `LimitsChanged`, `Pause`,
+//! Messages ([`SchedulerMsg`]): `Ready`, `Remove`, `Finished`, `Running`, `Reset`,
+//! `Throttled` (from the Broker), `Lease` (from Workers and the API), `LimitsChanged`, `Pause`,
 //! `Drain`, `Stats`, and its own `Tick`. Chosen jobs go to the Broker as one `Lease`
 //! message whose reply port is the lessee's, so the scheduler never waits on the
 //! broker. On start it asks the broker to resync it. Supervised by the Supervisor.
@@ -75,6 +75,9 @@ pub enum SchedulerMsg {
     Running(Arc<str>),
     /// Forget all jobs and running counts (a resync follows).
     Reset,
+    /// A job's downstream said "slow down" (a throttled result, from qd's workers or
+    /// an external one): pause the queue's shared rate limiter for this long.
+    Throttled(Duration),
     /// A lessee asks for work; answered by the Broker (or empty on timeout).
     Lease(LeaseRequest, RpcReplyPort<Vec<LeasedJob>>),
     /// Weights or caps changed: reread them from [`Limits`].
@@ -178,6 +181,11 @@ impl Actor for Scheduler {
             SchedulerMsg::Reset => {
                 state.fair.clear();
                 state.delayed.clear();
+            }
+            SchedulerMsg::Throttled(pause) => {
+                if let Some(limiter) = &state.limiter {
+                    limiter.pause(pause);
+                }
             }
             SchedulerMsg::Lease(request, reply) => state.enlist(request, reply, now),
             SchedulerMsg::LimitsChanged => {

@@ -264,10 +264,6 @@ impl SupervisorState {
                     executor: d.executors[&**q].clone(),
                     workers: qcfg.workers,
                     heartbeat: qcfg.heartbeat,
-                    limiter: qcfg
-                        .rate_limiter
-                        .as_ref()
-                        .and_then(|n| d.limiters.get(n).cloned()),
                     limits: d.limits.clone(),
                     test_hooks: d.test_hooks,
                 };

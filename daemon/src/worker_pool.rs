@@ -32,7 +32,6 @@ use crate::config::WorkersConfig;
 use crate::executor::Executor;
 use crate::limits::Limits;
 use crate::metrics;
-use crate::rate_limit::RateLimiter;
 use crate::scheduler::{self, SchedulerMsg};
 use autoscale::{Observation, Policy};
 use worker::{Worker, WorkerArgs, WorkerMsg};
@@ -85,8 +84,6 @@ pub struct PoolArgs {
     pub workers: WorkersConfig,
     /// Heartbeat interval.
     pub heartbeat: Duration,
-    /// The queue's shared rate limiter.
-    pub limiter: Option<Arc<RateLimiter>>,
     /// Live bounds (runtime overrides).
     pub limits: Arc<Limits>,
     /// Enables the worker panic test hook.
@@ -304,7 +301,6 @@ impl PoolState {
             queue: self.args.queue.clone(),
             executor: self.args.executor.clone(),
             heartbeat: self.args.heartbeat,
-            limiter: self.args.limiter.clone(),
             pool: myself.clone(),
             draining: self.draining.clone(),
             interrupt: self.interrupt.clone(),

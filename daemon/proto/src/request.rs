@@ -133,9 +133,9 @@ pub enum Request {
         #[serde(default)]
         max_depth: Option<u64>,
     },
-    /// Drops every runtime override of one tenant or one queue (workers and pause), so
-    /// the config values apply again. Exactly one of the two must be given. Answered
-    /// with [`crate::Response::Limits`].
+    /// Drops every runtime override of one tenant, one queue (workers and pause) or
+    /// one rate limiter, so the config values apply again. Exactly one of the three
+    /// must be given. Answered with [`crate::Response::Limits`].
     LimitsReset {
         /// The tenant whose overrides to drop.
         #[serde(default)]
@@ -143,6 +143,23 @@ pub enum Request {
         /// The queue whose overrides to drop.
         #[serde(default)]
         queue: Option<String>,
+        /// The `[rate_limiters.NAME]` whose overrides to drop.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limiter: Option<String>,
+    },
+    /// Sets runtime overrides of a configured shared rate limiter; absent fields are
+    /// left alone. Applies at once to every queue naming it (the bucket restarts
+    /// full) and is stored, so it survives restarts until reset. Answered with
+    /// [`crate::Response::Limits`].
+    LimiterSet {
+        /// The `[rate_limiters.NAME]`.
+        limiter: String,
+        /// Sustained rate, jobs per second (≥ 1).
+        #[serde(default)]
+        per_second: Option<u32>,
+        /// Jobs allowed at once after a quiet spell (≥ 1).
+        #[serde(default)]
+        burst: Option<u32>,
     },
     /// Overrides a queue's worker pool bounds (`min ≤ max`). Answered with
     /// [`crate::Response::Limits`].
@@ -169,7 +186,7 @@ pub enum Request {
 impl Request {
     /// Every `op` name, in declaration order. `decode_request` answers `unknown_op` for
     /// any other name.
-    pub const OPS: [&'static str; 16] = [
+    pub const OPS: [&'static str; 17] = [
         "status",
         "queues",
         "jobs_list",
@@ -186,6 +203,7 @@ impl Request {
         "workers_set",
         "queue_pause",
         "queue_resume",
+        "limiter_set",
     ];
 
     /// This request's `op` name (for logs and metrics labels).
@@ -207,6 +225,7 @@ impl Request {
             Request::WorkersSet { .. } => "workers_set",
             Request::QueuePause { .. } => "queue_pause",
             Request::QueueResume { .. } => "queue_resume",
+            Request::LimiterSet { .. } => "limiter_set",
         }
     }
 

@@ -52,6 +52,7 @@ fn sample_requests() -> Vec<Request> {
         Request::LimitsReset {
             tenant: None,
             queue: Some("email".into()),
+            limiter: None,
         },
         Request::WorkersSet {
             queue: "email".into(),
@@ -63,6 +64,11 @@ fn sample_requests() -> Vec<Request> {
         },
         Request::QueueResume {
             queue: "email".into(),
+        },
+        Request::LimiterSet {
+            limiter: "smtp".into(),
+            per_second: Some(20),
+            burst: None,
         },
     ]
 }

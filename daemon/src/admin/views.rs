@@ -168,12 +168,14 @@ fn valued<T>(value: T, source: Source) -> Valued<T> {
     Valued { value, source }
 }
 
-/// A queue's rate limiter as `limits show` prints it: `"smtp: 50/s burst 10"`.
-fn rate_limiter(d: &Daemon, name: &str) -> String {
-    match d.config.rate_limiters.get(name) {
-        Some(r) => format!("{name}: {}/s burst {}", r.per_second, r.burst),
-        None => name.to_string(),
-    }
+/// `"smtp: 50/s burst 10"`, marked `(override)` when a runtime override is in force.
+fn limiter_text(l: &crate::limits::Limits, name: &str) -> String {
+    let Some(s) = l.limiter(name) else {
+        return name.to_string();
+    };
+    let overridden = l.limiter_sources(name).contains(&Source::Override);
+    let mark = if overridden { " (override)" } else { "" };
+    format!("{name}: {}/s burst {}{mark}", s.per_second, s.burst)
 }
 
 /// `limits show`, and the answer to every limit change.
@@ -210,7 +212,7 @@ pub fn limits(d: &Daemon) -> LimitsView {
                 queue: name.clone(),
                 workers_min: valued(min, smin),
                 workers_max: valued(max, smax),
-                rate_limiter: q.rate_limiter.as_deref().map(|r| rate_limiter(d, r)),
+                rate_limiter: q.rate_limiter.as_deref().map(|n| limiter_text(l, n)),
                 paused: valued(paused, spaused),
             }
         })

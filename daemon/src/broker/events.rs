@@ -1,6 +1,8 @@
 //! Fan-out of job state changes to the actors derived from the broker's state:
 //! the queue's Scheduler (ready jobs, running counts), the LeaseReaper (lease
-//! deadlines) and the Dlq (dead jobs), plus the matching metrics.
+//! deadlines) and the Dlq (dead jobs), plus the matching metrics. A throttled
+//! result, from qd's own workers or an external one, pauses the queue's shared rate
+//! limiter through its Scheduler until the job's retry time.
 //!
 //! Actors are looked up by registered name on every send, so a restarted actor is
 //! found under its old name; a send to an actor that is restarting is dropped, which
@@ -11,8 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::clock::until;
 use crate::dlq::{self, DeadEntry, DlqMsg};
-use crate::job::{Job, JobId, State, Token, UnixMillis};
+use crate::job::{Job, JobId, Outcome, State, Token, Transition, UnixMillis};
 use crate::lease_reaper::{self, ReaperMsg};
 use crate::scheduler::{self, SchedulerMsg};
 
@@ -70,6 +73,15 @@ pub fn changed(old: &Job, new: &Job, now: UnixMillis) {
         && !matches!(old.state, State::Ready | State::Delayed)
     {
         ready(new);
+    }
+}
+
+/// After a throttled result, pauses the queue's shared rate limiter (through its
+/// Scheduler) until the job's retry time (`retry_after` from now).
+pub fn throttled(t: &Transition, now: UnixMillis) {
+    if t.entry.as_ref().map(|e| e.outcome) == Some(Outcome::Throttled) {
+        let pause = until(t.job.ready_at, now);
+        to_scheduler(&t.job.queue, SchedulerMsg::Throttled(pause));
     }
 }
 

@@ -194,6 +194,7 @@ impl BrokerState {
             attempts = t.job.attempts, "Job state changed.");
         self.replace(t.job.clone());
         events::changed(&old, &t.job, now);
+        events::throttled(&t, now);
         Ok((old, t))
     }
 

@@ -21,8 +21,6 @@ use tracing::{debug, warn};
 use super::PoolMsg;
 use crate::broker::{self, BrokerMsg, LeasedJob};
 use crate::executor::{ExecResult, Executor, JobRun};
-use crate::job::Failure;
-use crate::rate_limit::RateLimiter;
 use crate::scheduler::{self, LeaseRequest, SchedulerMsg};
 
 /// How long a worker waits in one long poll for a job.
@@ -41,8 +39,6 @@ pub struct WorkerArgs {
     pub executor: Arc<Executor>,
     /// Heartbeat interval.
     pub heartbeat: Duration,
-    /// The queue's shared rate limiter, paused on a throttled result.
-    pub limiter: Option<Arc<RateLimiter>>,
     /// Its pool, told when the worker is busy or idle.
     pub pool: ActorRef<PoolMsg>,
     /// Cancelled when the pool drains: take no new job.
@@ -89,7 +85,7 @@ impl Actor for Worker {
         if let Some(job) = lease(state).await {
             let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), true));
             let result = run(state, &job).await;
-            report(state, &job, result).await;
+            report(&job, result).await;
             let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), false));
         }
         myself.cast(WorkerMsg::Next)?;
@@ -164,19 +160,15 @@ async fn heartbeat(job: &LeasedJob, cancel: &CancellationToken) {
     }
 }
 
-/// Acks or nacks; a throttled result pauses the queue's rate limiter first.
-async fn report(state: &WorkerArgs, job: &LeasedJob, result: ExecResult) {
+/// Acks or nacks (a throttled nack pauses the queue's rate limiter: see
+/// `broker::events::throttled`).
+async fn report(job: &LeasedJob, result: ExecResult) {
     let (id, token) = (job.id, job.token);
     let answer = match result {
         ExecResult::Success { .. } => {
             broker::request(|tx| BrokerMsg::Ack(id, token, tx), REPORT_TIMEOUT).await
         }
         ExecResult::Failure(failure) => {
-            if let (Failure::Throttled { retry_after, .. }, Some(limiter)) =
-                (&failure, &state.limiter)
-            {
-                limiter.pause(*retry_after);
-            }
             broker::request(|tx| BrokerMsg::Nack(id, token, failure, tx), REPORT_TIMEOUT).await
         }
     };

@@ -1,0 +1,707 @@
+//! Fair scheduling, concurrency caps, backpressure and shared rate limits, tested
+//! through the real `qd` binary (issue 4). Jobs measure themselves: command jobs
+//! append `TENANT JOB_ID START_NS END_NS` (from `date +%s%N`) to a file, and
+//! concurrency is counted by the jobs with a `flock`-protected counter file.
+//!
+//! The tests take one lock so they never run at the same time: on a 2-core machine
+//! two daemons running jobs side by side would disturb each other's timings.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{Qd, script, wait_for};
+use serde_json::{Value, json};
+
+const LONG: Duration = Duration::from_secs(60);
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs the tests of this file one at a time (see the module docs).
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Wall clock in nanoseconds, the same clock as the jobs' `date +%s%N`.
+fn now_ns() -> i64 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    i64::try_from(d.as_nanos()).expect("fits i64")
+}
+
+fn secs(ns: i64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// A job that records `TENANT JOB_ID START_NS END_NS PAYLOAD` after sleeping `sleep`.
+fn recorder(dir: &Path, sleep: &str) -> (PathBuf, PathBuf) {
+    let out = dir.join("runs");
+    let prog = script(
+        dir,
+        "record.sh",
+        &format!(
+            "p=$(cat)\ns=$(date +%s%N)\nsleep {sleep}\ne=$(date +%s%N)\necho \"$QD_TENANT $QD_JOB_ID $s $e $p\" >> {}",
+            out.display()
+        ),
+    );
+    (prog, out)
+}
+
+/// A job that counts itself in `DIR/TENANT.PAYLOAD.count` under `flock` while it
+/// sleeps `sleep`, appending every count it reaches to `DIR/TENANT.PAYLOAD.seen`.
+fn counter(dir: &Path, sleep: &str) -> PathBuf {
+    let d = dir.display();
+    script(
+        dir,
+        "count.sh",
+        &format!(
+            r#"p=$(cat)
+c={d}/$QD_TENANT.$p.count
+bump() {{ flock 9; n=$(( $(cat "$c" 2>/dev/null || echo 0) + $1 )); echo "$n" > "$c"; }}
+( bump 1; echo "$n" >> {d}/$QD_TENANT.$p.seen ) 9>>"$c.lock"
+sleep {sleep}
+( bump -1 ) 9>>"$c.lock""#
+        ),
+    )
+}
+
+/// The highest count the jobs of `tenant` with `payload` saw, and how many started.
+fn seen(dir: &Path, tenant: &str, payload: &str) -> (u32, usize) {
+    let text =
+        std::fs::read_to_string(dir.join(format!("{tenant}.{payload}.seen"))).unwrap_or_default();
+    let counts: Vec<u32> = text
+        .lines()
+        .map(|l| l.trim().parse().expect("count"))
+        .collect();
+    (counts.iter().copied().max().unwrap_or(0), counts.len())
+}
+
+/// One recorded run of a job.
+#[derive(Clone, Debug)]
+struct Run {
+    tenant: String,
+    id: String,
+    start: i64,
+    end: i64,
+}
+
+fn runs(out: &Path) -> Vec<Run> {
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    text.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Run {
+                tenant: f[0].into(),
+                id: f[1].into(),
+                start: f[2].parse().expect("start ns"),
+                end: f[3].parse().expect("end ns"),
+            }
+        })
+        .collect()
+}
+
+/// Waits until `out` records `n` runs; returns them.
+fn wait_runs(out: &Path, n: usize, timeout: Duration) -> Vec<Run> {
+    wait_for(&format!("{n} recorded runs"), timeout, || {
+        let r = runs(out);
+        (r.len() >= n).then_some(r)
+    })
+}
+
+/// An HTTP client that also shows response headers (the harness's does not).
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
+/// Enqueues `n` jobs of `tenant` on `queue` from 4 threads (so the store's group
+/// commit batches them); returns the ids.
+fn enqueue_many(qd: &Qd, queue: &str, tenant: &str, payload: &str, n: usize) -> Vec<String> {
+    let url = format!("{}/v1/queues/{queue}/jobs", qd.api);
+    let threads = 4;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let url = url.clone();
+                s.spawn(move || {
+                    let agent = agent();
+                    (t..n)
+                        .step_by(threads)
+                        .map(|_| {
+                            let mut resp = agent
+                                .post(&url)
+                                .send_json(json!({ "tenant": tenant, "payload": payload }))
+                                .expect("enqueue");
+                            let body: Value = resp.body_mut().read_json().expect("json");
+                            assert_eq!(resp.status().as_u16(), 202, "enqueue: {body}");
+                            body["id"].as_str().expect("id").to_string()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("enqueue thread"))
+            .collect()
+    })
+}
+
+/// Enqueues one job; returns (status, Retry-After header, body).
+fn try_enqueue(qd: &Qd, queue: &str, tenant: &str) -> (u16, Option<String>, Value) {
+    let mut resp = agent()
+        .post(format!("{}/v1/queues/{queue}/jobs", qd.api))
+        .send_json(json!({ "tenant": tenant, "payload": "x" }))
+        .expect("enqueue");
+    let status = resp.status().as_u16();
+    let retry = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = resp.body_mut().read_json().unwrap_or(Value::Null);
+    (status, retry, body)
+}
+
+/// Leases up to `max` jobs from an external queue without waiting.
+fn lease(qd: &Qd, queue: &str, max: u32) -> Vec<Value> {
+    let (status, body) = qd.post(
+        &format!("/v1/queues/{queue}/leases"),
+        &json!({ "worker_id": "test", "max_jobs": max }),
+    );
+    assert_eq!(status, 200, "lease: {body}");
+    body["jobs"].as_array().expect("jobs").clone()
+}
+
+fn ack(qd: &Qd, job: &Value) {
+    let id = job["id"].as_str().expect("id");
+    let (status, body) = qd.post(
+        &format!("/v1/jobs/{id}/ack"),
+        &json!({ "token": job["token"] }),
+    );
+    assert_eq!(status, 200, "ack: {body}");
+}
+
+/// Runs qctl and insists it succeeded.
+fn qctl_ok(qd: &Qd, args: &[&str]) -> Output {
+    let out = qd.qctl(args);
+    assert!(
+        out.status.success(),
+        "qctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `qctl queues --json`: the named queue's row.
+fn queue_info(qd: &Qd, queue: &str) -> Value {
+    let out = qctl_ok(qd, &["queues", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("qctl json");
+    let list = v["queues"].as_array().or(v.as_array()).expect("queue list");
+    list.iter()
+        .find(|q| q["name"] == queue)
+        .cloned()
+        .expect("queue listed")
+}
+
+fn wait_workers(qd: &Qd, queue: &str, n: u64) {
+    wait_for(&format!("{n} workers on {queue}"), LONG, || {
+        (queue_info(qd, queue)["workers_total"].as_u64() == Some(n)).then_some(())
+    });
+}
+
+/// The value of one counter sample whose labels contain every `labels` pair.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Nearest-rank percentile of `xs` (seconds).
+fn percentile(xs: &[f64], p: f64) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+/// What one seed-scenario run measured.
+struct Seed {
+    /// From resuming the queue to the end of A's last job, seconds.
+    a_completion: f64,
+    /// B's waits (enqueue → its job's own start), seconds.
+    b_waits: Vec<f64>,
+}
+
+/// The seed scenario, time-scaled 1 s → 100 ms: A's 500 jobs of 100 ms are queued,
+/// and 100 ms after the queue starts B enqueues 10 (if `with_b`); 5 workers.
+fn seed_run(with_b: bool) -> Seed {
+    let work = tempfile::tempdir().expect("tempdir");
+    let (prog, out) = recorder(work.path(), "0.1");
+    let qd = Qd::start(&format!(
+        "[queues.seed]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nworkers = {{ min = 5, max = 5 }}\n",
+        prog.display()
+    ));
+    wait_workers(&qd, "seed", 5);
+    qctl_ok(&qd, &["queue", "pause", "seed"]);
+    enqueue_many(&qd, "seed", "a", "a", 500);
+    let t0 = now_ns();
+    qctl_ok(&qd, &["queue", "resume", "seed"]);
+    let mut enqueued = HashMap::new();
+    if with_b {
+        std::thread::sleep(Duration::from_millis(100));
+        for _ in 0..10 {
+            let at = now_ns();
+            enqueued.insert(
+                qd.enqueue_json("seed", json!({"tenant": "b", "payload": "b"})),
+                at,
+            );
+        }
+    }
+    let all = wait_runs(&out, 500 + enqueued.len(), LONG);
+    let a_end = all.iter().filter(|r| r.tenant == "a").map(|r| r.end).max();
+    let b_waits = all
+        .iter()
+        .filter(|r| r.tenant == "b")
+        .map(|r| secs(r.start - enqueued[&r.id]))
+        .collect();
+    Seed {
+        a_completion: secs(a_end.expect("A ran") - t0),
+        b_waits,
+    }
+}
+
+#[test]
+fn a_small_tenant_waits_a_few_job_durations_behind_a_big_backlog_and_costs_it_little() {
+    let _serial = serial();
+    let alone = seed_run(false);
+    let shared = seed_run(true);
+    let b_p95 = percentile(&shared.b_waits, 0.95);
+    let b_max = percentile(&shared.b_waits, 1.0);
+    let slowdown = shared.a_completion / alone.a_completion - 1.0;
+    println!(
+        "seed scenario (1 s -> 100 ms, 5 workers): B wait p50 {:.3} s, p95 {:.3} s, max {:.3} s; \
+         A completion alone {:.2} s, with B {:.2} s ({:+.1}%)",
+        percentile(&shared.b_waits, 0.5),
+        b_p95,
+        b_max,
+        alone.a_completion,
+        shared.a_completion,
+        slowdown * 100.0
+    );
+    assert_eq!(shared.b_waits.len(), 10);
+    // FIFO would make B wait behind all of A: ~10 s. Round robin between two
+    // tenants serves B every other slot: ~0.45 s for its 10th job.
+    assert!(b_p95 <= 1.0, "B's p95 wait {b_p95:.3} s");
+    // B adds 10 x 100 ms of work to A's 500 x 100 ms (2%). Runs on a shared 2-core
+    // machine measured +4% and +7%; 15% (1.5 s of idle workers) still catches a
+    // scheduler that leaves workers idle for fairness.
+    assert!(slowdown <= 0.15, "A slowed by {:.1}%", slowdown * 100.0);
+}
+
+/// The tenants of the next `n` jobs leased (100 at a time) from an external queue,
+/// in dispatch order; each lease is acked.
+fn dispatch_order(qd: &Qd, queue: &str, n: usize) -> Vec<String> {
+    let mut order = Vec::new();
+    while order.len() < n {
+        let want = u32::try_from((n - order.len()).min(100)).expect("small");
+        let jobs = lease(qd, queue, want);
+        assert!(!jobs.is_empty(), "{queue} ran dry after {}", order.len());
+        std::thread::scope(|s| {
+            for chunk in jobs.chunks(25) {
+                s.spawn(move || chunk.iter().for_each(|j| ack(qd, j)));
+            }
+        });
+        order.extend(
+            jobs.iter()
+                .map(|j| j["tenant"].as_str().expect("tenant").to_string()),
+        );
+    }
+    order
+}
+
+fn share(order: &[String], tenant: &str) -> f64 {
+    order.iter().filter(|t| *t == tenant).count() as f64 / order.len() as f64
+}
+
+#[test]
+fn backlogged_tenants_get_shares_in_proportion_to_their_weights_even_after_a_live_change() {
+    let _serial = serial();
+    let qd = Qd::start(
+        "[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"10m\"\n\
+         [tenants.heavy]\nweight = 3\n[tenants.light]\nweight = 1\n",
+    );
+    enqueue_many(&qd, "ext", "heavy", "h", 1_700);
+    enqueue_many(&qd, "ext", "light", "l", 700);
+    // 2,000 dispatches at 3:1 take 1,500 heavy and 500 light: both stay backlogged.
+    let order = dispatch_order(&qd, "ext", 2_000);
+    let heavy = share(&order, "heavy");
+    println!(
+        "weights 3:1 over 2000 dispatches: heavy {:.1}%",
+        heavy * 100.0
+    );
+    assert!((heavy - 0.75).abs() <= 0.03, "heavy share {heavy:.3}");
+
+    qctl_ok(
+        &qd,
+        &["limits", "set", "--tenant", "light", "--weight", "3"],
+    );
+    // 400 more at 3:3 take 200 of each: both still backlogged (200 left of each).
+    let order = dispatch_order(&qd, "ext", 400);
+    let heavy = share(&order, "heavy");
+    println!(
+        "weights 3:3 (live) over 400 dispatches: heavy {:.1}%",
+        heavy * 100.0
+    );
+    assert!(
+        (heavy - 0.5).abs() <= 0.05,
+        "heavy share after the change {heavy:.3}"
+    );
+}
+
+#[test]
+fn a_capped_tenant_never_exceeds_its_cap_while_others_use_the_free_workers() {
+    let _serial = serial();
+    let work = tempfile::tempdir().expect("tempdir");
+    let prog = counter(work.path(), "0.3");
+    let qd = Qd::start(&format!(
+        "[queues.capq]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\n\
+         workers = {{ min = 4, max = 4 }}\n[tenants.capped]\nmax_concurrency = 2\n",
+        prog.display()
+    ));
+    wait_workers(&qd, "capq", 4);
+    let mut ids = enqueue_many(&qd, "capq", "capped", "p", 10);
+    ids.extend(enqueue_many(&qd, "capq", "free", "p", 10));
+    for id in &ids {
+        assert_eq!(qd.wait_final(id, LONG)["state"], "succeeded");
+    }
+    let (capped_max, capped_runs) = seen(work.path(), "capped", "p");
+    let (free_max, free_runs) = seen(work.path(), "free", "p");
+    println!("cap 2 with 4 workers: capped tenant peaked at {capped_max}, the other at {free_max}");
+    assert_eq!((capped_runs, free_runs), (10, 10));
+    assert!(capped_max <= 2, "capped tenant ran {capped_max} at once");
+    assert_eq!(capped_max, 2, "the capped tenant did use its 2 slots");
+    assert!(
+        free_max >= 2,
+        "the other tenant used only {free_max} workers"
+    );
+}
+
+#[test]
+fn a_cap_set_live_with_qctl_applies_without_a_restart() {
+    let _serial = serial();
+    let work = tempfile::tempdir().expect("tempdir");
+    let prog = counter(work.path(), "0.3");
+    let qd = Qd::start(&format!(
+        "[queues.live]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\n\
+         workers = {{ min = 4, max = 4 }}\n",
+        prog.display()
+    ));
+    wait_workers(&qd, "live", 4);
+    for id in enqueue_many(&qd, "live", "t", "before", 8) {
+        qd.wait_final(&id, LONG);
+    }
+    let (before, _) = seen(work.path(), "t", "before");
+    assert!(
+        before >= 3,
+        "uncapped, the tenant ran only {before} at once"
+    );
+
+    qctl_ok(
+        &qd,
+        &["limits", "set", "--tenant", "t", "--max-concurrency", "1"],
+    );
+    let shown = qctl_ok(&qd, &["limits", "show"]);
+    assert!(String::from_utf8_lossy(&shown.stdout).contains("override"));
+    for id in enqueue_many(&qd, "live", "t", "after", 6) {
+        assert_eq!(qd.wait_final(&id, LONG)["state"], "succeeded");
+    }
+    let (after, runs) = seen(work.path(), "t", "after");
+    println!(
+        "live cap: {before} at once before, {after} after `qctl limits set --max-concurrency 1`"
+    );
+    assert_eq!((after, runs), (1, 6));
+}
+
+#[test]
+fn enqueues_beyond_max_depth_get_429_with_retry_after_and_store_nothing() {
+    let _serial = serial();
+    let qd = Qd::start(
+        "[queues.bp]\nexecutor = { kind = \"external\" }\nmax_depth = 5\n\
+         [queues.bpt]\nexecutor = { kind = \"external\" }\n[tenants.small]\nmax_depth = 2\n",
+    );
+    let full = |text: &str| {
+        metric(
+            text,
+            "qd_enqueue_rejected_total",
+            &[("queue", "bp"), ("reason", "queue_full")],
+        )
+    };
+    let before = full(&qd.scrape());
+    enqueue_many(&qd, "bp", "default", "x", 5);
+    let (status, retry, body) = try_enqueue(&qd, "bp", "default");
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "queue_full");
+    let retry: u64 = retry.expect("Retry-After").parse().expect("seconds");
+    assert!(retry >= 1);
+    assert_eq!(
+        queue_info(&qd, "bp")["ready"],
+        5,
+        "the refused job was not stored"
+    );
+    assert_eq!(full(&qd.scrape()), before + 1.0);
+
+    for job in lease(&qd, "bp", 5) {
+        ack(&qd, &job);
+    }
+    assert_eq!(
+        try_enqueue(&qd, "bp", "default").0,
+        202,
+        "drained: accepted again"
+    );
+
+    enqueue_many(&qd, "bpt", "small", "x", 2);
+    let (status, retry, body) = try_enqueue(&qd, "bpt", "small");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (429, Some("tenant_full")),
+        "{body}"
+    );
+    assert!(retry.is_some());
+    assert_eq!(
+        try_enqueue(&qd, "bpt", "other").0,
+        202,
+        "other tenants are not refused"
+    );
+    assert_eq!(queue_info(&qd, "bpt")["ready"], 3);
+    let rejected = metric(
+        &qd.scrape(),
+        "qd_enqueue_rejected_total",
+        &[("queue", "bpt"), ("reason", "tenant_full")],
+    );
+    assert_eq!(rejected, 1.0);
+    for job in lease(&qd, "bpt", 10) {
+        ack(&qd, &job);
+    }
+    assert_eq!(try_enqueue(&qd, "bpt", "small").0, 202);
+}
+
+#[test]
+fn a_shared_rate_limiter_holds_across_two_queues_and_sixteen_workers() {
+    let _serial = serial();
+    let work = tempfile::tempdir().expect("tempdir");
+    let (prog, out) = recorder(work.path(), "0");
+    let queue = |name: &str| {
+        format!(
+            "[queues.{name}]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\n\
+             workers = {{ min = 8, max = 8 }}\nrate_limiter = \"shared\"\n",
+            prog.display()
+        )
+    };
+    let qd = Qd::start(&format!(
+        "{}{}[rate_limiters.shared]\nper_second = 20\nburst = 5\n",
+        queue("rl1"),
+        queue("rl2")
+    ));
+    wait_workers(&qd, "rl1", 8);
+    wait_workers(&qd, "rl2", 8);
+    std::thread::scope(|s| {
+        s.spawn(|| enqueue_many(&qd, "rl1", "a", "x", 100));
+        s.spawn(|| enqueue_many(&qd, "rl2", "b", "x", 100));
+    });
+    let mut starts: Vec<i64> = wait_runs(&out, 200, LONG).iter().map(|r| r.start).collect();
+    starts.sort_unstable();
+    let span = secs(starts[199] - starts[0]);
+    let busiest = starts
+        .iter()
+        .map(|&t| {
+            starts
+                .iter()
+                .filter(|&&s| s >= t && s < t + 1_000_000_000)
+                .count()
+        })
+        .max()
+        .expect("starts");
+    println!(
+        "shared limiter 20/s burst 5: 200 starts over {span:.2} s, busiest 1-s window {busiest}"
+    );
+    // Tokens alone allow 5 at once, then one per 50 ms: 195 more take 9.75 s.
+    assert!(span >= 9.5, "200 jobs started within {span:.2} s");
+    // At most 20 + burst 5 in a second; +2 for process start-up jitter of the jobs'
+    // own clock reading.
+    assert!(busiest <= 27, "{busiest} jobs started within one second");
+}
+
+#[test]
+fn a_throttled_result_pauses_the_shared_limiter_and_spends_no_attempt() {
+    let _serial = serial();
+    let work = tempfile::tempdir().expect("tempdir");
+    let d = work.path().display();
+    let prog = script(
+        work.path(),
+        "throttle.sh",
+        &format!(
+            r#"p=$(cat)
+now=$(date +%s%N)
+if [ "$p" = throttle ] && [ ! -e {d}/throttled ]; then echo "$now" > {d}/throttled; echo "slow down" >&2; exit 75; fi
+echo "$QD_QUEUE $QD_JOB_ID $now $now" >> {d}/runs"#
+        ),
+    );
+    let queue = |name: &str| {
+        format!(
+            "[queues.{name}]\nexecutor = {{ kind = \"command\", program = \"{}\", \
+             exit_codes = {{ throttled = [75], throttle_delay = \"2s\" }} }}\n\
+             workers = {{ min = 2, max = 2 }}\nrate_limiter = \"api\"\n",
+            prog.display()
+        )
+    };
+    let qd = Qd::start(&format!(
+        "{}{}[rate_limiters.api]\nper_second = 50\nburst = 5\n",
+        queue("t1"),
+        queue("t2")
+    ));
+    let id = qd.enqueue("t1", "throttle");
+    wait_for("the throttled result to be recorded", LONG, || {
+        let job = qd.job(&id);
+        job["history"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|e| e["outcome"] == "throttled"))
+            .then_some(())
+    });
+    let throttled_at: i64 = std::fs::read_to_string(work.path().join("throttled"))
+        .expect("marker")
+        .trim()
+        .parse()
+        .expect("ns");
+    let others: Vec<String> = (0..3).map(|_| qd.enqueue("t2", "ok")).collect();
+    let job = qd.wait_final(&id, LONG);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(
+        job["attempts"], 1,
+        "a throttled result spends no attempt: {job}"
+    );
+    for other in &others {
+        qd.wait_final(other, LONG);
+    }
+    let all = runs(&work.path().join("runs"));
+    let first = all.iter().map(|r| r.start).min().expect("runs");
+    let paused = secs(first - throttled_at);
+    println!("throttled (2 s): the next job on the shared limiter started {paused:.2} s later");
+    assert_eq!(all.len(), 4);
+    assert!(
+        paused >= 1.8,
+        "the limiter handed out a token {paused:.2} s after the throttle"
+    );
+}
+
+#[test]
+fn a_queue_full_of_slow_jobs_never_delays_another_queue() {
+    let _serial = serial();
+    let work = tempfile::tempdir().expect("tempdir");
+    let slow = script(work.path(), "slow.sh", "sleep 3");
+    let (fast, out) = recorder(work.path(), "0.05");
+    let qd = Qd::start(&format!(
+        "[queues.slow]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nworkers = {{ min = 2, max = 2 }}\n\
+         [queues.fast]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nworkers = {{ min = 2, max = 2 }}\n",
+        slow.display(),
+        fast.display()
+    ));
+    wait_workers(&qd, "fast", 2);
+    enqueue_many(&qd, "slow", "default", "x", 20);
+    let enqueued: HashMap<String, i64> = (0..10)
+        .map(|_| {
+            let at = now_ns();
+            (qd.enqueue("fast", "x"), at)
+        })
+        .collect();
+    let runs = wait_runs(&out, 10, LONG);
+    let worst = runs
+        .iter()
+        .map(|r| secs(r.start - enqueued[&r.id]))
+        .fold(0.0, f64::max);
+    let slow_ready = queue_info(&qd, "slow")["ready"].as_u64().expect("ready");
+    println!(
+        "fast queue beside a slow backlog: worst wait {worst:.3} s ({slow_ready} slow jobs still queued)"
+    );
+    assert!(slow_ready >= 10, "the slow queue was still backlogged");
+    assert!(worst < 2.0, "a fast job waited {worst:.3} s");
+}
+
+#[test]
+fn a_limiter_retuned_live_applies_at_once_and_an_external_throttle_pauses_it() {
+    let _serial = serial();
+    let qd = Qd::start(
+        "[queues.lim]\nexecutor = { kind = \"external\" }\nrate_limiter = \"l\"\n\
+         [rate_limiters.l]\nper_second = 1\nburst = 1\n",
+    );
+    enqueue_many(&qd, "lim", "default", "x", 80);
+    assert_eq!(lease(&qd, "lim", 50).len(), 1, "burst 1");
+    assert!(lease(&qd, "lim", 50).is_empty(), "1/s: no second token yet");
+
+    qctl_ok(
+        &qd,
+        &[
+            "limits",
+            "set-limiter",
+            "l",
+            "--per-second",
+            "1000",
+            "--burst",
+            "50",
+        ],
+    );
+    let leased = lease(&qd, "lim", 60).len();
+    assert!(
+        (50..=53).contains(&leased),
+        "a full bucket of 50, got {leased}"
+    );
+    let shown = String::from_utf8_lossy(&qctl_ok(&qd, &["limits", "show"]).stdout).to_string();
+    assert!(shown.contains("l: 1000/s burst 50 (override)"), "{shown}");
+
+    // An external worker's throttled nack pauses the limiter for its retry_after.
+    std::thread::sleep(Duration::from_millis(20));
+    let job = lease(&qd, "lim", 1)
+        .pop()
+        .expect("a token after 20 ms at 1000/s");
+    let (status, body) = qd.post(
+        &format!("/v1/jobs/{}/nack", job["id"].as_str().expect("id")),
+        &json!({ "token": job["token"], "kind": "throttled", "retry_after": "2s" }),
+    );
+    assert_eq!(status, 200, "{body}");
+    let paused_at = Instant::now();
+    assert!(lease(&qd, "lim", 10).is_empty(), "paused");
+    let (status, body) = qd.post(
+        "/v1/queues/lim/leases",
+        &json!({ "worker_id": "test", "max_jobs": 1, "wait": "10s" }),
+    );
+    let waited = paused_at.elapsed();
+    assert_eq!(
+        (status, body["jobs"].as_array().map(Vec::len)),
+        (200, Some(1)),
+        "{body}"
+    );
+    assert!(
+        waited >= Duration::from_millis(1800),
+        "paused only {waited:?}"
+    );
+    assert_eq!(qd.job(job["id"].as_str().expect("id"))["attempts"], 0);
+
+    qctl_ok(&qd, &["limits", "reset", "--limiter", "l"]);
+    let shown = String::from_utf8_lossy(&qctl_ok(&qd, &["limits", "show"]).stdout).to_string();
+    assert!(shown.contains("l: 1/s burst 1"), "{shown}");
+}
