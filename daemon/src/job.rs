@@ -366,7 +366,9 @@ pub enum Failure {
     },
     /// The downstream throttled us; not charged; retry no sooner than `retry_after`.
     Throttled {
-        /// Wait at least this long.
+        /// Wait at least this long. The job is retried after a delay drawn from
+        /// `[retry_after, 2 * retry_after)` (jitter on top of the floor), so jobs
+        /// throttled together do not all come back at the same instant.
         retry_after: Duration,
         /// The detail (status line, body head).
         error: String,
@@ -626,7 +628,7 @@ fn fail(
     next.last_error = Some(message);
     let delay = match failure {
         Failure::Interrupted { .. } => Duration::ZERO,
-        Failure::Throttled { retry_after, .. } => *retry_after,
+        Failure::Throttled { retry_after, .. } => retry_after.mul_f64(1.0 + jitter.clamp(0.0, 1.0)),
         Failure::Transient { retry_after, .. } => {
             backoff.delay(next.attempts_in_budget(), *retry_after, jitter)
         }

@@ -16,24 +16,9 @@ use std::sync::{Arc, RwLock};
 use crate::config::{Config, RateLimiterConfig, TenantConfig, WorkersConfig};
 use crate::store::Override;
 
-/// Where a live value comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// The config file (or its default).
-    Config,
-    /// A runtime override set with qctl.
-    Override,
-}
-
-impl Source {
-    /// `"config"` or `"override"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Source::Config => "config",
-            Source::Override => "override",
-        }
-    }
-}
+/// Where a live value comes from (config or a runtime override); the admin protocol
+/// reports it as is.
+pub use qd_proto::Source;
 
 /// A tenant's effective limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

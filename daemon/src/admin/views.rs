@@ -161,10 +161,6 @@ pub fn purge(outcome: BatchOutcome, dry_run: bool) -> PurgeResult {
 }
 
 fn valued<T>(value: T, source: Source) -> Valued<T> {
-    let source = match source {
-        Source::Config => qd_proto::Source::Config,
-        Source::Override => qd_proto::Source::Override,
-    };
     Valued { value, source }
 }
 

@@ -77,7 +77,8 @@ pub fn changed(old: &Job, new: &Job, now: UnixMillis) {
 }
 
 /// After a throttled result, pauses the queue's shared rate limiter (through its
-/// Scheduler) until the job's retry time (`retry_after` from now).
+/// Scheduler) until the job's retry time: at least `retry_after` from now, plus the
+/// job's jitter (see [`crate::job::Failure::Throttled`]).
 pub fn throttled(t: &Transition, now: UnixMillis) {
     if t.entry.as_ref().map(|e| e.outcome) == Some(Outcome::Throttled) {
         let pause = until(t.job.ready_at, now);

@@ -187,6 +187,20 @@ fn interrupted_and_throttled_attempts_are_not_charged() {
     .expect("throttle");
     assert_eq!((throttled.state, throttled.attempts), (State::Delayed, 0));
     assert_eq!(throttled.ready_at, 2_000 + 5_000);
+    // Jitter spreads throttled retries above the Retry-After floor, never below it.
+    let spread = step(
+        &leased,
+        Event::Fail {
+            token: 2,
+            failure: Failure::Throttled {
+                retry_after: Duration::from_secs(5),
+                error: "429".into(),
+            },
+            jitter: 0.5,
+        },
+    )
+    .expect("throttle");
+    assert_eq!(spread.ready_at, 2_000 + 7_500);
 }
 
 #[test]
