@@ -205,32 +205,49 @@ fn refusals(out: &mut String, refused: &[Refusal]) {
 
 /// `qctl dlq redrive`: ids on a dry run, then exactly how many moved.
 pub fn redrive(r: &RedriveResult) -> String {
-    let mut out = String::new();
-    if r.dry_run {
-        for id in &r.ids {
-            let _ = writeln!(out, "{id}");
-        }
-        refusals(&mut out, &r.refused);
-        let _ = writeln!(out, "dry run: would move {} of {}", r.ids.len(), r.matched);
-    } else {
-        refusals(&mut out, &r.refused);
-        let _ = writeln!(out, "moved {} of {}", r.moved, r.matched);
-    }
-    out
+    batch(
+        r.dry_run,
+        &r.ids,
+        &r.refused,
+        r.moved,
+        r.matched,
+        ("move", "moved"),
+    )
 }
 
 /// `qctl dlq purge`: ids on a dry run, then exactly how many were purged.
 pub fn purge(r: &PurgeResult) -> String {
+    batch(
+        r.dry_run,
+        &r.ids,
+        &r.refused,
+        r.purged,
+        r.matched,
+        ("purge", "purged"),
+    )
+}
+
+/// The report of a bulk DLQ operation: on a dry run the ids that would go, then
+/// refusals, then "would VERB n of m" or "DONE n of m".
+fn batch(
+    dry_run: bool,
+    ids: &[String],
+    refused: &[Refusal],
+    done: u64,
+    matched: u64,
+    (verb, past): (&str, &str),
+) -> String {
     let mut out = String::new();
-    if r.dry_run {
-        for id in &r.ids {
+    if dry_run {
+        for id in ids {
             let _ = writeln!(out, "{id}");
         }
-        refusals(&mut out, &r.refused);
-        let _ = writeln!(out, "dry run: would purge {} of {}", r.ids.len(), r.matched);
+    }
+    refusals(&mut out, refused);
+    if dry_run {
+        let _ = writeln!(out, "dry run: would {verb} {} of {matched}", ids.len());
     } else {
-        refusals(&mut out, &r.refused);
-        let _ = writeln!(out, "purged {} of {}", r.purged, r.matched);
+        let _ = writeln!(out, "{past} {done} of {matched}");
     }
     out
 }
