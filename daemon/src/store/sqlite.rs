@@ -279,6 +279,35 @@ fn lease_seq(job: &Job) -> Result<i64, StoreError> {
     })
 }
 
+/// Calls `f` with `job`'s column values as `?1..?15` in [`JOB_COLUMNS`] order, then
+/// `extra` (the payload of an insert) as `?16`: the one place that order is spelled.
+fn with_job_params<R>(
+    job: &Job,
+    extra: Option<&dyn rusqlite::ToSql>,
+    f: impl FnOnce(&[&dyn rusqlite::ToSql]) -> R,
+) -> Result<R, StoreError> {
+    let (id, seq, state) = (id_bytes(job.id), lease_seq(job)?, job.state.as_str());
+    let mut values: Vec<&dyn rusqlite::ToSql> = vec![
+        &id,
+        &job.queue,
+        &job.tenant,
+        &job.idempotency_key,
+        &state,
+        &job.attempts,
+        &job.budget_start,
+        &job.max_attempts,
+        &seq,
+        &job.worker,
+        &job.leased_at,
+        &job.created_at,
+        &job.ready_at,
+        &job.updated_at,
+        &job.last_error,
+    ];
+    values.extend(extra);
+    Ok(f(&values))
+}
+
 impl Backend for SqliteBackend {
     fn insert_job(&mut self, job: &Job, payload: &[u8]) -> Result<Inserted, StoreError> {
         if let Some(key) = &job.idempotency_key {
@@ -299,66 +328,31 @@ impl Backend for SqliteBackend {
                 return Ok(Inserted::Duplicate { id, same_payload });
             }
         }
-        let seq = lease_seq(job)?;
-        self.conn
-            .prepare_cached(&format!(
-                "INSERT INTO jobs ({JOB_COLUMNS}, payload) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
-            ))
-            .and_then(|mut s| {
-                s.execute(params![
-                    id_bytes(job.id),
-                    &*job.queue,
-                    &*job.tenant,
-                    job.idempotency_key,
-                    job.state.as_str(),
-                    job.attempts,
-                    job.budget_start,
-                    job.max_attempts,
-                    seq,
-                    job.worker,
-                    job.leased_at,
-                    job.created_at,
-                    job.ready_at,
-                    job.updated_at,
-                    job.last_error,
-                    payload,
-                ])
-            })
-            .map_err(|e| self.err(e))?;
+        let sql = format!(
+            "INSERT INTO jobs ({JOB_COLUMNS}, payload) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+        );
+        with_job_params(job, Some(&payload), |p| {
+            self.conn
+                .prepare_cached(&sql)
+                .and_then(|mut s| s.execute(p))
+        })?
+        .map_err(|e| self.err(e))?;
         Ok(Inserted::New)
     }
 
     fn update_job(&mut self, job: &Job, entry: Option<&HistoryEntry>) -> Result<(), StoreError> {
-        let seq = lease_seq(job)?;
-        let changed = self
-            .conn
-            .prepare_cached(
-                "UPDATE jobs SET queue = ?2, tenant = ?3, idempotency_key = ?4, state = ?5, \
-                 attempts = ?6, budget_start = ?7, max_attempts = ?8, lease_seq = ?9, \
-                 worker = ?10, leased_at = ?11, created_at = ?12, ready_at = ?13, \
-                 updated_at = ?14, last_error = ?15 WHERE id = ?1",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    id_bytes(job.id),
-                    &*job.queue,
-                    &*job.tenant,
-                    job.idempotency_key,
-                    job.state.as_str(),
-                    job.attempts,
-                    job.budget_start,
-                    job.max_attempts,
-                    seq,
-                    job.worker,
-                    job.leased_at,
-                    job.created_at,
-                    job.ready_at,
-                    job.updated_at,
-                    job.last_error,
-                ])
-            })
-            .map_err(|e| self.err(e))?;
+        let changed = with_job_params(job, None, |p| {
+            self.conn
+                .prepare_cached(
+                    "UPDATE jobs SET queue = ?2, tenant = ?3, idempotency_key = ?4, state = ?5, \
+                     attempts = ?6, budget_start = ?7, max_attempts = ?8, lease_seq = ?9, \
+                     worker = ?10, leased_at = ?11, created_at = ?12, ready_at = ?13, \
+                     updated_at = ?14, last_error = ?15 WHERE id = ?1",
+                )
+                .and_then(|mut s| s.execute(p))
+        })?
+        .map_err(|e| self.err(e))?;
         if changed == 0 {
             return Err(StoreError::Other(format!(
                 "update of unknown job {}",
