@@ -2,6 +2,8 @@
 //! binary. Each test names the behaviour that used to fail:
 //! - an external worker's throttled nack with a huge `retry_after` crashed the Broker
 //!   (a `Duration` overflow) or paused the shared rate limiter for centuries;
+//! - `qctl enqueue --delay` skipped the 365-day bound the HTTP API enforces, so a
+//!   typo like `500000000000y` parked a job at the end of time;
 
 mod common;
 
@@ -45,4 +47,29 @@ fn a_huge_throttled_retry_after_is_clamped_to_a_day_and_does_not_crash_the_broke
     assert!(!qd.logs().contains("panicked"), "{}", qd.logs());
     let (status, body) = qd.post("/v1/queues/a/jobs", &json!({ "payload": "y" }));
     assert_eq!(status, 202, "the broker still answers: {body}");
+}
+
+#[test]
+fn qctl_enqueue_refuses_a_delay_past_a_year_like_the_http_api() {
+    let qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\n");
+    let out = qd.qctl(&[
+        "enqueue",
+        "ext",
+        "--payload",
+        "x",
+        "--delay",
+        "500000000000y",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("delay must be at most 365 days"),
+        "{stderr}"
+    );
+    let out = qd.qctl(&["enqueue", "ext", "--payload", "x", "--delay", "1h"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
