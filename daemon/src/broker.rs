@@ -202,8 +202,10 @@ pub enum BrokerMsg {
     Lease {
         /// Queue.
         queue: Arc<str>,
-        /// Jobs picked by the scheduler.
-        picks: Vec<JobId>,
+        /// Jobs picked by the scheduler, with the tenant it counted each one against
+        /// (released back to it if the job turns out not to be leasable, e.g. it was
+        /// cancelled in between).
+        picks: Vec<(Arc<str>, JobId)>,
         /// Lessee id.
         worker: String,
         /// Where the leased jobs go.
