@@ -202,8 +202,10 @@ pub enum BrokerMsg {
     Lease {
         /// Queue.
         queue: Arc<str>,
-        /// Jobs picked by the scheduler.
-        picks: Vec<JobId>,
+        /// Jobs picked by the scheduler, with the tenant it counted each one against
+        /// (released back to it if the job turns out not to be leasable, e.g. it was
+        /// cancelled in between).
+        picks: Vec<(Arc<str>, JobId)>,
         /// Lessee id.
         worker: String,
         /// Where the leased jobs go.
@@ -262,6 +264,8 @@ pub struct BrokerArgs {
 pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
 /// The longest idempotency key, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
+/// The longest delay a producer may ask for (HTTP API and `qctl enqueue` alike).
+pub const MAX_DELAY: Duration = Duration::from_secs(365 * 86_400);
 
 /// Checks a tenant name: 1 to 64 of `A-Z a-z 0-9 _ . -`.
 ///
@@ -281,7 +285,8 @@ pub fn check_name(what: &str, name: &str) -> Result<(), BrokerError> {
 }
 
 /// Checks an enqueue's own fields (not the queue's state): tenant name, key length,
-/// retry budget and payload size against `max_payload` bytes.
+/// delay (at most [`MAX_DELAY`]), retry budget and payload size against
+/// `max_payload` bytes.
 pub fn validate(req: &EnqueueRequest, max_payload: usize) -> Result<(), BrokerError> {
     if let Some(tenant) = &req.tenant {
         check_name("tenant", tenant)?;
@@ -292,6 +297,11 @@ pub fn validate(req: &EnqueueRequest, max_payload: usize) -> Result<(), BrokerEr
         return Err(BrokerError::Invalid(format!(
             "idempotency_key must be 1 to {MAX_KEY_BYTES} bytes"
         )));
+    }
+    if req.delay > MAX_DELAY {
+        return Err(BrokerError::Invalid(
+            "delay must be at most 365 days".to_string(),
+        ));
     }
     if let Some(n) = req.max_attempts
         && (n == 0 || n > MAX_ATTEMPTS_LIMIT)
@@ -405,5 +415,32 @@ impl Actor for Broker {
             BrokerMsg::Prune => state.prune(now),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(delay: Duration) -> EnqueueRequest {
+        EnqueueRequest {
+            queue: "q".into(),
+            tenant: None,
+            payload: b"x".to_vec(),
+            idempotency_key: None,
+            delay,
+            max_attempts: None,
+        }
+    }
+
+    #[test]
+    fn validate_refuses_a_delay_past_a_year_from_every_entry_point() {
+        assert!(validate(&request(MAX_DELAY), 16).is_ok());
+        let err = validate(&request(MAX_DELAY + Duration::from_secs(1)), 16)
+            .expect_err("a delay past 365 days");
+        assert!(
+            err.to_string().contains("delay must be at most 365 days"),
+            "{err}"
+        );
     }
 }

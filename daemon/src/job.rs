@@ -628,7 +628,11 @@ fn fail(
     next.last_error = Some(message);
     let delay = match failure {
         Failure::Interrupted { .. } => Duration::ZERO,
-        Failure::Throttled { retry_after, .. } => retry_after.mul_f64(1.0 + jitter.clamp(0.0, 1.0)),
+        Failure::Throttled { retry_after, .. } => {
+            // floor + floor * jitter; saturating, as a worker may send any Retry-After.
+            let spread = retry_after.as_secs_f64() * jitter.clamp(0.0, 1.0);
+            retry_after.saturating_add(Duration::try_from_secs_f64(spread).unwrap_or(Duration::MAX))
+        }
         Failure::Transient { retry_after, .. } => {
             backoff.delay(next.attempts_in_budget(), *retry_after, jitter)
         }

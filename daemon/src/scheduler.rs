@@ -286,8 +286,9 @@ impl SchedulerState {
         self.arm(now);
     }
 
-    /// Pops up to the front waiter's `max_jobs` jobs, one rate-limiter token each.
-    fn pick(&mut self, now: Instant) -> Option<Vec<JobId>> {
+    /// Pops up to the front waiter's `max_jobs` jobs (with their tenants), one
+    /// rate-limiter token each.
+    fn pick(&mut self, now: Instant) -> Option<Vec<(Arc<str>, JobId)>> {
         let max = self.waiters.front()?.request.max_jobs.max(1) as usize;
         let mut picks = Vec::new();
         while picks.len() < max && !self.fair.is_empty() {
@@ -295,9 +296,9 @@ impl SchedulerState {
                 break;
             }
             match self.fair.pop() {
-                Some((_, id)) => {
+                Some(pick) => {
                     self.prepaid = false;
-                    picks.push(id);
+                    picks.push(pick);
                 }
                 None => break,
             }

@@ -24,6 +24,7 @@ use super::producer::{parse_id, parse_seconds_or_duration};
 use super::{ApiArgs, ApiError};
 use crate::broker::{self, BrokerError, BrokerMsg, LeasedJob};
 use crate::executor::ExecutorSpec;
+use crate::executor::http::MAX_RETRY_AFTER;
 use crate::job::{Failure, JobId, Token};
 use crate::scheduler::{self, LeaseRequest, MAX_WAIT, SchedulerMsg};
 
@@ -246,9 +247,11 @@ pub async fn nack(
     let id = parse_id(&id)?;
     authorize_job(&args, &caller, id).await?;
     let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    // Clamped like a webhook's Retry-After: an unbounded one would pause the queue's
+    // shared rate limiter (and every queue sharing it) for good.
     let retry_after = match body.retry_after {
         None => None,
-        v => Some(parse_seconds_or_duration("retry_after", v)?),
+        v => Some(parse_seconds_or_duration("retry_after", v)?.min(MAX_RETRY_AFTER)),
     };
     let error: String = body.error.chars().take(4096).collect();
     let failure = match body.kind.unwrap_or(NackKind::Transient) {

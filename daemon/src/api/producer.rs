@@ -27,8 +27,6 @@ use crate::store::JobDetail;
 
 /// How long an enqueue may wait for the broker and the group commit.
 const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(30);
-/// The longest delay a producer may ask for.
-pub const MAX_DELAY: Duration = Duration::from_secs(365 * 86_400);
 
 /// The enqueue body.
 #[derive(Debug, Deserialize)]
@@ -116,7 +114,7 @@ fn parse_enqueue(
         tenant: body.tenant,
         payload,
         idempotency_key: body.idempotency_key.or(header_key),
-        delay: parse_delay(body.delay)?,
+        delay: parse_seconds_or_duration("delay", body.delay)?,
         max_attempts: body.max_attempts,
     };
     broker::validate(&req, max_payload)?;
@@ -144,14 +142,6 @@ pub fn parse_seconds_or_duration(what: &str, value: Option<Value>) -> Result<Dur
             "{what} must be a duration string or seconds, got {other}"
         ))),
     }
-}
-
-fn parse_delay(value: Option<Value>) -> Result<Duration, ApiError> {
-    let delay = parse_seconds_or_duration("delay", value)?;
-    if delay > MAX_DELAY {
-        return Err(ApiError::bad_request("delay must be at most 365 days"));
-    }
-    Ok(delay)
 }
 
 /// Parses a job id from a path segment.

@@ -411,7 +411,7 @@ impl BrokerState {
     pub(super) fn lease(
         &mut self,
         queue: &Arc<str>,
-        picks: Vec<JobId>,
+        picks: Vec<(Arc<str>, JobId)>,
         worker: String,
         reply: RpcReplyPort<Vec<LeasedJob>>,
         now: UnixMillis,
@@ -422,14 +422,12 @@ impl BrokerState {
             return;
         };
         let mut granted = Vec::new();
-        for id in picks {
+        for (tenant, id) in picks {
             match self.lease_one(id, &worker, now) {
                 Ok(t) => granted.push(t),
-                Err((tenant, err)) => {
+                Err(err) => {
                     debug!(queue = %queue, job = %id, error = %err, "Scheduler pick not leasable.");
-                    if let Some(tenant) = tenant {
-                        events::release(queue, tenant);
-                    }
+                    events::release(queue, tenant);
                 }
             }
         }
@@ -480,24 +478,19 @@ impl BrokerState {
         id: JobId,
         worker: &str,
         now: UnixMillis,
-    ) -> Result<Transition, (Option<Arc<str>>, BrokerError)> {
-        let tenant = self.jobs.get(&id).map(|j| j.tenant.clone());
-        let fail = |e| (tenant.clone(), e);
+    ) -> Result<Transition, BrokerError> {
         let mut old = self
             .jobs
             .get(&id)
             .cloned()
-            .ok_or(BrokerError::UnknownJob(id))
-            .map_err(fail)?;
+            .ok_or(BrokerError::UnknownJob(id))?;
         if old.state == State::Delayed {
-            old = job::apply(&old, Event::Promote, &FALLBACK_BACKOFF, now)
-                .map_err(|e| fail(e.into()))?
-                .job;
+            old = job::apply(&old, Event::Promote, &FALLBACK_BACKOFF, now)?.job;
         }
         let event = Event::Lease {
             worker: worker.to_string(),
         };
-        let t = job::apply(&old, event, &FALLBACK_BACKOFF, now).map_err(|e| fail(e.into()))?;
+        let t = job::apply(&old, event, &FALLBACK_BACKOFF, now)?;
         self.replace(t.job.clone());
         Ok(t)
     }
@@ -817,3 +810,6 @@ fn leased_job(job: Job, payload: Vec<u8>, lease: Duration, deadline_ms: UnixMill
         deadline_ms,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -19,11 +19,21 @@ pub(crate) struct Dur(pub Duration);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Size(pub u64);
 
-/// Parses a humantime duration, with an error that shows good examples.
+/// The longest duration a config value may give: 100 years (humantime's `"100y"`).
+/// Anything longer means "never" in practice, and values near `u64::MAX` seconds
+/// overflow monotonic-clock arithmetic (a lease deadline is `now + lease`).
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(3_155_760_000);
+
+/// Parses a humantime duration of at most [`MAX_DURATION`], with an error that shows
+/// good examples.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim()).map_err(|e| {
+    let d = humantime::parse_duration(text.trim()).map_err(|e| {
         format!("invalid duration {text:?}: {e} (write e.g. \"30s\", \"5m\", \"250ms\")")
-    })
+    })?;
+    if d > MAX_DURATION {
+        return Err(format!("duration {text:?} is too long: at most \"100y\""));
+    }
+    Ok(d)
 }
 
 /// Binary (IEC, 1024^n) and decimal (SI, 1000^n) units, matched case-insensitively.
@@ -165,6 +175,13 @@ mod tests {
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         let err = parse_duration("soon").expect_err("garbage");
         assert!(err.contains("\"30s\""), "{err}");
+    }
+
+    #[test]
+    fn durations_past_a_century_are_refused_so_timers_cannot_overflow() {
+        assert!(parse_duration("100y").is_ok());
+        let err = parse_duration("500000000000y").expect_err("huge");
+        assert!(err.contains("at most"), "{err}");
     }
 
     #[test]

@@ -26,7 +26,8 @@ use crate::job::Failure;
 const DEFAULT_THROTTLE: Duration = Duration::from_secs(1);
 
 /// The longest `Retry-After` honoured; a larger one is clamped to it (one day).
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+/// Also bounds an external worker's nack `retry_after` (see `api::lessee`).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// POSTs each attempt's payload to one URL. Built from a validated [`HttpSpec`];
 /// keeps one connection pool for all attempts.

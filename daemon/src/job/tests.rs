@@ -293,3 +293,22 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_huge_throttled_retry_after_saturates_instead_of_panicking() {
+    let leased = lease(&job(3));
+    let t = step(
+        &leased,
+        Event::Fail {
+            token: 1,
+            failure: Failure::Throttled {
+                retry_after: Duration::MAX,
+                error: "429".into(),
+            },
+            jitter: 1.0,
+        },
+    )
+    .expect("a throttled failure always applies");
+    assert_eq!((t.state, t.attempts), (State::Delayed, 0));
+    assert_eq!(t.ready_at, i64::MAX);
+}

@@ -1,0 +1,117 @@
+//! Tests of the broker's state against stand-in derived actors.
+
+use std::path::Path;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::job::NewJob;
+
+/// A Scheduler stand-in that forwards the tenants of `Finished` messages.
+struct FakeScheduler;
+
+impl Actor for FakeScheduler {
+    type Msg = SchedulerMsg;
+    type State = mpsc::UnboundedSender<Arc<str>>;
+    type Arguments = mpsc::UnboundedSender<Arc<str>>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<SchedulerMsg>,
+        tx: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(tx)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<SchedulerMsg>,
+        msg: SchedulerMsg,
+        tx: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let SchedulerMsg::Finished(tenant, _) = msg {
+            let _ = tx.send(tenant);
+        }
+        Ok(())
+    }
+}
+
+/// A Broker stand-in (only its ref is needed) that ignores everything.
+struct Inert;
+
+impl Actor for Inert {
+    type Msg = BrokerMsg;
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<BrokerMsg>,
+        _: (),
+    ) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+}
+
+fn state(queue: &str, myself: ActorRef<BrokerMsg>) -> BrokerState {
+    let text = format!("[queues.{queue}]\nexecutor = {{ kind = \"external\" }}\n");
+    let config = Arc::new(Config::parse(&text, Path::new("/tmp/qd.toml")).expect("config"));
+    let args = BrokerArgs {
+        limits: Arc::new(Limits::new(config.clone(), Vec::new())),
+        config,
+        store: Store::open_memory(),
+    };
+    BrokerState::new(args, rand::SeedableRng::seed_from_u64(7), myself)
+}
+
+fn ready_job(queue: &str) -> Job {
+    let new = NewJob {
+        queue: queue.into(),
+        tenant: "acme".into(),
+        idempotency_key: None,
+        delay: Duration::ZERO,
+        max_attempts: 3,
+    };
+    Job::new(new, 1_000)
+}
+
+#[tokio::test]
+async fn a_pick_cancelled_before_its_lease_frees_the_tenants_concurrency_slot() {
+    let queue = "cancel-race";
+    let (tx, mut finished) = mpsc::unbounded_channel();
+    let (_sched, sched_task) = Actor::spawn(Some(crate::scheduler::name(queue)), FakeScheduler, tx)
+        .await
+        .expect("fake scheduler");
+    let (broker, broker_task) = Actor::spawn(None, Inert, ()).await.expect("inert broker");
+    let mut state = state(queue, broker.clone());
+    let job = ready_job(queue);
+    let id = job.id;
+    state.recover(vec![job], 1_000);
+
+    // The Scheduler popped the job (counting it as running for "acme") and sent the
+    // Lease; an operator's cancel reached the Broker first.
+    let (cancel_tx, _cancel_rx) = tokio::sync::oneshot::channel();
+    state.cancel(id, "test", cancel_tx.into(), 2_000);
+    let (lease_tx, _lease_rx) = tokio::sync::oneshot::channel();
+    let picks = vec![(Arc::<str>::from("acme"), id)];
+    let queue_name: Arc<str> = Arc::from(queue);
+    state.lease(
+        &queue_name,
+        picks,
+        "w".into(),
+        lease_tx.into(),
+        2_000,
+        Instant::now(),
+    );
+
+    let tenant = tokio::time::timeout(Duration::from_secs(5), finished.recv())
+        .await
+        .expect("the Scheduler is told the pick was not leased")
+        .expect("channel open");
+    assert_eq!(&*tenant, "acme");
+
+    broker.stop(None);
+    _sched.stop(None);
+    let _ = (broker_task.await, sched_task.await);
+}

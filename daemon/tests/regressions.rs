@@ -1,0 +1,75 @@
+//! Regression tests for defects found by breaking qd on purpose, through the real
+//! binary. Each test names the behaviour that used to fail:
+//! - an external worker's throttled nack with a huge `retry_after` crashed the Broker
+//!   (a `Duration` overflow) or paused the shared rate limiter for centuries;
+//! - `qctl enqueue --delay` skipped the 365-day bound the HTTP API enforces, so a
+//!   typo like `500000000000y` parked a job at the end of time;
+
+mod common;
+
+use common::Qd;
+use serde_json::{Value, json};
+
+/// Leases one job from `queue` for `worker`, long-polling up to `wait`.
+fn lease_one(qd: &Qd, queue: &str, worker: &str, wait: &str) -> Option<Value> {
+    let (status, body) = qd.post(
+        &format!("/v1/queues/{queue}/leases"),
+        &json!({ "worker_id": worker, "wait": wait }),
+    );
+    assert_eq!(status, 200, "lease: {body}");
+    body["jobs"].as_array().expect("jobs").first().cloned()
+}
+
+#[test]
+fn a_huge_throttled_retry_after_is_clamped_to_a_day_and_does_not_crash_the_broker() {
+    let qd = Qd::start(
+        "[rate_limiters.shared]\nper_second = 100\nburst = 10\n\n\
+         [queues.a]\nexecutor = { kind = \"external\" }\nrate_limiter = \"shared\"\n",
+    );
+    let id = qd.enqueue("a", "x");
+    let job = lease_one(&qd, "a", "w", "5s").expect("lease");
+    let (status, body) = qd.post(
+        &format!("/v1/jobs/{id}/nack"),
+        &json!({ "token": job["token"], "kind": "throttled", "retry_after": 1.5e19 }),
+    );
+    assert_eq!(status, 200, "nack: {body}");
+    let job = qd.job(&id);
+    let field = |k: &str| job[k].as_i64().expect("a time in ms");
+    let wait_ms = field("ready_at") - field("updated_at");
+    assert!(
+        (86_400_000..=2 * 86_400_000).contains(&wait_ms),
+        "retry_after is clamped to one day (plus jitter): {job}"
+    );
+    assert_eq!(
+        job["attempts"], 0,
+        "a throttled attempt is not charged: {job}"
+    );
+    assert!(!qd.logs().contains("panicked"), "{}", qd.logs());
+    let (status, body) = qd.post("/v1/queues/a/jobs", &json!({ "payload": "y" }));
+    assert_eq!(status, 202, "the broker still answers: {body}");
+}
+
+#[test]
+fn qctl_enqueue_refuses_a_delay_past_a_year_like_the_http_api() {
+    let qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\n");
+    let out = qd.qctl(&[
+        "enqueue",
+        "ext",
+        "--payload",
+        "x",
+        "--delay",
+        "500000000000y",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("delay must be at most 365 days"),
+        "{stderr}"
+    );
+    let out = qd.qctl(&["enqueue", "ext", "--payload", "x", "--delay", "1h"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
