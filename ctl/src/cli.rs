@@ -33,7 +33,7 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
     /// Give up on an answer after this long (e.g. 30s, 2m).
-    #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = parse_timeout)]
     pub timeout: Duration,
     /// What to do.
     #[command(subcommand)]
@@ -304,6 +304,15 @@ pub enum QueueCmd {
     },
 }
 
+/// `--timeout`: a humantime duration greater than zero.
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("must be greater than zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,5 +370,11 @@ mod tests {
             let err = parse(args).expect_err("usage error");
             assert_eq!(err.exit_code(), 2, "{args:?}");
         }
+    }
+
+    #[test]
+    fn a_zero_timeout_is_a_usage_error() {
+        assert!(parse_timeout("0s").is_err());
+        assert_eq!(parse_timeout("2s"), Ok(Duration::from_secs(2)));
     }
 }

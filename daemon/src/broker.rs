@@ -258,6 +258,10 @@ pub struct BrokerArgs {
     pub store: Store,
     /// Live limits (tenant max_depth).
     pub limits: Arc<Limits>,
+    /// True when the supervisor restarts the Broker inside a running daemon: leases
+    /// in the store may still be held by live workers, so they are kept (with a
+    /// fresh deadline) instead of being expired as an earlier run's.
+    pub restarted: bool,
 }
 
 /// The largest retry budget a producer may ask for.
@@ -365,8 +369,9 @@ impl Actor for Broker {
         args: BrokerArgs,
     ) -> Result<BrokerState, ActorProcessingErr> {
         let jobs = args.store.run(|b| b.load_unfinished()).await?;
+        let keep_leases = args.restarted.then(Instant::now);
         let mut state = BrokerState::new(args, StdRng::from_os_rng(), myself.clone());
-        state.recover(jobs, wall_ms());
+        state.recover(jobs, wall_ms(), keep_leases);
         state.push_all();
         myself.send_interval(PRUNE_EVERY, || BrokerMsg::Prune);
         Ok(state)

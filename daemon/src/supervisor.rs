@@ -111,6 +111,8 @@ pub struct SupervisorState {
     children: HashMap<ActorId, Child>,
     recent: VecDeque<Instant>,
     shutting_down: bool,
+    /// Whether a Broker has been started before in this run (then a new one is a restart).
+    broker_started: bool,
 }
 
 /// The supervisor actor.
@@ -136,6 +138,7 @@ impl Actor for Supervisor {
             children: HashMap::new(),
             recent: VecDeque::new(),
             shutting_down: false,
+            broker_started: false,
         };
         for child in state.all_children() {
             metrics::register_actor(child.kind());
@@ -225,6 +228,7 @@ impl SupervisorState {
                     config: d.config.clone(),
                     store: d.store.clone(),
                     limits: d.limits.clone(),
+                    restarted: self.broker_started,
                 };
                 Actor::spawn_linked(Some(broker::NAME.into()), Broker, args, sup)
                     .await?
@@ -296,6 +300,7 @@ impl SupervisorState {
                 admin::spawn(args, sup).await?
             }
         };
+        self.broker_started |= child == Child::Broker;
         self.children.insert(cell.get_id(), child);
         Ok(())
     }

@@ -207,9 +207,18 @@ impl BrokerState {
 
     // ---- start-up ----
 
-    /// Loads the store's unfinished jobs; every lease held by an earlier run counts as expired.
-    pub(super) fn recover(&mut self, jobs: Vec<Job>, now: UnixMillis) {
-        let mut expired = 0usize;
+    /// Loads the store's unfinished jobs. After a daemon start every stored lease
+    /// was held by an earlier run and counts as expired. After a restart of the Broker
+    /// alone (`keep_leases` = now), workers may still be running those jobs, so each
+    /// lease is kept with a fresh deadline: a live worker's heartbeats and ack go
+    /// through, and a dead worker's lease expires through the reaper as usual.
+    pub(super) fn recover(
+        &mut self,
+        jobs: Vec<Job>,
+        now: UnixMillis,
+        keep_leases: Option<Instant>,
+    ) {
+        let (mut expired, mut kept) = (0usize, 0usize);
         for job in jobs {
             let queue = self.intern(&job.queue);
             let tenant = self.intern(&job.tenant);
@@ -223,17 +232,25 @@ impl BrokerState {
             }
             let leased = (job.state == State::Leased).then_some(job.lease_seq);
             self.replace(job.clone());
-            if let Some(token) = leased {
-                expired += 1;
-                let failure = Failure::LeaseExpired {
-                    reason: "lease held by an earlier run of qd (daemon restarted)".into(),
-                };
-                self.fail_quietly(job.id, token, failure, now);
+            let Some(token) = leased else { continue };
+            let lease = self.queue(&job.queue).map(|q| q.lease);
+            match (keep_leases, lease) {
+                (Some(mono), Ok(lease)) => {
+                    kept += 1;
+                    self.deadlines.insert(job.id, mono + lease);
+                }
+                _ => {
+                    expired += 1;
+                    let failure = Failure::LeaseExpired {
+                        reason: "lease held by an earlier run of qd (daemon restarted)".into(),
+                    };
+                    self.fail_quietly(job.id, token, failure, now);
+                }
             }
         }
         info!(
             jobs = self.jobs.len(),
-            expired, "Broker recovered its state from the store."
+            expired, kept, "Broker recovered its state from the store."
         );
     }
 

@@ -61,6 +61,7 @@ fn state(queue: &str, myself: ActorRef<BrokerMsg>) -> BrokerState {
         limits: Arc::new(Limits::new(config.clone(), Vec::new())),
         config,
         store: Store::open_memory(),
+        restarted: false,
     };
     BrokerState::new(args, rand::SeedableRng::seed_from_u64(7), myself)
 }
@@ -87,7 +88,7 @@ async fn a_pick_cancelled_before_its_lease_frees_the_tenants_concurrency_slot() 
     let mut state = state(queue, broker.clone());
     let job = ready_job(queue);
     let id = job.id;
-    state.recover(vec![job], 1_000);
+    state.recover(vec![job], 1_000, None);
 
     // The Scheduler popped the job (counting it as running for "acme") and sent the
     // Lease; an operator's cancel reached the Broker first.
@@ -114,4 +115,43 @@ async fn a_pick_cancelled_before_its_lease_frees_the_tenants_concurrency_slot() 
     broker.stop(None);
     _sched.stop(None);
     let _ = (broker_task.await, sched_task.await);
+}
+
+/// A job as the store holds it while a worker runs it.
+fn leased_job(queue: &str) -> Job {
+    let job = ready_job(queue);
+    let event = Event::Lease {
+        worker: "w/0".into(),
+    };
+    job::apply(&job, event, &FALLBACK_BACKOFF, 1_500)
+        .expect("lease")
+        .job
+}
+
+#[tokio::test]
+async fn a_daemon_start_expires_stored_leases_but_a_broker_restart_keeps_them() {
+    let queue = "restart";
+    let (broker, broker_task) = Actor::spawn(None, Inert, ()).await.expect("inert broker");
+
+    // Cold start: the lease belonged to an earlier run of qd; it is expired and charged.
+    let mut cold = state(queue, broker.clone());
+    let job = leased_job(queue);
+    cold.recover(vec![job.clone()], 2_000, None);
+    let after = &cold.jobs[&job.id];
+    assert_ne!(after.state, State::Leased);
+    assert_eq!(after.attempts, 1);
+
+    // Broker-only restart: the worker may still be running it; the lease is kept with
+    // a fresh deadline and its token still works.
+    let mut warm = state(queue, broker.clone());
+    let now = Instant::now();
+    warm.recover(vec![job.clone()], 2_000, Some(now));
+    let kept = &warm.jobs[&job.id];
+    assert_eq!((kept.state, kept.attempts), (State::Leased, 0));
+    assert!(warm.deadlines[&job.id] > now);
+    let beat = warm.heartbeat(job.id, job.lease_seq, None, 2_100, now);
+    assert!(beat.is_ok(), "{beat:?}");
+
+    broker.stop(None);
+    let _ = broker_task.await;
 }
