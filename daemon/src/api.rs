@@ -108,5 +108,35 @@ pub fn router(args: ApiArgs, tokens: Tokens) -> Router {
         ))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(body_limit, refuse_oversized))
         .with_state(Arc::new(args))
+}
+
+/// Answers 413 at once when `Content-Length` already exceeds the body limit (bytes),
+/// instead of reading up to the limit first; bodies without a length are still
+/// bounded while they are read ([`DefaultBodyLimit`]).
+async fn refuse_oversized(
+    axum::extract::State(limit): axum::extract::State<usize>,
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> axum::response::Response {
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(len) if len > limit as u64 => {
+            let message = format!(
+                "request body of {len} bytes is over the limit of {limit} bytes (max_payload, encoded)"
+            );
+            let err = ApiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                message,
+            );
+            axum::response::IntoResponse::into_response(err)
+        }
+        _ => next.run(req).await,
+    }
 }
