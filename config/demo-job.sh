@@ -3,7 +3,8 @@
 # executor talks to qd: the payload arrives on stdin, the job's identity in
 # QD_* environment variables, and the exit code says what happened.
 #
-#   payload contains "fail"    -> message on stderr, exit 75 (EX_TEMPFAIL: transient, retried)
+#   payload contains "fail"    -> message on stderr, exit 75 (EX_TEMPFAIL: transient, retried),
+#                                 until the file /tmp/qd-demo-fixed exists ("the fix is deployed")
 #   payload contains "bad"     -> message on stderr, exit 65 (EX_DATAERR: permanent, dead-lettered)
 #   payload contains "sleep N" -> sleeps N seconds, then succeeds
 #   anything else              -> prints "done $QD_JOB_ID attempt $QD_ATTEMPT", exit 0
@@ -13,8 +14,10 @@ payload=$(cat)
 
 case "$payload" in
 *fail*)
-    echo "demo-job: payload asked to fail; try again later" >&2
-    exit 75
+    if [ ! -e /tmp/qd-demo-fixed ]; then
+        echo "demo-job: payload asked to fail; try again later" >&2
+        exit 75
+    fi
     ;;
 *bad*)
     echo "demo-job: payload is bad data; retrying will not help" >&2

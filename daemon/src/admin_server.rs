@@ -18,7 +18,7 @@ mod conn;
 mod socket;
 
 pub use access::{Peer, allowed};
-pub use socket::AdminSocketError;
+pub use socket::{AdminSocketError, resolve_group};
 
 use std::future::Future;
 use std::io;

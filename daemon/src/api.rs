@@ -12,6 +12,7 @@
 //! no messages. Supervised by the Supervisor.
 
 pub mod auth;
+mod body;
 mod error;
 mod lessee;
 mod producer;

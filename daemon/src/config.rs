@@ -261,9 +261,3 @@ fn count(n: usize, noun: &str) -> String {
         format!("{n} {noun}s")
     }
 }
-
-/// Loads the config at `path` and returns its [`Config::summary`] (for
-/// `qd check-config`, run from systemd `ExecStartPre`), or every problem.
-pub fn check(path: &Path) -> Result<String, ConfigErrors> {
-    Config::load(path).map(|config| config.summary())
-}

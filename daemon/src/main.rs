@@ -47,29 +47,24 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     match cli.command {
-        Command::CheckConfig { config } => match qd::config::check(&config) {
-            Ok(summary) => {
-                println!("{summary}");
+        Command::CheckConfig { config } => match load(&config) {
+            Ok(config) => {
+                println!("{}", config.summary());
                 ExitCode::SUCCESS
             }
-            Err(errors) => {
-                eprintln!("{errors}");
+            Err(problems) => {
+                eprintln!("{problems}");
                 ExitCode::FAILURE
             }
         },
         Command::Run { config } => {
-            let config = match Config::load(&config) {
+            let config = match load(&config) {
                 Ok(c) => Arc::new(c),
-                Err(errors) => {
-                    eprintln!("{errors}");
+                Err(problems) => {
+                    eprintln!("{problems}");
                     return ExitCode::from(EX_CONFIG);
                 }
             };
-            // Checked here for a config exit code; the Api reads it again as it starts.
-            if let Err(e) = qd::api::auth::Tokens::from_config(&config) {
-                eprintln!("qd: {e}");
-                return ExitCode::from(EX_CONFIG);
-            }
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -83,6 +78,21 @@ fn main() -> ExitCode {
             runtime.block_on(run(config))
         }
     }
+}
+
+/// Loads and checks everything `qd run` will need from the config before it starts:
+/// the file itself (every problem at once), the API token file (exists, owner-only
+/// mode, valid) and the admin group. `check-config` and `run` share it, so systemd's
+/// `ExecStartPre` catches what would stop the daemon.
+fn load(path: &std::path::Path) -> Result<Config, String> {
+    let config = Config::load(path).map_err(|errors| errors.to_string())?;
+    qd::api::auth::Tokens::from_config(&config).map_err(|e| format!("qd: {e}"))?;
+    if let Some(group) = &config.daemon.admin_group {
+        qd::admin_server::resolve_group(group).map_err(|e| {
+            format!("qd: daemon.admin_group: {e}; create the group or change the key")
+        })?;
+    }
+    Ok(config)
 }
 
 fn init_logging() {
@@ -170,11 +180,16 @@ async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
     }
 }
 
+/// The error and its sources, each once (ractor wraps a start-up failure in errors
+/// that repeat their source's text).
 fn root_cause(err: &dyn std::error::Error) -> String {
     let mut msg = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {
-        msg = format!("{msg}: {s}");
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg = format!("{msg}: {text}");
+        }
         source = s.source();
     }
     msg

@@ -415,3 +415,17 @@ fn raw_request(api: &str, bytes: &[u8]) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+#[test]
+fn json_bodies_are_read_whatever_their_content_type_as_curl_sends_them() {
+    let qd = Qd::start("[queues.hooks]\nexecutor = { kind = \"external\" }\n");
+    let id = qd.enqueue("hooks", "hello hook");
+    let body = r#"{"worker_id": "w1", "max_jobs": 1}"#;
+    let head = format!(
+        "POST /v1/queues/hooks/leases HTTP/1.1\r\nHost: qd\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let status_line = raw_request(&qd.api, head.as_bytes());
+    assert!(status_line.starts_with("HTTP/1.1 200"), "{status_line}");
+    assert_eq!(qd.job(&id)["state"], "leased");
+}

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::auth::{Caller, Role};
+use super::body::JsonBody;
 use super::producer::{parse_id, parse_seconds_or_duration};
 use super::{ApiArgs, ApiError};
 use crate::broker::{self, BrokerError, BrokerMsg, LeasedJob};
@@ -51,10 +52,9 @@ pub async fn lease(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
     Path(queue): Path<String>,
-    body: Result<Json<LeaseBody>, axum::extract::rejection::JsonRejection>,
+    JsonBody(body): JsonBody<LeaseBody>,
 ) -> Result<Json<Value>, ApiError> {
     caller.allow(Role::Work, &queue)?;
-    let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let qcfg = args
         .config
         .queues
@@ -182,11 +182,10 @@ pub async fn heartbeat(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    body: Result<Json<HeartbeatBody>, axum::extract::rejection::JsonRejection>,
+    JsonBody(body): JsonBody<HeartbeatBody>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
     authorize_job(&args, &caller, id).await?;
-    let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let extend = match body.extend {
         None => None,
         v => Some(parse_seconds_or_duration("extend", v)?),
@@ -209,11 +208,10 @@ pub async fn ack(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    body: Result<Json<AckBody>, axum::extract::rejection::JsonRejection>,
+    JsonBody(body): JsonBody<AckBody>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
     authorize_job(&args, &caller, id).await?;
-    let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
     report(&args, id, |tx| BrokerMsg::Ack(id, body.token, tx)).await?;
     Ok(Json(json!({ "id": id, "state": "succeeded" })))
 }
@@ -242,11 +240,10 @@ pub async fn nack(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    body: Result<Json<NackBody>, axum::extract::rejection::JsonRejection>,
+    JsonBody(body): JsonBody<NackBody>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
     authorize_job(&args, &caller, id).await?;
-    let Json(body) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
     // Clamped like a webhook's Retry-After: an unbounded one would pause the queue's
     // shared rate limiter (and every queue sharing it) for good.
     let retry_after = match body.retry_after {

@@ -89,8 +89,7 @@ fn parse_enqueue(
     headers: &HeaderMap,
     max_payload: usize,
 ) -> Result<EnqueueRequest, ApiError> {
-    let body: EnqueueBody = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+    let body: EnqueueBody = super::body::parse_json(body)?;
     let payload = match (body.payload, body.payload_b64) {
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request(
@@ -178,7 +177,7 @@ pub fn job_json(d: &JobDetail, now: i64) -> Value {
         "state": state,
         "attempts": j.attempts,
         "max_attempts": j.max_attempts,
-        "attempts_left": j.max_attempts.saturating_sub(j.attempts_in_budget()),
+        "attempts_left": if j.state == JobState::Dead { 0 } else { j.max_attempts.saturating_sub(j.attempts_in_budget()) },
         "idempotency_key": j.idempotency_key,
         "created_at": j.created_at,
         "ready_at": j.ready_at,

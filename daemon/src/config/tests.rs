@@ -458,13 +458,14 @@ fn the_example_configs_compile() {
 }
 
 #[test]
-fn check_summarises_a_good_file_and_lists_every_problem_of_a_bad_one() {
-    let summary = check(&repo_dir().join("config/qd.toml")).expect("qd.toml");
+fn the_summary_names_queues_tenants_and_limiters_and_a_missing_file_is_an_error() {
+    let config = Config::load(&repo_dir().join("config/qd.toml")).expect("qd.toml");
+    let summary = config.summary();
     assert!(
-        summary.starts_with("config OK: 2 queues (demo, echo), 2 tenants, 1 rate limiter"),
+        summary.starts_with("config OK: 3 queues (demo, echo, hooks), 2 tenants, 1 rate limiter"),
         "{summary}"
     );
-    let err = check(Path::new("/nonexistent/qd.toml")).expect_err("missing file");
+    let err = Config::load(Path::new("/nonexistent/qd.toml")).expect_err("missing file");
     assert!(err.to_string().contains("cannot read config file"), "{err}");
 }
 
