@@ -7,8 +7,8 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{Qd, alive, script, wait_for};
-use serde_json::{Value, json};
+use common::{Qd, alive, history, script, wait_for};
+use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -18,15 +18,6 @@ fn queue(name: &str, program: &std::path::Path, extra: &str) -> String {
         "[queues.{name}]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nbackoff = {{ base = \"200ms\", max = \"1s\" }}\n{extra}\n",
         program.display()
     )
-}
-
-fn history(job: &Value) -> Vec<&str> {
-    job["history"]
-        .as_array()
-        .expect("history")
-        .iter()
-        .map(|h| h["outcome"].as_str().expect("outcome"))
-        .collect()
 }
 
 #[test]

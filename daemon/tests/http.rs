@@ -14,20 +14,11 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Qd, free_port, script, wait_for};
-use serde_json::{Value, json};
+use common::{Qd, free_port, history, script, wait_for};
+use serde_json::json;
 use support::{Client, Downstream, response, run_to_exit};
 
 const LONG: Duration = Duration::from_secs(30);
-
-fn history(job: &Value) -> Vec<&str> {
-    job["history"]
-        .as_array()
-        .expect("history")
-        .iter()
-        .map(|h| h["outcome"].as_str().expect("outcome"))
-        .collect()
-}
 
 fn webhook_answers(body: &str, nth: usize) -> Option<String> {
     Some(match body {

@@ -11,7 +11,7 @@ mod common;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use common::{Qd, script};
+use common::{Qd, lease_one, script};
 use serde_json::{Value, json};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -23,16 +23,6 @@ fn outcomes(job: &Value) -> Vec<&str> {
         .iter()
         .map(|h| h["outcome"].as_str().expect("outcome"))
         .collect()
-}
-
-/// Leases one job from `queue` for `worker`, long-polling up to `wait`.
-fn lease_one(qd: &Qd, queue: &str, worker: &str, wait: &str) -> Option<Value> {
-    let (status, body) = qd.post(
-        &format!("/v1/queues/{queue}/leases"),
-        &json!({ "worker_id": worker, "wait": wait }),
-    );
-    assert_eq!(status, 200, "lease: {body}");
-    body["jobs"].as_array().expect("jobs").first().cloned()
 }
 
 #[test]

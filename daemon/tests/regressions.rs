@@ -7,18 +7,8 @@
 
 mod common;
 
-use common::Qd;
-use serde_json::{Value, json};
-
-/// Leases one job from `queue` for `worker`, long-polling up to `wait`.
-fn lease_one(qd: &Qd, queue: &str, worker: &str, wait: &str) -> Option<Value> {
-    let (status, body) = qd.post(
-        &format!("/v1/queues/{queue}/leases"),
-        &json!({ "worker_id": worker, "wait": wait }),
-    );
-    assert_eq!(status, 200, "lease: {body}");
-    body["jobs"].as_array().expect("jobs").first().cloned()
-}
+use common::{Qd, lease_one};
+use serde_json::json;
 
 #[test]
 fn a_huge_throttled_retry_after_is_clamped_to_a_day_and_does_not_crash_the_broker() {

@@ -295,6 +295,27 @@ impl Drop for Qd {
     }
 }
 
+/// The outcomes of a job's history, in order (`["failed", "succeeded"]`).
+pub fn history(job: &Value) -> Vec<&str> {
+    job["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .map(|h| h["outcome"].as_str().expect("outcome"))
+        .collect()
+}
+
+/// Leases one job from `queue` for `worker` over the HTTP pull API, long-polling up
+/// to `wait`; `None` when nothing came.
+pub fn lease_one(qd: &Qd, queue: &str, worker: &str, wait: &str) -> Option<Value> {
+    let (status, body) = qd.post(
+        &format!("/v1/queues/{queue}/leases"),
+        &json!({ "worker_id": worker, "wait": wait }),
+    );
+    assert_eq!(status, 200, "lease: {body}");
+    body["jobs"].as_array().expect("jobs").first().cloned()
+}
+
 /// Sends a signal by name with kill(1) (tests avoid unsafe libc calls).
 pub fn signal(pid: i32, sig: &str) {
     let _ = Command::new("kill")
