@@ -163,10 +163,17 @@ async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
         config,
     };
     let failure = daemon.failure.clone();
+    let serving = format!(
+        "serving {} queues; API {}, metrics {}",
+        daemon.config.queues.len(),
+        daemon.config.daemon.api_listen,
+        daemon.config.daemon.metrics_listen
+    );
     let (root, handle) = Actor::spawn(Some(supervisor::NAME.into()), Supervisor, daemon)
         .await
         .map_err(|e| Failure::Runtime(format!("qd could not start: {}", root_cause(&e))))?;
     let _ = qd::notify::ready();
+    let _ = qd::notify::status(&serving);
     tokio::spawn(forward_signals(root));
     let _ = handle.await;
     store.close();

@@ -351,6 +351,10 @@ impl SupervisorState {
         let grace = self.daemon.config.daemon.shutdown_grace;
         info!(reason, grace = %humantime::format_duration(grace), "Shutting down: intake stopped.");
         let _ = crate::notify::stopping();
+        let _ = crate::notify::status(&format!(
+            "shutting down ({reason}): letting running jobs finish for up to {}",
+            humantime::format_duration(grace)
+        ));
         broker::cast(BrokerMsg::StopIntake);
         let queues: Vec<String> = self.daemon.config.queues.keys().cloned().collect();
         for q in &queues {

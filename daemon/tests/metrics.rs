@@ -497,6 +497,15 @@ fn ready_comes_after_the_listeners_watchdog_pings_keep_time_and_sigterm_says_sto
         ready[0].listening,
         "READY=1 came before /healthz, /metrics and the admin socket answered"
     );
+    let status = notes.iter().find(|n| {
+        n.text
+            .lines()
+            .any(|l| l.starts_with("STATUS=serving 1 queues"))
+    });
+    assert!(
+        status.is_some_and(|s| s.at >= ready[0].at),
+        "no STATUS line after READY: {notes:?}"
+    );
     let stopping: Vec<&Note> = notes.iter().filter(|n| n.says("STOPPING=1")).collect();
     assert_eq!(stopping.len(), 1, "{notes:?}");
     assert!(stopping[0].at > ready[0].at);
