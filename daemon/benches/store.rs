@@ -11,11 +11,19 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use qd::job::{Job, NewJob};
-use qd::store::{Store, StoreStats};
+use qd::store::{NewRecord, Store, StoreStats};
 
 const JOBS: usize = 20_000;
 const SUBMITTERS: usize = 64;
 const PAYLOAD: [u8; 200] = [b'x'; 200];
+
+/// One job to enqueue, as a one-item batch.
+fn record(n: usize) -> Vec<NewRecord> {
+    vec![NewRecord {
+        job: new_job(n),
+        payload: PAYLOAD.to_vec(),
+    }]
+}
 
 fn new_job(n: usize) -> Job {
     let new = NewJob {
@@ -39,11 +47,8 @@ async fn concurrent_awaiting(store: &Store) {
         let store = store.clone();
         tasks.push(tokio::spawn(async move {
             for n in (s..JOBS).step_by(SUBMITTERS) {
-                let job = new_job(n);
-                store
-                    .run(move |b| b.insert_job(&job, &PAYLOAD))
-                    .await
-                    .expect("insert");
+                let batch = record(n);
+                store.run(move |b| b.enqueue(&batch)).await.expect("insert");
             }
         }));
     }
@@ -56,10 +61,10 @@ async fn concurrent_awaiting(store: &Store) {
 fn single_firing(store: &Store) {
     let (tx, rx) = mpsc::channel();
     for n in 0..JOBS {
-        let job = new_job(JOBS + n);
+        let batch = record(JOBS + n);
         let tx = tx.clone();
         store.submit(
-            move |b| b.insert_job(&job, &PAYLOAD),
+            move |b| b.enqueue(&batch),
             move |r| {
                 let _ = tx.send(r);
             },

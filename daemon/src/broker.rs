@@ -211,6 +211,9 @@ pub enum BrokerMsg {
         /// Where the leased jobs go.
         reply: RpcReplyPort<Vec<LeasedJob>>,
     },
+    /// Internal: the store did not record these leases (a failed or refused claim);
+    /// the jobs, given as their records before the lease, return to them uncharged.
+    Unclaimed(Vec<Job>),
     /// Internal: a lessee went away before receiving its jobs; return them uncharged.
     Abandoned(Vec<(JobId, Token)>),
     /// Renew a lease for `extend` (default: the queue's lease).
@@ -371,7 +374,7 @@ impl Actor for Broker {
         let jobs = args.store.run(|b| b.load_unfinished()).await?;
         let keep_leases = args.restarted.then(Instant::now);
         let mut state = BrokerState::new(args, StdRng::from_os_rng(), myself.clone());
-        state.recover(jobs, wall_ms(), keep_leases);
+        state.recover(jobs, keep_leases);
         state.push_all();
         myself.send_interval(PRUNE_EVERY, || BrokerMsg::Prune);
         Ok(state)
@@ -393,6 +396,7 @@ impl Actor for Broker {
                 worker,
                 reply,
             } => state.lease(&queue, picks, worker, reply, now, Instant::now()),
+            BrokerMsg::Unclaimed(before) => state.unclaimed(before, now),
             BrokerMsg::Abandoned(leases) => state.abandoned(leases, now),
             BrokerMsg::Heartbeat(id, token, extend, reply) => {
                 let _ = reply.send(state.heartbeat(id, token, extend, now, Instant::now()));

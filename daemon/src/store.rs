@@ -10,8 +10,9 @@
 //! poison the batch), commits once (one fsync), and only then calls every completion.
 //! Reads go through the same thread, so a caller always reads its own writes.
 //!
-//! Operations see the database through the narrow [`Backend`] trait, shaped by what
-//! the broker needs, so a PostgreSQL backend can follow. Two implementations exist:
+//! Operations see the database through the [`Backend`] trait, shaped by intent
+//! (enqueue, claim, complete, redrive, cancel, purge, prune, reads) with batches as
+//! the unit, so a PostgreSQL backend can follow. Two implementations exist:
 //! [`sqlite::SqliteBackend`] (production) and [`memory::MemoryBackend`] (an in-memory
 //! model used by the property tests and usable where durability is not wanted).
 //!
@@ -22,29 +23,44 @@
 //!   of the batch is rolled back and answered with the commit's error.
 //! - Every completion is called exactly once: with the operation's result, the batch's
 //!   commit error, or [`StoreError::Closed`] if the writer is gone (never a hang).
-//! - At most one stored job per `(queue, idempotency_key)`; a key is freed when its job
-//!   is pruned or deleted.
+//! - A job costs two durable writes in its life: its enqueue (row + payload) and the
+//!   end of each attempt (row + one history line). Leases and heartbeats are not
+//!   durable: a lease dies with the process, and its job, still `ready`/`delayed` on
+//!   disk, is redelivered by the next run.
+//! - Every change of an existing job is conditioned on its expected stored state and
+//!   answered per item (applied or not); nothing assumes a single writer.
+//! - At most one stored job per `(queue, idempotency_key)` (a unique index); a key is
+//!   freed when its job is pruned or purged.
 //! - A job's history is append-only (`seq` 1, 2, ...) and is deleted only with its job.
 //! - Ids are UUIDv7 stored as 16 big-endian bytes, so byte order is creation order and
 //!   "ordered by id" means "oldest first".
 //!
-//! # On-disk format (schema version 1, kept in `PRAGMA user_version`)
+//! # On-disk format (schema version 2, kept in `PRAGMA user_version`)
 //! ```text
 //! jobs(id BLOB(16) PK, queue TEXT, tenant TEXT, idempotency_key TEXT NULL,
-//!      state TEXT in (delayed ready leased succeeded dead cancelled),
-//!      attempts, budget_start, max_attempts, lease_seq INTEGER, worker TEXT NULL,
-//!      leased_at INTEGER NULL, created_at, ready_at, updated_at INTEGER (Unix ms),
-//!      last_error TEXT NULL, payload BLOB)                                 STRICT
+//!      state TEXT in (delayed ready succeeded dead cancelled),
+//!      attempts, budget_start, max_attempts, lease_seq INTEGER,
+//!      created_at, ready_at, updated_at INTEGER (Unix ms),
+//!      last_error TEXT NULL)                            STRICT, WITHOUT ROWID
 //!   UNIQUE (queue, idempotency_key) WHERE idempotency_key IS NOT NULL
-//!   INDEX (state, updated_at)          -- load_unfinished, prune_finished
+//!   INDEX (state, updated_at)          -- load_unfinished, prune
 //!   INDEX (queue, state, updated_at)   -- list_jobs by queue/state, DLQ views
-//! history(job_id BLOB -> jobs ON DELETE CASCADE, seq INTEGER, attempt INTEGER,
-//!         outcome TEXT, worker TEXT NULL, started_at INTEGER NULL, ended_at INTEGER,
-//!         error TEXT NULL)                      PK (job_id, seq)    STRICT, WITHOUT ROWID
+//! payloads(job_id BLOB(16) PK, body BLOB)              STRICT, WITHOUT ROWID
+//!                                      -- written once at enqueue, read at claim
+//! history(job_id BLOB, seq INTEGER, attempt INTEGER, outcome TEXT, worker TEXT NULL,
+//!         started_at INTEGER NULL, ended_at INTEGER, error TEXT NULL)
+//!                                               PK (job_id, seq)    STRICT, WITHOUT ROWID
 //! overrides(scope TEXT, name TEXT, key TEXT, value TEXT)
 //!                                               PK (scope, name, key) STRICT, WITHOUT ROWID
+//! temp.leases(id BLOB PK, token INTEGER, worker TEXT, leased_at INTEGER)
+//!                                      -- per connection, in memory, never on disk
 //! ```
-//! Pragmas on every open: `journal_mode=WAL`, `synchronous=FULL`, `foreign_keys=ON`,
+//! Version 1 kept everything, payload included, in one wide `jobs` row rewritten on
+//! every transition, and stored leases; migration 2 splits it (a stored lease becomes
+//! `ready`: its holder was an earlier run). Payloads and history rows are deleted with
+//! their job by the same statement batch (no foreign keys).
+//!
+//! Pragmas on every open: `journal_mode=WAL`, `synchronous=FULL`, `temp_store=MEMORY`,
 //! `busy_timeout=5s`. Schema changes are migrations appended to one list in
 //! `store/sqlite.rs`, applied in order, each in its own transaction that also bumps
 //! `user_version`; a database with a newer version than this build knows is refused
@@ -55,7 +71,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::{self, JoinHandle};
 
-use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
+use crate::job::{HistoryEntry, Job, JobId, State, Transition, UnixMillis};
 
 pub mod memory;
 pub mod sqlite;
@@ -67,30 +83,65 @@ use writer::{OpTask, Queue, Task};
 /// queued behind it). Bounds the latency a batch adds to its first caller.
 pub const MAX_BATCH: usize = 1024;
 
-/// The operations a storage engine offers, run on the writer thread inside its
-/// transaction. Each call made by one submitted operation runs in that operation's
-/// `SAVEPOINT`: if the operation returns `Err` (or panics), all its writes are undone.
+/// The operations a storage engine offers, shaped by intent and taking batches, run
+/// on the writer thread inside its transaction. Each submitted operation runs in its
+/// own `SAVEPOINT`: if it returns `Err` (or panics), all its writes are undone.
+///
+/// No operation assumes it is the only writer: every change of an existing job is
+/// conditioned on the state the caller expects the store to hold (`UPDATE ... WHERE
+/// id = ? AND state IN (...)`) and reports per item whether it applied, so a second
+/// node (or a stale caller) can never overwrite a newer state. Dedupe rests on the
+/// unique `(queue, idempotency_key)` index, not on a read before the insert.
+///
+/// Leases: a job's *durable* states are delayed, ready, succeeded, dead and
+/// cancelled. A lease lives in the backend's memory only (SQLite: a `TEMP` table,
+/// never written to the database file): claim writes nothing to disk, and the leases of an earlier process are
+/// simply absent, so those jobs are still `ready`/`delayed` and are redelivered.
+/// Reads show a live lease over the stored row, so `GET /v1/jobs/{id}` says
+/// `leased`. A backend shared by several nodes (PostgreSQL) stores the lease in the
+/// row instead; the contract below is the same.
 pub trait Backend: Send {
-    /// Stores a new job and its payload (bytes, opaque).
+    /// Stores new jobs with their payloads (bytes, opaque; written once, never
+    /// rewritten), answering per item in order.
     ///
-    /// Dedupe: if a stored job of the same queue has the same idempotency key, nothing
-    /// is written and [`Inserted::Duplicate`] names it, saying whether its payload is
-    /// byte-identical. Errors: [`StoreError::Full`] when the disk is full; an id already
-    /// stored is [`StoreError::Other`].
-    fn insert_job(&mut self, job: &Job, payload: &[u8]) -> Result<Inserted, StoreError>;
+    /// Dedupe per item: if a stored job of the same queue (including one earlier in
+    /// this batch) has the same idempotency key, nothing is written for the item and
+    /// [`Inserted::Duplicate`] names the holder, saying whether its payload is
+    /// byte-identical. Errors: [`StoreError::Full`] when the disk is full; an id
+    /// already stored is [`StoreError::Other`].
+    fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError>;
 
-    /// Overwrites every column of the stored job but its payload with `job`'s fields
-    /// (absolute assignment, not a delta) and appends `entry` to its history.
-    /// Errors: an unknown id, or a key already held by another job of the queue, is
-    /// [`StoreError::Other`].
-    fn update_job(&mut self, job: &Job, entry: Option<&HistoryEntry>) -> Result<(), StoreError>;
+    /// Takes leases: each of `leased` is the job's record after the lease (state
+    /// leased, `lease_seq` = the new token, `worker`, `leased_at`). A claim applies only
+    /// if the stored job is ready or delayed and not leased; answers, per item in
+    /// order, its payload, or `None` if the claim did not apply (unknown job, or not
+    /// claimable). Writes nothing durable.
+    fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
 
-    /// Deletes jobs with their payloads and history (DLQ purge). Unknown ids are
-    /// skipped. Returns how many jobs were deleted.
-    fn delete_jobs(&mut self, ids: &[JobId]) -> Result<u64, StoreError>;
+    /// Ends attempts (ack, nack, lease expiry, a lost worker): each transition's
+    /// `job` is the new record and its `entry` the attempt's history line, written
+    /// once, now. Applies only if the stored job is leased under the token
+    /// `job.lease_seq`; answers per item whether it applied.
+    fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError>;
 
-    /// The payloads of `ids`, in the same order; `None` for an unknown id.
-    fn payloads(&mut self, ids: &[JobId]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
+    /// Moves dead jobs back to ready (`job` is the new record, `entry` the redrive
+    /// event). Applies only to a stored job that is dead; per-item answer as
+    /// [`Backend::complete`].
+    fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError>;
+
+    /// Cancels jobs (`job` is the new, cancelled record, `entry` the event). Applies
+    /// only to a stored job that is ready, delayed or dead and not leased; per-item
+    /// answer as [`Backend::complete`].
+    fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError>;
+
+    /// Deletes dead jobs with their payloads and history (DLQ purge). Answers per id
+    /// whether it was deleted (unknown or not dead: `false`).
+    fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError>;
+
+    /// Deletes at most `limit` succeeded or cancelled jobs whose `updated_at` is before
+    /// `finished_before` (Unix ms), oldest first, with payloads and history, freeing
+    /// their idempotency keys. Returns how many were deleted.
+    fn prune(&mut self, finished_before: UnixMillis, limit: u32) -> Result<u64, StoreError>;
 
     /// Every job in state delayed, ready, leased or dead, ordered by id (oldest first):
     /// what the broker rebuilds its in-memory state from at start-up.
@@ -100,17 +151,9 @@ pub trait Backend: Send {
     fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError>;
 
     /// Jobs matching every set field of `filter`, in `filter.order`, at most
-    /// `filter.limit`. Page with `after` = the last id of the previous page.
+    /// `filter.limit`. Page with `after` = the last id of the previous page. A live
+    /// lease shows as state leased, but `filter.state` matches the stored state.
     fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError>;
-
-    /// Deletes at most `limit` succeeded or cancelled jobs whose `updated_at` is before
-    /// `finished_before` (Unix ms), oldest first, freeing their idempotency keys.
-    /// Returns how many were deleted.
-    fn prune_finished(
-        &mut self,
-        finished_before: UnixMillis,
-        limit: u32,
-    ) -> Result<u64, StoreError>;
 
     /// Sets (`Some`) or deletes (`None`) one runtime override, e.g.
     /// `("tenant", "acme", "weight", Some("5"))`. Overrides survive restarts and win
@@ -126,9 +169,18 @@ pub trait Backend: Send {
     /// Every override, ordered by (scope, name, key).
     fn overrides(&mut self) -> Result<Vec<Override>, StoreError>;
 
-    /// Stored jobs per (queue, state), ordered by queue then life-cycle order of the
-    /// state; only non-zero counts. For tests and `qctl status`.
+    /// Jobs per (queue, state), a live lease counted as leased, ordered by queue then
+    /// life-cycle order of the state; only non-zero counts. For tests and `qctl status`.
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError>;
+}
+
+/// A new job and its payload, as [`Backend::enqueue`] takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewRecord {
+    /// The job's record (state ready or delayed, no lease).
+    pub job: Job,
+    /// Its payload bytes.
+    pub payload: Vec<u8>,
 }
 
 /// Transaction control of a storage engine: what the writer loop needs beyond
@@ -151,7 +203,7 @@ pub(crate) trait Engine: Backend {
     fn shutdown(&mut self);
 }
 
-/// The outcome of [`Backend::insert_job`].
+/// The outcome of one item of [`Backend::enqueue`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Inserted {
     /// The job was stored.

@@ -31,7 +31,7 @@ use crate::lease_reaper::ReaperMsg;
 use crate::limits::Limits;
 use crate::metrics::{self, Completion, RejectReason, TenantLabels};
 use crate::scheduler::SchedulerMsg;
-use crate::store::{Inserted, Store, StoreError};
+use crate::store::{Inserted, NewRecord, Store, StoreError};
 
 /// Unfinished jobs of one queue, by state, plus enqueues not yet durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -198,31 +198,32 @@ impl BrokerState {
         Ok((old, t))
     }
 
-    /// Queues the durable write of `t` and calls `done` after it commits.
-    fn write(&self, t: Transition, done: impl FnOnce(Result<(), StoreError>) + Send + 'static) {
-        let Transition { job, entry } = t;
+    /// Queues the durable end of an attempt (`t` came from a leased job) and calls
+    /// `done` after it commits.
+    fn write_end(&self, t: Transition, done: impl FnOnce(Result<(), StoreError>) + Send + 'static) {
         self.store
-            .submit(move |b| b.update_job(&job, entry.as_ref()), done);
+            .submit(move |b| b.complete(&[t]).and_then(applied), done);
     }
 
     // ---- start-up ----
 
-    /// Loads the store's unfinished jobs. After a daemon start every stored lease
-    /// was held by an earlier run and counts as expired. After a restart of the Broker
-    /// alone (`keep_leases` = now), workers may still be running those jobs, so each
-    /// lease is kept with a fresh deadline: a live worker's heartbeats and ack go
-    /// through, and a dead worker's lease expires through the reaper as usual.
-    pub(super) fn recover(
-        &mut self,
-        jobs: Vec<Job>,
-        now: UnixMillis,
-        keep_leases: Option<Instant>,
-    ) {
-        let (mut expired, mut kept) = (0usize, 0usize);
+    /// Loads the store's unfinished jobs. Leases are not durable, so after a daemon
+    /// start no job is leased: the leases of an earlier run are simply gone and their
+    /// jobs, still ready or delayed in the store, are redelivered. After a restart of
+    /// the Broker alone (`keep_leases` = now) the store still shows the leases this
+    /// process holds: each is kept with a fresh deadline, so a live worker's
+    /// heartbeats and ack go through and a dead worker's lease expires as usual.
+    ///
+    /// Fencing across runs: every lease that ended was written with its token, so the
+    /// only token of an earlier run the store does not know is a lease live at the
+    /// crash, `lease_seq + 1`. That token is skipped: the next lease gets
+    /// `lease_seq + 2`, and a late ack from the earlier run's holder is refused.
+    pub(super) fn recover(&mut self, jobs: Vec<Job>, keep_leases: Option<Instant>) {
+        let mut kept = 0usize;
         for job in jobs {
             let queue = self.intern(&job.queue);
             let tenant = self.intern(&job.tenant);
-            let job = Job {
+            let mut job = Job {
                 queue,
                 tenant,
                 ..job
@@ -230,27 +231,20 @@ impl BrokerState {
             if !self.config.queues.contains_key(&*job.queue) {
                 warn!(queue = %job.queue, job = %job.id, "Job belongs to a queue that is not configured; it waits until the queue is configured again.");
             }
-            let leased = (job.state == State::Leased).then_some(job.lease_seq);
-            self.replace(job.clone());
-            let Some(token) = leased else { continue };
-            let lease = self.queue(&job.queue).map(|q| q.lease);
-            match (keep_leases, lease) {
-                (Some(mono), Ok(lease)) => {
-                    kept += 1;
-                    self.deadlines.insert(job.id, mono + lease);
-                }
-                _ => {
-                    expired += 1;
-                    let failure = Failure::LeaseExpired {
-                        reason: "lease held by an earlier run of qd (daemon restarted)".into(),
-                    };
-                    self.fail_quietly(job.id, token, failure, now);
-                }
+            if job.state != State::Leased {
+                job.lease_seq += 1;
+                self.replace(job);
+                continue;
             }
+            let deadline = keep_leases.unwrap_or_else(Instant::now)
+                + self.queue(&job.queue).map_or(MAX_EXTEND, |q| q.lease);
+            kept += 1;
+            self.deadlines.insert(job.id, deadline);
+            self.replace(job);
         }
         info!(
             jobs = self.jobs.len(),
-            expired, kept, "Broker recovered its state from the store."
+            kept, "Broker recovered its state from the store."
         );
     }
 
@@ -314,11 +308,13 @@ impl BrokerState {
                     .entry((queue, new.tenant.clone()))
                     .or_default() += 1;
                 let job = Job::new(new, now);
-                let record = job.clone();
-                let payload = req.payload;
+                let record = NewRecord {
+                    job: job.clone(),
+                    payload: req.payload,
+                };
                 let myself = self.myself.clone();
                 self.store.submit(
-                    move |b| b.insert_job(&record, &payload),
+                    move |b| b.enqueue(&[record]).map(first),
                     move |result| {
                         let _ = myself.cast(BrokerMsg::Inserted(Box::new(job), result, reply));
                     },
@@ -441,7 +437,7 @@ impl BrokerState {
         let mut granted = Vec::new();
         for (tenant, id) in picks {
             match self.lease_one(id, &worker, now) {
-                Ok(t) => granted.push(t),
+                Ok(pair) => granted.push(pair),
                 Err(err) => {
                     debug!(queue = %queue, job = %id, error = %err, "Scheduler pick not leasable.");
                     events::release(queue, tenant);
@@ -454,48 +450,59 @@ impl BrokerState {
         }
         let deadline = mono + lease;
         let deadline_ms = now + i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
-        for t in &granted {
-            self.deadlines.insert(t.job.id, deadline);
-            events::track(t.job.id, t.job.lease_seq, deadline);
-            let ready_since = t.job.ready_at.max(t.job.created_at);
+        for (_, job) in &granted {
+            self.deadlines.insert(job.id, deadline);
+            events::track(job.id, job.lease_seq, deadline);
+            let ready_since = job.ready_at.max(job.created_at);
             metrics::job_waited(queue, millis(now - ready_since));
         }
-        let jobs: Vec<Job> = granted.iter().map(|t| t.job.clone()).collect();
-        let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+        let (before, jobs): (Vec<Job>, Vec<Job>) = granted.into_iter().unzip();
         let myself = self.myself.clone();
         self.store.submit(
-            move |b| {
-                for job in &jobs {
-                    b.update_job(job, None)?;
-                }
-                b.payloads(&ids).map(|p| (jobs, p))
-            },
-            move |result| match result {
-                Ok((jobs, payloads)) => {
-                    let leased: Vec<LeasedJob> = jobs
-                        .into_iter()
-                        .zip(payloads)
-                        .map(|(job, payload)| leased_job(job, payload.unwrap_or_default(), lease, deadline_ms))
-                        .collect();
-                    let tokens = leased.iter().map(|l| (l.id, l.token)).collect();
-                    if reply.send(leased).is_err() {
-                        let _ = myself.cast(BrokerMsg::Abandoned(tokens));
+            move |b| b.claim(&jobs).map(|p| (jobs, p)),
+            move |result| {
+                let (leased, unclaimed) = match result {
+                    Ok((jobs, payloads)) => claimed(before, jobs, payloads, lease, deadline_ms),
+                    Err(err) => {
+                        warn!(error = %err, jobs = before.len(), "Claim failed in the store; the jobs stay ready.");
+                        (Vec::new(), before)
                     }
+                };
+                if !unclaimed.is_empty() {
+                    let _ = myself.cast(BrokerMsg::Unclaimed(unclaimed));
                 }
-                Err(err) => {
-                    warn!(error = %err, "Lease write failed; the leases will expire and the jobs be redelivered.");
-                    let _ = reply.send(Vec::new());
+                let tokens = leased.iter().map(|l| (l.id, l.token)).collect();
+                if reply.send(leased).is_err() {
+                    let _ = myself.cast(BrokerMsg::Abandoned(tokens));
                 }
             },
         );
     }
 
+    /// Takes back leases the store did not record (`before` are the jobs' records
+    /// before the lease): each job that still holds that lease returns to its earlier
+    /// record uncharged and is handed to its Scheduler again.
+    pub(super) fn unclaimed(&mut self, before: Vec<Job>, now: UnixMillis) {
+        for job in before {
+            let current = self.jobs.get(&job.id);
+            let held = current
+                .is_some_and(|c| c.state == State::Leased && c.lease_seq == job.lease_seq + 1);
+            let Some(leased) = current.filter(|_| held).cloned() else {
+                continue;
+            };
+            debug!(queue = %job.queue, job = %job.id, "Lease taken back: the store did not record it.");
+            self.replace(job.clone());
+            events::changed(&leased, &job, now);
+        }
+    }
+
+    /// Leases one job in memory; returns its record before and after.
     fn lease_one(
         &mut self,
         id: JobId,
         worker: &str,
         now: UnixMillis,
-    ) -> Result<Transition, BrokerError> {
+    ) -> Result<(Job, Job), BrokerError> {
         let mut old = self
             .jobs
             .get(&id)
@@ -509,7 +516,7 @@ impl BrokerState {
         };
         let t = job::apply(&old, event, &FALLBACK_BACKOFF, now)?;
         self.replace(t.job.clone());
-        Ok(t)
+        Ok((old, t.job))
     }
 
     pub(super) fn abandoned(&mut self, leases: Vec<(JobId, Token)>, now: UnixMillis) {
@@ -550,7 +557,7 @@ impl BrokerState {
         match self.transition(id, Event::Ack { token }, now) {
             Ok((old, t)) => {
                 record_end(&self.labels, &old, &t, now);
-                self.write(t, move |r| {
+                self.write_end(t, move |r| {
                     let _ = reply.send(r.map_err(BrokerError::from));
                 });
             }
@@ -586,7 +593,7 @@ impl BrokerState {
                         outcome = %entry.outcome, next = %t.job.state,
                         error = entry.error.as_deref().unwrap_or(""), "Attempt failed.");
                 }
-                self.write(t, move |r| {
+                self.write_end(t, move |r| {
                     if let Some(reply) = reply {
                         let _ = reply.send(r.map_err(BrokerError::from));
                     }
@@ -691,7 +698,7 @@ impl BrokerState {
         events::to_dlq(DlqMsg::Removed(outcome.moved.clone()));
         let ids = outcome.moved.clone();
         self.store.submit(
-            move |b| b.delete_jobs(&ids),
+            move |b| b.purge(&ids),
             move |r| {
                 let _ = reply.send(r.map(|_| outcome).map_err(BrokerError::from));
             },
@@ -714,9 +721,12 @@ impl BrokerState {
                     Completion::Cancelled,
                 );
                 let previous = old.state;
-                self.write(t, move |r| {
-                    let _ = reply.send(r.map(|()| previous).map_err(BrokerError::from));
-                });
+                self.store.submit(
+                    move |b| b.cancel(&[t]).and_then(applied),
+                    move |r| {
+                        let _ = reply.send(r.map(|()| previous).map_err(BrokerError::from));
+                    },
+                );
             }
             Err(err) => {
                 let _ = reply.send(Err(err));
@@ -733,14 +743,8 @@ impl BrokerState {
             done(Ok(()));
             return;
         }
-        self.store.submit(
-            move |b| {
-                writes
-                    .iter()
-                    .try_for_each(|t| b.update_job(&t.job, t.entry.as_ref()))
-            },
-            done,
-        );
+        self.store
+            .submit(move |b| b.redrive(&writes).and_then(applied), done);
     }
 
     pub(super) fn counts(&self) -> HashMap<Arc<str>, QueueCounts> {
@@ -757,7 +761,7 @@ impl BrokerState {
             .unwrap_or(Duration::from_secs(86_400));
         let before = now - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX / 2);
         self.store.submit(
-            move |b| b.prune_finished(before, 10_000),
+            move |b| b.prune(before, 10_000),
             |r| match r {
                 Ok(0) => {}
                 Ok(n) => info!(pruned = n, "Finished jobs past retention pruned."),
@@ -790,6 +794,25 @@ fn reject_reason(err: &BrokerError) -> RejectReason {
     }
 }
 
+/// The one answer of a one-item store batch.
+fn first<T>(mut answers: Vec<T>) -> T {
+    answers
+        .pop()
+        .expect("invariant: a store batch answers once per item")
+}
+
+/// A one-item conditional write's answer as a result: not applied means the store
+/// holds a state this Broker did not expect (another writer, or a bug).
+fn applied(answers: Vec<bool>) -> Result<(), StoreError> {
+    if answers.into_iter().all(|a| a) {
+        Ok(())
+    } else {
+        Err(StoreError::Other(
+            "the stored job was not in the state the broker expected; nothing written".into(),
+        ))
+    }
+}
+
 fn millis(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
@@ -812,6 +835,26 @@ fn record_end(labels: &TenantLabels, old: &Job, t: &Transition, now: UnixMillis)
     if *outcome == Outcome::Succeeded {
         debug!(queue = %old.queue, job = %old.id, "Job succeeded.");
     }
+}
+
+/// Splits a claim's answer into the jobs handed out and the pre-lease records of
+/// those the store refused (`None` payload).
+fn claimed(
+    before: Vec<Job>,
+    jobs: Vec<Job>,
+    payloads: Vec<Option<Vec<u8>>>,
+    lease: Duration,
+    deadline_ms: UnixMillis,
+) -> (Vec<LeasedJob>, Vec<Job>) {
+    let mut leased = Vec::with_capacity(jobs.len());
+    let mut unclaimed = Vec::new();
+    for ((old, job), payload) in before.into_iter().zip(jobs).zip(payloads) {
+        match payload {
+            Some(payload) => leased.push(leased_job(job, payload, lease, deadline_ms)),
+            None => unclaimed.push(old),
+        }
+    }
+    (leased, unclaimed)
 }
 
 fn leased_job(job: Job, payload: Vec<u8>, lease: Duration, deadline_ms: UnixMillis) -> LeasedJob {

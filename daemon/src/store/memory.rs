@@ -1,14 +1,16 @@
 //! The in-memory engine: the same [`Backend`] semantics as SQLite over ordered maps,
-//! with savepoints and rollback from an undo log. It is the model the property tests
+//! with savepoints and rollback from an undo log. A row keeps the durable record and,
+//! apart, its live lease, as SQLite keeps leases in a temp table. It is the model the property tests
 //! compare the SQLite engine against, so it favours plainness over speed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{
-    Backend, Engine, Inserted, JobDetail, JobFilter, JobOrder, Override, StoreError, sort_counts,
+    Backend, Engine, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override, StoreError,
+    sort_counts,
 };
-use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
+use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
 /// A [`Backend`] kept in memory; nothing survives the process.
 #[derive(Default)]
@@ -26,9 +28,44 @@ pub struct MemoryBackend {
 
 #[derive(Clone)]
 struct Row {
+    /// The durable record (never in state leased).
     job: Job,
     payload: Vec<u8>,
     history: Vec<HistoryEntry>,
+    /// The live lease, if any: (token, worker, leased_at).
+    lease: Option<(Token, String, UnixMillis)>,
+}
+
+impl Row {
+    /// The record as readers see it: the live lease laid over the stored row.
+    fn view(&self) -> Job {
+        let mut job = self.job.clone();
+        if let Some((token, worker, at)) = &self.lease {
+            job.state = State::Leased;
+            job.lease_seq = *token;
+            job.worker = Some(worker.clone());
+            job.leased_at = Some(*at);
+        }
+        job
+    }
+
+    fn claimable(&self) -> bool {
+        self.lease.is_none() && matches!(self.job.state, State::Ready | State::Delayed)
+    }
+}
+
+/// The mutable columns of a transition's record, as SQLite's `UPDATE` writes them.
+fn stored(t: &Transition, old: &Job) -> Job {
+    Job {
+        state: t.job.state,
+        attempts: t.job.attempts,
+        budget_start: t.job.budget_start,
+        lease_seq: t.job.lease_seq,
+        ready_at: t.job.ready_at,
+        updated_at: t.job.updated_at,
+        last_error: t.job.last_error.clone(),
+        ..old.clone()
+    }
 }
 
 type OverrideKey = (String, String, String);
@@ -96,6 +133,30 @@ impl MemoryBackend {
         }
     }
 
+    /// Writes `t` and its history line if `allowed` holds for the stored row.
+    fn change(&mut self, t: &Transition, allowed: impl Fn(&Row) -> bool) -> bool {
+        let Some(mut row) = self.jobs.get(&t.job.id).filter(|r| allowed(r)).cloned() else {
+            return false;
+        };
+        row.job = stored(t, &row.job);
+        row.lease = None;
+        row.history.extend(t.entry.clone());
+        self.write_job(t.job.id, Some(row));
+        true
+    }
+
+    /// Deletes the row of `id` if its stored state is one of `states`.
+    fn delete(&mut self, id: JobId, states: &[State]) -> bool {
+        let found = self
+            .jobs
+            .get(&id)
+            .is_some_and(|r| states.contains(&r.job.state));
+        if found {
+            self.write_job(id, None);
+        }
+        found
+    }
+
     fn matches(job: &Job, filter: &JobFilter) -> bool {
         let error_matches = |needle: &String| {
             job.last_error.as_ref().is_some_and(|e| {
@@ -112,59 +173,100 @@ impl MemoryBackend {
 }
 
 impl Backend for MemoryBackend {
-    fn insert_job(&mut self, job: &Job, payload: &[u8]) -> Result<Inserted, StoreError> {
-        if let Some(id) = key_of(job).and_then(|key| self.keys.get(&key).copied()) {
-            let same_payload = self.jobs.get(&id).is_some_and(|row| row.payload == payload);
-            return Ok(Inserted::Duplicate { id, same_payload });
-        }
-        if self.jobs.contains_key(&job.id) {
-            return Err(StoreError::Other(format!("job {} already stored", job.id)));
-        }
-        let row = Row {
-            job: job.clone(),
-            payload: payload.to_vec(),
-            history: Vec::new(),
-        };
-        self.write_job(job.id, Some(row));
-        Ok(Inserted::New)
-    }
-
-    fn update_job(&mut self, job: &Job, entry: Option<&HistoryEntry>) -> Result<(), StoreError> {
-        let Some(mut row) = self.jobs.get(&job.id).cloned() else {
-            return Err(StoreError::Other(format!(
-                "update of unknown job {}",
-                job.id
-            )));
-        };
-        let holder = key_of(job).and_then(|key| self.keys.get(&key).copied());
-        if holder.is_some_and(|holder| holder != job.id) {
-            return Err(StoreError::Other(format!(
-                "job {}: idempotency key already held in queue {}",
-                job.id, job.queue
-            )));
-        }
-        row.job = job.clone();
-        row.history.extend(entry.cloned());
-        self.write_job(job.id, Some(row));
-        Ok(())
-    }
-
-    fn delete_jobs(&mut self, ids: &[JobId]) -> Result<u64, StoreError> {
-        let mut deleted = 0;
-        for id in ids {
-            if self.jobs.contains_key(id) {
-                self.write_job(*id, None);
-                deleted += 1;
+    fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
+        let mut answers = Vec::with_capacity(batch.len());
+        for NewRecord { job, payload } in batch {
+            if let Some(id) = key_of(job).and_then(|key| self.keys.get(&key).copied()) {
+                let same_payload = self
+                    .jobs
+                    .get(&id)
+                    .is_some_and(|row| row.payload == *payload);
+                answers.push(Inserted::Duplicate { id, same_payload });
+                continue;
             }
+            if self.jobs.contains_key(&job.id) {
+                return Err(StoreError::Other(format!("job {} already stored", job.id)));
+            }
+            let row = Row {
+                job: job.clone(),
+                payload: payload.clone(),
+                history: Vec::new(),
+                lease: None,
+            };
+            self.write_job(job.id, Some(row));
+            answers.push(Inserted::New);
         }
-        Ok(deleted)
+        Ok(answers)
     }
 
-    fn payloads(&mut self, ids: &[JobId]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+    fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let mut payloads = Vec::with_capacity(leased.len());
+        for job in leased {
+            let Some(mut row) = self.jobs.get(&job.id).filter(|r| r.claimable()).cloned() else {
+                payloads.push(None);
+                continue;
+            };
+            let worker = job.worker.clone().unwrap_or_default();
+            row.lease = Some((
+                job.lease_seq,
+                worker,
+                job.leased_at.unwrap_or(job.updated_at),
+            ));
+            payloads.push(Some(row.payload.clone()));
+            self.write_job(job.id, Some(row));
+        }
+        Ok(payloads)
+    }
+
+    fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        Ok(ends
+            .iter()
+            .map(|t| {
+                let token = t.job.lease_seq;
+                self.change(t, |r| r.lease.as_ref().is_some_and(|l| l.0 == token))
+            })
+            .collect())
+    }
+
+    fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        Ok(changes
+            .iter()
+            .map(|t| self.change(t, |r| r.job.state == State::Dead))
+            .collect())
+    }
+
+    fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        let cancellable = |r: &Row| {
+            r.lease.is_none() && matches!(r.job.state, State::Ready | State::Delayed | State::Dead)
+        };
+        Ok(changes
+            .iter()
+            .map(|t| self.change(t, cancellable))
+            .collect())
+    }
+
+    fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError> {
         Ok(ids
             .iter()
-            .map(|id| self.jobs.get(id).map(|row| row.payload.clone()))
+            .map(|id| self.delete(*id, &[State::Dead]))
             .collect())
+    }
+
+    fn prune(&mut self, finished_before: UnixMillis, limit: u32) -> Result<u64, StoreError> {
+        let mut doomed: Vec<(UnixMillis, JobId)> = self
+            .jobs
+            .values()
+            .map(|row| &row.job)
+            .filter(|job| matches!(job.state, State::Succeeded | State::Cancelled))
+            .filter(|job| job.updated_at < finished_before)
+            .map(|job| (job.updated_at, job.id))
+            .collect();
+        doomed.sort_unstable();
+        doomed.truncate(limit as usize);
+        for (_, id) in &doomed {
+            self.write_job(*id, None);
+        }
+        Ok(doomed.len() as u64)
     }
 
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
@@ -173,23 +275,23 @@ impl Backend for MemoryBackend {
             .jobs
             .values()
             .filter(|row| unfinished(row.job.state))
-            .map(|row| row.job.clone())
+            .map(Row::view)
             .collect())
     }
 
     fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError> {
         Ok(self.jobs.get(&id).map(|row| JobDetail {
-            job: row.job.clone(),
+            job: row.view(),
             payload: row.payload.clone(),
             history: row.history.clone(),
         }))
     }
 
     fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
-        let mut jobs: Vec<&Job> = self
+        let mut jobs: Vec<Job> = self
             .jobs
             .values()
-            .map(|row| &row.job)
+            .map(Row::view)
             .filter(|job| Self::matches(job, filter))
             .collect();
         match filter.order {
@@ -210,32 +312,8 @@ impl Backend for MemoryBackend {
             };
             jobs.retain(|job| beyond(job).unwrap_or(false));
         }
-        Ok(jobs
-            .into_iter()
-            .take(filter.limit as usize)
-            .cloned()
-            .collect())
-    }
-
-    fn prune_finished(
-        &mut self,
-        finished_before: UnixMillis,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        let mut doomed: Vec<(UnixMillis, JobId)> = self
-            .jobs
-            .values()
-            .map(|row| &row.job)
-            .filter(|job| matches!(job.state, State::Succeeded | State::Cancelled))
-            .filter(|job| job.updated_at < finished_before)
-            .map(|job| (job.updated_at, job.id))
-            .collect();
-        doomed.sort_unstable();
-        doomed.truncate(limit as usize);
-        for (_, id) in &doomed {
-            self.write_job(*id, None);
-        }
-        Ok(doomed.len() as u64)
+        jobs.truncate(filter.limit as usize);
+        Ok(jobs)
     }
 
     fn set_override(
@@ -265,8 +343,13 @@ impl Backend for MemoryBackend {
 
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
         let mut tally: HashMap<(&str, State), u64> = HashMap::new();
-        for job in self.jobs.values().map(|row| &row.job) {
-            *tally.entry((&job.queue, job.state)).or_default() += 1;
+        for row in self.jobs.values() {
+            let state = if row.lease.is_some() {
+                State::Leased
+            } else {
+                row.job.state
+            };
+            *tally.entry((&row.job.queue, state)).or_default() += 1;
         }
         let mut counts: Vec<_> = tally
             .into_iter()

@@ -13,17 +13,17 @@ use rusqlite::{
 use uuid::Uuid;
 
 use super::{
-    Backend, Engine, Inserted, JobDetail, JobFilter, JobOrder, Override, SqliteOptions, StoreError,
-    sort_counts,
+    Backend, Engine, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override, SqliteOptions,
+    StoreError, sort_counts,
 };
-use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
+use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from
 /// `user_version` `i` to `i + 1`. Append only; never edit a released entry.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
-/// Version 1: jobs, history, overrides (see the parent module for the invariants).
-const V1: &str = "
+/// Version 1: jobs (payload inline, leases stored), history, overrides.
+pub(super) const V1: &str = "
 CREATE TABLE jobs (
     id              BLOB    PRIMARY KEY NOT NULL CHECK (length(id) = 16),
     queue           TEXT    NOT NULL,
@@ -67,6 +67,69 @@ CREATE TABLE overrides (
 ) STRICT, WITHOUT ROWID;
 ";
 
+/// Version 2: a narrow `jobs` row (no payload, no lease), payloads in their own
+/// table written once, history without a foreign key (deleted with its job by the
+/// same statements). A lease stored by version 1 was held by an earlier run: its job
+/// becomes `ready` (redelivered), keeping its `lease_seq` so old tokens stay stale.
+const V2: &str = "
+CREATE TABLE jobs_v2 (
+    id              BLOB    PRIMARY KEY NOT NULL CHECK (length(id) = 16),
+    queue           TEXT    NOT NULL,
+    tenant          TEXT    NOT NULL,
+    idempotency_key TEXT,
+    state           TEXT    NOT NULL CHECK (state IN
+                        ('delayed', 'ready', 'succeeded', 'dead', 'cancelled')),
+    attempts        INTEGER NOT NULL CHECK (attempts >= 0),
+    budget_start    INTEGER NOT NULL CHECK (budget_start >= 0),
+    max_attempts    INTEGER NOT NULL CHECK (max_attempts >= 0),
+    lease_seq       INTEGER NOT NULL CHECK (lease_seq >= 0),
+    created_at      INTEGER NOT NULL,
+    ready_at        INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL,
+    last_error      TEXT
+) STRICT, WITHOUT ROWID;
+INSERT INTO jobs_v2 SELECT id, queue, tenant, idempotency_key,
+    CASE state WHEN 'leased' THEN 'ready' ELSE state END,
+    attempts, budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at,
+    last_error FROM jobs;
+CREATE TABLE payloads (
+    job_id BLOB PRIMARY KEY NOT NULL,
+    body   BLOB NOT NULL
+) STRICT, WITHOUT ROWID;
+INSERT INTO payloads SELECT id, payload FROM jobs;
+CREATE TABLE history_v2 (
+    job_id     BLOB    NOT NULL,
+    seq        INTEGER NOT NULL,
+    attempt    INTEGER NOT NULL,
+    outcome    TEXT    NOT NULL,
+    worker     TEXT,
+    started_at INTEGER,
+    ended_at   INTEGER NOT NULL,
+    error      TEXT,
+    PRIMARY KEY (job_id, seq)
+) STRICT, WITHOUT ROWID;
+INSERT INTO history_v2 SELECT * FROM history;
+DROP TABLE history;
+DROP TABLE jobs;
+ALTER TABLE jobs_v2 RENAME TO jobs;
+ALTER TABLE history_v2 RENAME TO history;
+CREATE UNIQUE INDEX jobs_queue_key ON jobs (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX jobs_state_updated ON jobs (state, updated_at);
+CREATE INDEX jobs_queue_state_updated ON jobs (queue, state, updated_at);
+";
+
+/// The live leases of this process: a `TEMP` table, kept in memory by
+/// `temp_store=MEMORY` and never written to the database file or its WAL.
+const LEASES: &str = "
+CREATE TEMP TABLE IF NOT EXISTS leases (
+    id        BLOB    PRIMARY KEY NOT NULL,
+    token     INTEGER NOT NULL,
+    worker    TEXT    NOT NULL,
+    leased_at INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
 /// The newest schema version this build reads and writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
@@ -74,9 +137,18 @@ pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 /// `sqlite3` in a shell) before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The columns of a [`Job`], in the order [`job_from_row`] reads them.
-const JOB_COLUMNS: &str = "id, queue, tenant, idempotency_key, state, attempts, budget_start, \
-     max_attempts, lease_seq, worker, leased_at, created_at, ready_at, updated_at, last_error";
+/// The columns of a [`Job`] as seen through a live lease, in the order
+/// [`job_from_row`] reads them, over `jobs j LEFT JOIN temp.leases l` ([`JOINED`]).
+const JOB_COLUMNS: &str = "j.id, j.queue, j.tenant, j.idempotency_key, \
+     CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END, j.attempts, j.budget_start, \
+     j.max_attempts, COALESCE(l.token, j.lease_seq), l.worker, l.leased_at, j.created_at, \
+     j.ready_at, j.updated_at, j.last_error";
+
+/// The stored jobs with this process's leases laid over them.
+const JOINED: &str = "jobs j LEFT JOIN temp.leases l ON l.id = j.id";
+
+/// The stored states of a job that may be leased (a lease is not stored).
+const CLAIMABLE: &str = "state IN ('ready', 'delayed')";
 
 /// The production [`Backend`]: one SQLite connection in WAL mode with `synchronous=FULL`,
 /// owned by the writer thread.
@@ -138,12 +210,12 @@ impl SqliteBackend {
             ));
         }
         self.conn.pragma_update(None, "synchronous", "FULL")?;
-        self.conn.pragma_update(None, "foreign_keys", "ON")?;
+        self.conn.pragma_update(None, "temp_store", "MEMORY")?;
         if let Some(pages) = options.max_page_count {
             self.conn.pragma_update(None, "max_page_count", pages)?;
         }
-        self.conn.set_prepared_statement_cache_capacity(32);
-        Ok(())
+        self.conn.set_prepared_statement_cache_capacity(64);
+        self.conn.execute_batch(LEASES)
     }
 
     /// Applies the missing migrations, each in its own transaction with its version bump.
@@ -185,13 +257,6 @@ impl SqliteBackend {
             .map_err(|e| self.err(e))
     }
 
-    fn payload_of(&self, id: JobId) -> rusqlite::Result<Option<Vec<u8>>> {
-        self.conn
-            .prepare_cached("SELECT payload FROM jobs WHERE id = ?1")?
-            .query_row([id_bytes(id)], |r| r.get(0))
-            .optional()
-    }
-
     fn history_of(&self, id: JobId) -> rusqlite::Result<Vec<HistoryEntry>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT attempt, outcome, worker, started_at, ended_at, error \
@@ -217,6 +282,166 @@ impl SqliteBackend {
                 .collect::<rusqlite::Result<Vec<Job>>>()
         };
         run().map_err(|e| self.err(e))
+    }
+
+    /// Inserts one new job and its payload, or names the holder of its key.
+    fn enqueue_one(&self, record: &NewRecord) -> rusqlite::Result<Option<Inserted>> {
+        let job = &record.job;
+        let inserted = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO jobs (id, queue, tenant, idempotency_key, state, attempts, \
+                 budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at, \
+                 last_error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+                 ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![
+                id_bytes(job.id),
+                &*job.queue,
+                &*job.tenant,
+                job.idempotency_key,
+                job.state.as_str(),
+                job.attempts,
+                job.budget_start,
+                job.max_attempts,
+                stored_seq(job.lease_seq),
+                job.created_at,
+                job.ready_at,
+                job.updated_at,
+                job.last_error,
+            ])?;
+        if inserted == 1 {
+            self.conn
+                .prepare_cached("INSERT INTO payloads (job_id, body) VALUES (?1, ?2)")?
+                .execute(params![id_bytes(job.id), record.payload])?;
+            return Ok(Some(Inserted::New));
+        }
+        let Some(key) = &job.idempotency_key else {
+            return Ok(None);
+        };
+        self.conn
+            .prepare_cached(
+                "SELECT j.id, p.body = ?3 FROM jobs j JOIN payloads p ON p.job_id = j.id \
+                 WHERE j.queue = ?1 AND j.idempotency_key = ?2",
+            )?
+            .query_row(params![&*job.queue, key, record.payload], |r| {
+                Ok(Inserted::Duplicate {
+                    id: JobId(Uuid::from_bytes(r.get(0)?)),
+                    same_payload: r.get(1)?,
+                })
+            })
+            .optional()
+    }
+
+    /// Records one lease in `temp.leases` if the stored job is claimable and not
+    /// leased; answers its payload then.
+    fn claim_one(&self, job: &Job) -> rusqlite::Result<Option<Vec<u8>>> {
+        let claimed = self
+            .conn
+            .prepare_cached(&format!(
+                "INSERT INTO temp.leases (id, token, worker, leased_at) \
+                 SELECT id, ?2, ?3, ?4 FROM jobs WHERE id = ?1 AND {CLAIMABLE} \
+                 ON CONFLICT DO NOTHING"
+            ))?
+            .execute(params![
+                id_bytes(job.id),
+                stored_seq(job.lease_seq),
+                job.worker.as_deref().unwrap_or(""),
+                job.leased_at.unwrap_or(job.updated_at),
+            ])?;
+        if claimed == 0 {
+            return Ok(None);
+        }
+        self.conn
+            .prepare_cached("SELECT body FROM payloads WHERE job_id = ?1")?
+            .query_row([id_bytes(job.id)], |r| r.get(0))
+            .optional()
+    }
+
+    /// Writes a transition's mutable columns and its history line if the stored job
+    /// is in one of `states` (an SQL list) and not leased.
+    fn change_one(&self, t: &Transition, states: &str) -> rusqlite::Result<bool> {
+        let job = &t.job;
+        let changed = self
+            .conn
+            .prepare_cached(&format!(
+                "UPDATE jobs SET state = ?2, attempts = ?3, budget_start = ?4, lease_seq = ?5, \
+                 ready_at = ?6, updated_at = ?7, last_error = ?8 \
+                 WHERE id = ?1 AND state IN ({states}) \
+                 AND id NOT IN (SELECT id FROM temp.leases)"
+            ))?
+            .execute(params![
+                id_bytes(job.id),
+                job.state.as_str(),
+                job.attempts,
+                job.budget_start,
+                stored_seq(job.lease_seq),
+                job.ready_at,
+                job.updated_at,
+                job.last_error,
+            ])?;
+        if changed == 0 {
+            return Ok(false);
+        }
+        if let Some(entry) = &t.entry {
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO history (job_id, seq, attempt, outcome, worker, started_at, \
+                     ended_at, error) SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4, ?5, \
+                     ?6, ?7 FROM history WHERE job_id = ?1",
+                )?
+                .execute(params![
+                    id_bytes(job.id),
+                    entry.attempt,
+                    entry.outcome.as_str(),
+                    entry.worker,
+                    entry.started_at,
+                    entry.ended_at,
+                    entry.error,
+                ])?;
+        }
+        Ok(true)
+    }
+
+    /// Ends the lease `t.job.lease_seq` of the job, then writes `t`.
+    fn complete_one(&self, t: &Transition) -> rusqlite::Result<bool> {
+        let ended = self
+            .conn
+            .prepare_cached("DELETE FROM temp.leases WHERE id = ?1 AND token = ?2")?
+            .execute(params![id_bytes(t.job.id), stored_seq(t.job.lease_seq)])?;
+        Ok(ended == 1 && self.change_one(t, "'ready', 'delayed'")?)
+    }
+
+    /// Deletes one job with its payload and history.
+    fn delete_one(&self, id: JobId, states: &str) -> rusqlite::Result<bool> {
+        let deleted = self
+            .conn
+            .prepare_cached(&format!(
+                "DELETE FROM jobs WHERE id = ?1 AND state IN ({states})"
+            ))?
+            .execute([id_bytes(id)])?;
+        if deleted == 0 {
+            return Ok(false);
+        }
+        for sql in [
+            "DELETE FROM payloads WHERE job_id = ?1",
+            "DELETE FROM history WHERE job_id = ?1",
+        ] {
+            self.conn.prepare_cached(sql)?.execute([id_bytes(id)])?;
+        }
+        Ok(true)
+    }
+
+    /// Runs `one` over every item, mapping errors to [`StoreError`].
+    fn each<T, R>(
+        &self,
+        items: &[T],
+        one: impl Fn(&Self, &T) -> rusqlite::Result<R>,
+    ) -> Result<Vec<R>, StoreError> {
+        items
+            .iter()
+            .map(|item| one(self, item).map_err(|e| self.err(e)))
+            .collect()
     }
 }
 
@@ -269,148 +494,81 @@ fn job_from_row(r: &Row<'_>) -> rusqlite::Result<Job> {
     })
 }
 
-/// The stored form of `lease_seq` (SQLite integers are signed 64-bit).
-fn lease_seq(job: &Job) -> Result<i64, StoreError> {
-    i64::try_from(job.lease_seq).map_err(|_| {
-        StoreError::Other(format!(
-            "job {}: lease_seq {} out of range",
-            job.id, job.lease_seq
-        ))
-    })
-}
-
-/// Calls `f` with `job`'s column values as `?1..?15` in [`JOB_COLUMNS`] order, then
-/// `extra` (the payload of an insert) as `?16`: the one place that order is spelled.
-fn with_job_params<R>(
-    job: &Job,
-    extra: Option<&dyn rusqlite::ToSql>,
-    f: impl FnOnce(&[&dyn rusqlite::ToSql]) -> R,
-) -> Result<R, StoreError> {
-    let (id, seq, state) = (id_bytes(job.id), lease_seq(job)?, job.state.as_str());
-    let mut values: Vec<&dyn rusqlite::ToSql> = vec![
-        &id,
-        &job.queue,
-        &job.tenant,
-        &job.idempotency_key,
-        &state,
-        &job.attempts,
-        &job.budget_start,
-        &job.max_attempts,
-        &seq,
-        &job.worker,
-        &job.leased_at,
-        &job.created_at,
-        &job.ready_at,
-        &job.updated_at,
-        &job.last_error,
-    ];
-    values.extend(extra);
-    Ok(f(&values))
+/// The stored form of a lease token (SQLite integers are signed 64-bit; a token
+/// never comes near `i64::MAX`, one per lease).
+fn stored_seq(seq: Token) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
 }
 
 impl Backend for SqliteBackend {
-    fn insert_job(&mut self, job: &Job, payload: &[u8]) -> Result<Inserted, StoreError> {
-        if let Some(key) = &job.idempotency_key {
-            let hit: Option<([u8; 16], bool)> = self
-                .conn
-                .prepare_cached(
-                    "SELECT id, payload = ?3 FROM jobs WHERE queue = ?1 AND idempotency_key = ?2",
-                )
-                .and_then(|mut s| {
-                    s.query_row(params![&*job.queue, key, payload], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })
-                    .optional()
+    fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
+        let answers = self.each(batch, Self::enqueue_one)?;
+        batch
+            .iter()
+            .zip(answers)
+            .map(|(record, answer)| {
+                answer.ok_or_else(|| {
+                    StoreError::Other(format!("job {} already stored", record.job.id))
                 })
-                .map_err(|e| self.err(e))?;
-            if let Some((id, same_payload)) = hit {
-                let id = JobId(Uuid::from_bytes(id));
-                return Ok(Inserted::Duplicate { id, same_payload });
-            }
-        }
-        let sql = format!(
-            "INSERT INTO jobs ({JOB_COLUMNS}, payload) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
-        );
-        with_job_params(job, Some(&payload), |p| {
-            self.conn
-                .prepare_cached(&sql)
-                .and_then(|mut s| s.execute(p))
-        })?
-        .map_err(|e| self.err(e))?;
-        Ok(Inserted::New)
+            })
+            .collect()
     }
 
-    fn update_job(&mut self, job: &Job, entry: Option<&HistoryEntry>) -> Result<(), StoreError> {
-        let changed = with_job_params(job, None, |p| {
-            self.conn
-                .prepare_cached(
-                    "UPDATE jobs SET queue = ?2, tenant = ?3, idempotency_key = ?4, state = ?5, \
-                     attempts = ?6, budget_start = ?7, max_attempts = ?8, lease_seq = ?9, \
-                     worker = ?10, leased_at = ?11, created_at = ?12, ready_at = ?13, \
-                     updated_at = ?14, last_error = ?15 WHERE id = ?1",
-                )
-                .and_then(|mut s| s.execute(p))
-        })?
-        .map_err(|e| self.err(e))?;
-        if changed == 0 {
-            return Err(StoreError::Other(format!(
-                "update of unknown job {}",
-                job.id
-            )));
-        }
-        let Some(entry) = entry else { return Ok(()) };
-        self.conn
+    fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.each(leased, Self::claim_one)
+    }
+
+    fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        self.each(ends, Self::complete_one)
+    }
+
+    fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        self.each(changes, |b, t| b.change_one(t, "'dead'"))
+    }
+
+    fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        self.each(changes, |b, t| {
+            b.change_one(t, "'ready', 'delayed', 'dead'")
+        })
+    }
+
+    fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError> {
+        self.each(ids, |b, id| b.delete_one(*id, "'dead'"))
+    }
+
+    fn prune(&mut self, finished_before: UnixMillis, limit: u32) -> Result<u64, StoreError> {
+        let doomed: Vec<JobId> = self
+            .conn
             .prepare_cached(
-                "INSERT INTO history (job_id, seq, attempt, outcome, worker, started_at, \
-                 ended_at, error) SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4, ?5, ?6, ?7 \
-                 FROM history WHERE job_id = ?1",
+                "SELECT id FROM jobs WHERE state IN ('succeeded', 'cancelled') \
+                 AND updated_at < ?1 ORDER BY updated_at, id LIMIT ?2",
             )
             .and_then(|mut s| {
-                s.execute(params![
-                    id_bytes(job.id),
-                    entry.attempt,
-                    entry.outcome.as_str(),
-                    entry.worker,
-                    entry.started_at,
-                    entry.ended_at,
-                    entry.error,
-                ])
+                s.query_map(params![finished_before, limit], |r| {
+                    Ok(JobId(Uuid::from_bytes(r.get(0)?)))
+                })?
+                .collect()
             })
             .map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
-    fn delete_jobs(&mut self, ids: &[JobId]) -> Result<u64, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("DELETE FROM jobs WHERE id = ?1")
-            .map_err(|e| map_err(&self.path, e))?;
-        let mut deleted = 0;
-        for id in ids {
-            deleted += stmt
-                .execute([id_bytes(*id)])
-                .map_err(|e| map_err(&self.path, e))? as u64;
-        }
-        Ok(deleted)
-    }
-
-    fn payloads(&mut self, ids: &[JobId]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        ids.iter()
-            .map(|id| self.payload_of(*id).map_err(|e| self.err(e)))
-            .collect()
+        let deleted = self.each(&doomed, |b, id| {
+            b.delete_one(*id, "'succeeded', 'cancelled'")
+        })?;
+        Ok(deleted.into_iter().filter(|d| *d).count() as u64)
     }
 
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
         let sql = format!(
-            "SELECT {JOB_COLUMNS} FROM jobs \
-             WHERE state IN ('delayed', 'ready', 'leased', 'dead') ORDER BY id"
+            "SELECT {JOB_COLUMNS} FROM {JOINED} \
+             WHERE j.state IN ('delayed', 'ready', 'dead') ORDER BY j.id"
         );
         self.query_jobs(&sql, Vec::new())
     }
 
     fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError> {
-        let sql = format!("SELECT {JOB_COLUMNS}, payload FROM jobs WHERE id = ?1");
+        let sql = format!(
+            "SELECT {JOB_COLUMNS}, p.body FROM {JOINED} \
+             JOIN payloads p ON p.job_id = j.id WHERE j.id = ?1"
+        );
         let read = || {
             let found = self
                 .conn
@@ -439,63 +597,56 @@ impl Backend for SqliteBackend {
             clauses.push(make(args.len()));
         };
         if let Some(queue) = &filter.queue {
-            add(&|n| format!("queue = ?{n}"), Value::Text(queue.clone()));
+            add(&|n| format!("j.queue = ?{n}"), Value::Text(queue.clone()));
         }
         if let Some(tenant) = &filter.tenant {
-            add(&|n| format!("tenant = ?{n}"), Value::Text(tenant.clone()));
+            add(&|n| format!("j.tenant = ?{n}"), Value::Text(tenant.clone()));
         }
-        if let Some(state) = filter.state {
-            add(
-                &|n| format!("state = ?{n}"),
+        match filter.state {
+            Some(State::Leased) => {}
+            Some(state @ (State::Ready | State::Delayed)) => add(
+                &|n| format!("j.state = ?{n} AND l.id IS NULL"),
                 Value::Text(state.as_str().into()),
-            );
+            ),
+            Some(state) => add(
+                &|n| format!("j.state = ?{n}"),
+                Value::Text(state.as_str().into()),
+            ),
+            None => {}
         }
         if let Some(text) = &filter.error_contains {
-            let clause = |n| format!("instr(lower(last_error), lower(?{n})) > 0");
+            let clause = |n| format!("instr(lower(j.last_error), lower(?{n})) > 0");
             add(&clause, Value::Text(text.clone()));
         }
         if let Some(since) = filter.updated_since {
-            add(&|n| format!("updated_at >= ?{n}"), Value::Integer(since));
+            add(&|n| format!("j.updated_at >= ?{n}"), Value::Integer(since));
         }
         if let Some(after) = filter.after {
             let cursor = |n| match filter.order {
-                JobOrder::OldestFirst => format!("id > ?{n}"),
-                JobOrder::NewestFirst => format!("id < ?{n}"),
-                JobOrder::RecentlyUpdated => {
-                    format!("(updated_at, id) < (SELECT updated_at, id FROM jobs WHERE id = ?{n})")
-                }
+                JobOrder::OldestFirst => format!("j.id > ?{n}"),
+                JobOrder::NewestFirst => format!("j.id < ?{n}"),
+                JobOrder::RecentlyUpdated => format!(
+                    "(j.updated_at, j.id) < (SELECT updated_at, id FROM jobs WHERE id = ?{n})"
+                ),
             };
             add(&cursor, Value::Blob(id_bytes(after).to_vec()));
         }
-        let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs");
+        if filter.state == Some(State::Leased) {
+            clauses.push("l.id IS NOT NULL".into());
+        }
+        let mut sql = format!("SELECT {JOB_COLUMNS} FROM {JOINED}");
         if !clauses.is_empty() {
             sql.push_str(" WHERE ");
             sql.push_str(&clauses.join(" AND "));
         }
         args.push(Value::Integer(filter.limit.into()));
         let order = match filter.order {
-            JobOrder::OldestFirst => "id",
-            JobOrder::NewestFirst => "id DESC",
-            JobOrder::RecentlyUpdated => "updated_at DESC, id DESC",
+            JobOrder::OldestFirst => "j.id",
+            JobOrder::NewestFirst => "j.id DESC",
+            JobOrder::RecentlyUpdated => "j.updated_at DESC, j.id DESC",
         };
         sql.push_str(&format!(" ORDER BY {order} LIMIT ?{}", args.len()));
         self.query_jobs(&sql, args)
-    }
-
-    fn prune_finished(
-        &mut self,
-        finished_before: UnixMillis,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        self.conn
-            .prepare_cached(
-                "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs \
-                 WHERE state IN ('succeeded', 'cancelled') AND updated_at < ?1 \
-                 ORDER BY updated_at, id LIMIT ?2)",
-            )
-            .and_then(|mut s| s.execute(params![finished_before, limit]))
-            .map(|n| n as u64)
-            .map_err(|e| self.err(e))
     }
 
     fn set_override(
@@ -539,9 +690,10 @@ impl Backend for SqliteBackend {
 
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
         let read = || {
-            let mut stmt = self
-                .conn
-                .prepare_cached("SELECT queue, state, COUNT(*) FROM jobs GROUP BY queue, state")?;
+            let mut stmt = self.conn.prepare_cached(&format!(
+                "SELECT j.queue, CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END AS s, \
+                     COUNT(*) FROM {JOINED} GROUP BY j.queue, s"
+            ))?;
             stmt.query_map([], |r| {
                 Ok((r.get(0)?, parse(r, 1)?, r.get::<_, i64>(2)? as u64))
             })?

@@ -9,7 +9,7 @@ use rusqlite::{Connection, OpenFlags};
 use uuid::Uuid;
 
 use super::*;
-use crate::job::Outcome;
+use crate::job::{Outcome, Token};
 
 mod model;
 
@@ -33,6 +33,26 @@ fn job(n: u128, queue: &str, key: Option<&str>) -> Job {
         ready_at: 1_000,
         updated_at: 1_000,
         last_error: None,
+    }
+}
+
+/// Enqueues one job through the batch interface and returns its one answer.
+fn insert(b: &mut dyn Backend, job: &Job, payload: &[u8]) -> Result<Inserted, StoreError> {
+    let record = NewRecord {
+        job: job.clone(),
+        payload: payload.to_vec(),
+    };
+    Ok(b.enqueue(&[record])?.remove(0))
+}
+
+/// `job` leased under `token` by worker `w/1` at 1_500.
+fn leased(job: &Job, token: Token) -> Job {
+    Job {
+        state: State::Leased,
+        lease_seq: token,
+        worker: Some("w/1".into()),
+        leased_at: Some(1_500),
+        ..job.clone()
     }
 }
 
@@ -106,7 +126,7 @@ fn concurrent_inserts_are_durable_and_share_few_commits() {
                     let (reader, early, done_tx) =
                         (Arc::clone(&reader), Arc::clone(&early), done_tx.clone());
                     store.submit(
-                        move |b| b.insert_job(&job, &[7; 200]),
+                        move |b| insert(b, &job, &[7; 200]),
                         move |result| {
                             let visible: i64 = reader
                                 .lock()
@@ -155,7 +175,7 @@ fn jobs_history_and_overrides_survive_reopen() {
     let store = open(&path);
     let mut stored = job(1, "email", Some("k"));
     let inserted = stored.clone();
-    block(&store, move |b| b.insert_job(&inserted, b"hello")).expect("insert");
+    block(&store, move |b| insert(b, &inserted, b"hello")).expect("insert");
     stored.state = State::Dead;
     stored.attempts = 3;
     stored.lease_seq = 3;
@@ -168,8 +188,15 @@ fn jobs_history_and_overrides_survive_reopen() {
         ended_at: 1_600,
         error: Some("exit 75".into()),
     };
-    let (update, logged) = (stored.clone(), entry.clone());
-    block(&store, move |b| b.update_job(&update, Some(&logged))).expect("update");
+    let end = Transition {
+        job: stored.clone(),
+        entry: Some(entry.clone()),
+    };
+    let claim = leased(&stored, 3);
+    let claimed = block(&store, move |b| b.claim(&[claim])).expect("claim");
+    assert_eq!(claimed, vec![Some(b"hello".to_vec())]);
+    let applied = block(&store, move |b| b.complete(&[end])).expect("complete");
+    assert_eq!(applied, vec![true]);
     block(&store, |b| {
         b.set_override("tenant", "acme", "weight", Some("5"))
     })
@@ -203,7 +230,7 @@ fn full_disk_fails_inserts_with_full_and_keeps_earlier_rows() {
     let error = loop {
         assert!(stored < 200, "64 pages never filled");
         let next = job(stored + 1, "q", None);
-        match block(&store, move |b| b.insert_job(&next, &[1; 4096])) {
+        match block(&store, move |b| insert(b, &next, &[1; 4096])) {
             Ok(_) => stored += 1,
             Err(err) => break err,
         }
@@ -222,7 +249,7 @@ fn full_disk_fails_inserts_with_full_and_keeps_earlier_rows() {
     let store = Store::open_sqlite_with(&path, &roomy).expect("reopen with room");
     let next = job(stored + 1, "q", None);
     assert_eq!(
-        block(&store, move |b| b.insert_job(&next, &[1; 4096])),
+        block(&store, move |b| insert(b, &next, &[1; 4096])),
         Ok(Inserted::New)
     );
     let unfinished = block(&store, |b| b.load_unfinished()).expect("load");
@@ -298,7 +325,7 @@ fn panicking_op_is_answered_and_its_batch_still_commits() {
     let tx2 = tx.clone();
     store.submit(
         |b| {
-            b.insert_job(&job(1, "q", None), b"lost")?;
+            insert(b, &job(1, "q", None), b"lost")?;
             panic!("op exploded");
         },
         move |r: Result<(), StoreError>| {
@@ -306,7 +333,7 @@ fn panicking_op_is_answered_and_its_batch_still_commits() {
         },
     );
     store.submit(
-        |b| b.insert_job(&job(2, "q", None), b"kept"),
+        |b| insert(b, &job(2, "q", None), b"kept"),
         move |r| {
             let _ = tx2.send(("next", r.map(drop)));
         },
@@ -321,10 +348,14 @@ fn panicking_op_is_answered_and_its_batch_still_commits() {
         rx.recv_timeout(ANSWER_WITHIN).expect("answer"),
         ("next", Ok(()))
     );
-    let ids = block(&store, |b| {
-        b.payloads(&[JobId(Uuid::from_u128(1)), JobId(Uuid::from_u128(2))])
+    let payloads = block(&store, |b| {
+        let mut found = Vec::new();
+        for n in [1, 2] {
+            found.push(b.job(JobId(Uuid::from_u128(n)))?.map(|d| d.payload));
+        }
+        Ok(found)
     });
-    assert_eq!(ids, Ok(vec![None, Some(b"kept".to_vec())]));
+    assert_eq!(payloads, Ok(vec![None, Some(b"kept".to_vec())]));
 }
 
 #[test]
@@ -343,7 +374,7 @@ fn failing_op_is_rolled_back_alone() {
     let tx2 = tx.clone();
     store.submit(
         |b| {
-            b.insert_job(&job(1, "q", Some("k")), b"undone")?;
+            insert(b, &job(1, "q", Some("k")), b"undone")?;
             Err::<(), _>(StoreError::Other("refused".into()))
         },
         move |r| {
@@ -351,7 +382,7 @@ fn failing_op_is_rolled_back_alone() {
         },
     );
     store.submit(
-        |b| b.insert_job(&job(2, "q", Some("k")), b"kept").map(drop),
+        |b| insert(b, &job(2, "q", Some("k")), b"kept").map(drop),
         move |r| {
             let _ = tx2.send(r);
         },
@@ -373,7 +404,7 @@ fn close_finishes_queued_work_then_answers_closed_at_once() {
     for n in 0..100 {
         let answered = Arc::clone(&answered);
         store.submit(
-            move |b| b.insert_job(&job(n, "q", None), b""),
+            move |b| insert(b, &job(n, "q", None), b""),
             move |r| {
                 assert_eq!(r, Ok(Inserted::New));
                 answered.fetch_add(1, Ordering::SeqCst);
@@ -398,11 +429,11 @@ fn close_finishes_queued_work_then_answers_closed_at_once() {
 async fn run_resolves_after_commit_and_closed_after_close() {
     let store = Store::open_memory();
     let inserted = store
-        .run(|b| b.insert_job(&job(1, "q", Some("k")), b"p"))
+        .run(|b| insert(b, &job(1, "q", Some("k")), b"p"))
         .await;
     assert_eq!(inserted, Ok(Inserted::New));
     let again = store
-        .run(|b| b.insert_job(&job(2, "q", Some("k")), b"other"))
+        .run(|b| insert(b, &job(2, "q", Some("k")), b"other"))
         .await;
     let id = JobId(Uuid::from_u128(1));
     assert_eq!(
@@ -421,17 +452,26 @@ async fn run_resolves_after_commit_and_closed_after_close() {
 struct FailingCommit(memory::MemoryBackend, Arc<AtomicBool>);
 
 impl Backend for FailingCommit {
-    fn insert_job(&mut self, job: &Job, payload: &[u8]) -> Result<Inserted, StoreError> {
-        self.0.insert_job(job, payload)
+    fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
+        self.0.enqueue(batch)
     }
-    fn update_job(&mut self, job: &Job, entry: Option<&HistoryEntry>) -> Result<(), StoreError> {
-        self.0.update_job(job, entry)
+    fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.0.claim(leased)
     }
-    fn delete_jobs(&mut self, ids: &[JobId]) -> Result<u64, StoreError> {
-        self.0.delete_jobs(ids)
+    fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        self.0.complete(ends)
     }
-    fn payloads(&mut self, ids: &[JobId]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        self.0.payloads(ids)
+    fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        self.0.redrive(changes)
+    }
+    fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        self.0.cancel(changes)
+    }
+    fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError> {
+        self.0.purge(ids)
+    }
+    fn prune(&mut self, before: UnixMillis, limit: u32) -> Result<u64, StoreError> {
+        self.0.prune(before, limit)
     }
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
         self.0.load_unfinished()
@@ -441,9 +481,6 @@ impl Backend for FailingCommit {
     }
     fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         self.0.list_jobs(filter)
-    }
-    fn prune_finished(&mut self, before: UnixMillis, limit: u32) -> Result<u64, StoreError> {
-        self.0.prune_finished(before, limit)
     }
     fn set_override(
         &mut self,
@@ -497,7 +534,7 @@ fn failed_commit_answers_every_op_with_its_error_and_keeps_nothing() {
     for n in 1..=3 {
         let tx = tx.clone();
         store.submit(
-            move |b| b.insert_job(&job(n, "q", None), b"x"),
+            move |b| insert(b, &job(n, "q", None), b"x"),
             move |r| {
                 let _ = tx.send(r);
             },
@@ -512,4 +549,211 @@ fn failed_commit_answers_every_op_with_its_error_and_keeps_nothing() {
     fail.store(false, Ordering::SeqCst);
     assert_eq!(block(&store, |b| b.counts()), Ok(Vec::new()), "rolled back");
     assert_eq!(store.stats().commits, 1);
+}
+
+#[test]
+fn every_change_is_conditioned_on_the_stored_state_and_answered_per_item() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let (a, b_job) = (job(1, "q", None), job(2, "q", None));
+    let batch = vec![
+        NewRecord {
+            job: a.clone(),
+            payload: b"a".to_vec(),
+        },
+        NewRecord {
+            job: b_job.clone(),
+            payload: b"b".to_vec(),
+        },
+    ];
+    assert_eq!(
+        block(&store, move |b| b.enqueue(&batch)),
+        Ok(vec![Inserted::New, Inserted::New])
+    );
+    let (first, second) = (leased(&a, 1), leased(&a, 2));
+    let claims = block(&store, move |b| b.claim(&[first, second])).expect("claim");
+    assert_eq!(
+        claims,
+        vec![Some(b"a".to_vec()), None],
+        "one lease at a time"
+    );
+    let cancel = |job: &Job| Transition {
+        job: Job {
+            state: State::Cancelled,
+            ..job.clone()
+        },
+        entry: None,
+    };
+    let (cancel_a, cancel_b) = (cancel(&a), cancel(&b_job));
+    let cancelled = block(&store, move |b| b.cancel(&[cancel_a, cancel_b])).expect("cancel");
+    assert_eq!(
+        cancelled,
+        vec![false, true],
+        "a leased job is not cancelled"
+    );
+    let done = |token| Transition {
+        job: Job {
+            state: State::Succeeded,
+            attempts: 1,
+            lease_seq: token,
+            ..a.clone()
+        },
+        entry: None,
+    };
+    let (stale, current) = (done(7), done(1));
+    let ends = block(&store, move |b| b.complete(&[stale, current])).expect("complete");
+    assert_eq!(ends, vec![false, true], "a stale token changes nothing");
+    let redrive = Transition {
+        job: Job {
+            state: State::Ready,
+            ..a.clone()
+        },
+        entry: None,
+    };
+    assert_eq!(
+        block(&store, move |b| b.redrive(&[redrive])),
+        Ok(vec![false])
+    );
+    let ids = [a.id, b_job.id];
+    assert_eq!(
+        block(&store, move |b| b.purge(&ids)),
+        Ok(vec![false, false])
+    );
+    let counts = block(&store, |b| b.counts()).expect("counts");
+    assert_eq!(
+        counts,
+        vec![
+            ("q".to_owned(), State::Succeeded, 1),
+            ("q".to_owned(), State::Cancelled, 1)
+        ]
+    );
+}
+
+#[test]
+fn a_lease_is_not_durable_and_its_job_is_ready_after_reopen() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let stored = job(1, "q", Some("k"));
+    let inserted = stored.clone();
+    block(&store, move |b| insert(b, &inserted, b"p")).expect("insert");
+    let size = store.stats().size_bytes;
+    let claim = leased(&stored, 1);
+    block(&store, move |b| b.claim(&[claim])).expect("claim");
+    assert_eq!(
+        store.stats().size_bytes,
+        size,
+        "a claim writes nothing to disk"
+    );
+    let seen = block(&store, |b| b.load_unfinished()).expect("load");
+    assert_eq!(seen, vec![leased(&stored, 1)], "reads show the live lease");
+    store.close();
+    let store = open(&path);
+    assert_eq!(block(&store, |b| b.load_unfinished()), Ok(vec![stored]));
+}
+
+#[test]
+fn enqueue_dedupes_by_key_inside_one_batch_and_across_batches() {
+    let store = Store::open_memory();
+    let (_dir, path) = temp_db();
+    let sqlite = open(&path);
+    for store in [store, sqlite] {
+        let batch = vec![
+            NewRecord {
+                job: job(1, "q", Some("k")),
+                payload: b"p".to_vec(),
+            },
+            NewRecord {
+                job: job(2, "q", Some("k")),
+                payload: b"p".to_vec(),
+            },
+            NewRecord {
+                job: job(3, "q", Some("k")),
+                payload: b"other".to_vec(),
+            },
+            NewRecord {
+                job: job(4, "r", Some("k")),
+                payload: b"p".to_vec(),
+            },
+        ];
+        let again = batch[1..2].to_vec();
+        let holder = JobId(Uuid::from_u128(1));
+        assert_eq!(
+            block(&store, move |b| b.enqueue(&batch)),
+            Ok(vec![
+                Inserted::New,
+                Inserted::Duplicate {
+                    id: holder,
+                    same_payload: true
+                },
+                Inserted::Duplicate {
+                    id: holder,
+                    same_payload: false
+                },
+                Inserted::New,
+            ])
+        );
+        assert_eq!(
+            block(&store, move |b| b.enqueue(&again)),
+            Ok(vec![Inserted::Duplicate {
+                id: holder,
+                same_payload: true
+            }])
+        );
+    }
+}
+
+#[test]
+fn a_version_1_database_is_migrated_keeping_its_jobs_payloads_and_history() {
+    let (_dir, path) = temp_db();
+    let raw = Connection::open(&path).expect("raw connection");
+    raw.execute_batch(sqlite::V1).expect("version 1 schema");
+    raw.execute_batch(
+        "PRAGMA user_version = 1;
+         INSERT INTO jobs VALUES (x'00000000000000000000000000000001', 'q', 'acme', 'k',
+             'leased', 1, 0, 5, 2, 'q/1', 1500, 1000, 1000, 1500, 'exit 75', x'6869');
+         INSERT INTO jobs VALUES (x'00000000000000000000000000000002', 'q', 'default', NULL,
+             'dead', 3, 0, 3, 3, NULL, NULL, 1000, 1000, 1600, 'boom', x'');
+         INSERT INTO history VALUES (x'00000000000000000000000000000001', 1, 1, 'failed',
+             'q/1', 1100, 1200, 'exit 75');",
+    )
+    .expect("version 1 rows");
+    drop(raw);
+    let store = open(&path);
+    let first = JobId(Uuid::from_u128(1));
+    let detail = block(&store, move |b| b.job(first))
+        .expect("read")
+        .expect("job 1 kept");
+    assert_eq!(
+        detail.job.state,
+        State::Ready,
+        "a stored lease was an earlier run's"
+    );
+    assert_eq!(
+        (detail.job.lease_seq, detail.job.attempts, detail.job.worker),
+        (2, 1, None)
+    );
+    assert_eq!(detail.payload, b"hi");
+    assert_eq!(detail.history.len(), 1);
+    assert_eq!(detail.history[0].outcome, Outcome::Failed);
+    let counts = block(&store, |b| b.counts()).expect("counts");
+    assert_eq!(
+        counts,
+        vec![
+            ("q".to_owned(), State::Ready, 1),
+            ("q".to_owned(), State::Dead, 1)
+        ]
+    );
+    let again = job(9, "q", Some("k"));
+    assert_eq!(
+        block(&store, move |b| insert(b, &again, b"hi")),
+        Ok(Inserted::Duplicate {
+            id: first,
+            same_payload: true
+        }),
+        "the key index survived"
+    );
+    assert_eq!(
+        block(&store, |b| b.purge(&[JobId(Uuid::from_u128(2))])),
+        Ok(vec![true])
+    );
 }

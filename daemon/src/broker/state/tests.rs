@@ -88,7 +88,7 @@ async fn a_pick_cancelled_before_its_lease_frees_the_tenants_concurrency_slot() 
     let mut state = state(queue, broker.clone());
     let job = ready_job(queue);
     let id = job.id;
-    state.recover(vec![job], 1_000, None);
+    state.recover(vec![job], None);
 
     // The Scheduler popped the job (counting it as running for "acme") and sent the
     // Lease; an operator's cancel reached the Broker first.
@@ -129,23 +129,26 @@ fn leased_job(queue: &str) -> Job {
 }
 
 #[tokio::test]
-async fn a_daemon_start_expires_stored_leases_but_a_broker_restart_keeps_them() {
+async fn a_daemon_start_skips_an_earlier_runs_token_and_a_broker_restart_keeps_leases() {
     let queue = "restart";
     let (broker, broker_task) = Actor::spawn(None, Inert, ()).await.expect("inert broker");
 
-    // Cold start: the lease belonged to an earlier run of qd; it is expired and charged.
+    // Cold start: leases are not stored, so the job is ready, uncharged; the token an
+    // earlier run's lease may hold (stored + 1) is never handed out again.
     let mut cold = state(queue, broker.clone());
+    let stored = ready_job(queue);
+    cold.recover(vec![stored.clone()], None);
+    let after = &cold.jobs[&stored.id];
+    assert_eq!((after.state, after.attempts), (State::Ready, 0));
+    let (_, leased) = cold.lease_one(stored.id, "w/1", 2_000).expect("lease");
+    assert_eq!(leased.lease_seq, stored.lease_seq + 2);
     let job = leased_job(queue);
-    cold.recover(vec![job.clone()], 2_000, None);
-    let after = &cold.jobs[&job.id];
-    assert_ne!(after.state, State::Leased);
-    assert_eq!(after.attempts, 1);
 
     // Broker-only restart: the worker may still be running it; the lease is kept with
     // a fresh deadline and its token still works.
     let mut warm = state(queue, broker.clone());
     let now = Instant::now();
-    warm.recover(vec![job.clone()], 2_000, Some(now));
+    warm.recover(vec![job.clone()], Some(now));
     let kept = &warm.jobs[&job.id];
     assert_eq!((kept.state, kept.attempts), (State::Leased, 0));
     assert!(warm.deadlines[&job.id] > now);

@@ -2,7 +2,10 @@
 //! dir) and to the in-memory store give identical observable results.
 //!
 //! Each case submits all its operations at once, so they share batches and exercise
-//! per-operation savepoints (including operations that write and then fail).
+//! per-operation savepoints (including operations that write and then fail). Most
+//! conditional writes are refused (random states rarely match): both engines must
+//! refuse the same ones. Before the database is reopened every lease taken is ended,
+//! since leases do not survive a reopen.
 
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -21,26 +24,21 @@ const STEP_MS: i64 = 3;
 /// A generated step; job references are indexes into the jobs made so far.
 #[derive(Clone, Debug)]
 enum Step {
-    Insert {
-        queue: usize,
-        tenant: usize,
-        key: Option<usize>,
-        payload: usize,
-        delay: bool,
-    },
+    Insert(Vec<NewSpec>),
     InsertThenFail {
         queue: usize,
         key: Option<usize>,
     },
-    Update {
+    Change {
+        kind: usize,
         job: Index,
         state: usize,
         attempts: u32,
         error: Option<usize>,
         entry: Option<(usize, bool)>,
     },
-    Delete(Vec<Index>),
-    Payloads(Vec<Index>),
+    Purge(Vec<Index>),
+    Claim(Vec<Index>),
     LoadUnfinished,
     Show(Index),
     List(ListSpec),
@@ -58,6 +56,24 @@ enum Step {
 }
 
 #[derive(Clone, Debug)]
+struct NewSpec {
+    queue: usize,
+    tenant: usize,
+    key: Option<usize>,
+    payload: usize,
+    delay: bool,
+}
+
+/// The durable states a write may store (a lease is never stored).
+const STORED: [State; 5] = [
+    State::Delayed,
+    State::Ready,
+    State::Succeeded,
+    State::Dead,
+    State::Cancelled,
+];
+
+#[derive(Clone, Debug)]
 struct ListSpec {
     queue: Option<usize>,
     tenant: Option<usize>,
@@ -72,11 +88,13 @@ struct ListSpec {
 /// A concrete operation, applied identically to both stores.
 #[derive(Clone, Debug)]
 enum Action {
-    Insert(Job, Vec<u8>),
+    Insert(Vec<NewRecord>),
     InsertThenFail(Job),
-    Update(Job, Option<HistoryEntry>),
-    Delete(Vec<JobId>),
-    Payloads(Vec<JobId>),
+    Complete(Transition),
+    Redrive(Transition),
+    Cancel(Transition),
+    Purge(Vec<JobId>),
+    Claim(Vec<Job>),
     LoadUnfinished,
     Show(JobId),
     List(JobFilter),
@@ -90,9 +108,10 @@ enum Action {
 /// engines word their messages differently.
 #[derive(Debug, PartialEq)]
 enum Seen {
-    Inserted(Inserted),
+    Inserted(Vec<Inserted>),
     Done,
     Count(u64),
+    Applied(Vec<bool>),
     Payloads(Vec<Option<Vec<u8>>>),
     Jobs(Vec<Job>),
     Detail(Option<Box<JobDetail>>),
@@ -114,18 +133,24 @@ fn kind(err: &StoreError) -> &'static str {
 
 fn apply(action: &Action, b: &mut dyn Backend) -> Result<Seen, StoreError> {
     Ok(match action {
-        Action::Insert(job, payload) => Seen::Inserted(b.insert_job(job, payload)?),
+        Action::Insert(batch) => Seen::Inserted(b.enqueue(batch)?),
         Action::InsertThenFail(job) => {
-            b.insert_job(job, b"doomed")?;
+            let record = NewRecord {
+                job: job.clone(),
+                payload: b"doomed".to_vec(),
+            };
+            b.enqueue(&[record])?;
             return Err(StoreError::Other("deliberate failure after a write".into()));
         }
-        Action::Update(job, entry) => b.update_job(job, entry.as_ref()).map(|()| Seen::Done)?,
-        Action::Delete(ids) => Seen::Count(b.delete_jobs(ids)?),
-        Action::Payloads(ids) => Seen::Payloads(b.payloads(ids)?),
+        Action::Complete(t) => Seen::Applied(b.complete(std::slice::from_ref(t))?),
+        Action::Redrive(t) => Seen::Applied(b.redrive(std::slice::from_ref(t))?),
+        Action::Cancel(t) => Seen::Applied(b.cancel(std::slice::from_ref(t))?),
+        Action::Purge(ids) => Seen::Applied(b.purge(ids)?),
+        Action::Claim(jobs) => Seen::Payloads(b.claim(jobs)?),
         Action::LoadUnfinished => Seen::Jobs(b.load_unfinished()?),
         Action::Show(id) => Seen::Detail(b.job(*id)?.map(Box::new)),
         Action::List(filter) => Seen::Jobs(b.list_jobs(filter)?),
-        Action::Prune(before, limit) => Seen::Count(b.prune_finished(*before, *limit)?),
+        Action::Prune(before, limit) => Seen::Count(b.prune(*before, *limit)?),
         Action::SetOverride(name, key, value) => {
             b.set_override("tenant", name, key, value.as_deref())?;
             Seen::Done
@@ -140,6 +165,8 @@ fn apply(action: &Action, b: &mut dyn Backend) -> Result<Seen, StoreError> {
 struct Driver {
     jobs: Vec<Job>,
     made: u128,
+    /// Every lease offered to the stores, as its record (some were refused).
+    claims: Vec<Job>,
 }
 
 impl Driver {
@@ -158,6 +185,37 @@ impl Driver {
         job
     }
 
+    fn new_record(&mut self, spec: NewSpec, now: i64) -> NewRecord {
+        let mut job = self.new_job(spec.queue, spec.tenant, spec.key, now);
+        if spec.delay {
+            job.state = State::Delayed;
+            job.ready_at = now + 50;
+            if let Some(last) = self.jobs.last_mut() {
+                *last = job.clone();
+            }
+        }
+        NewRecord {
+            job,
+            payload: PAYLOADS[spec.payload].to_vec(),
+        }
+    }
+
+    /// Ends every lease offered (the ones that are live end; the rest are refused).
+    fn end_claims(&self) -> Vec<Action> {
+        self.claims
+            .iter()
+            .map(|claim| {
+                let job = Job {
+                    state: State::Ready,
+                    worker: None,
+                    leased_at: None,
+                    ..claim.clone()
+                };
+                Action::Complete(Transition { job, entry: None })
+            })
+            .collect()
+    }
+
     fn pick(&self, index: &Index) -> Option<&Job> {
         (!self.jobs.is_empty()).then(|| &self.jobs[index.index(self.jobs.len())])
     }
@@ -172,25 +230,17 @@ impl Driver {
 
     fn action(&mut self, step: Step, now: i64) -> Option<Action> {
         Some(match step {
-            Step::Insert {
-                queue,
-                tenant,
-                key,
-                payload,
-                delay,
-            } => {
-                let mut job = self.new_job(queue, tenant, key, now);
-                if delay {
-                    job.state = State::Delayed;
-                    job.ready_at = now + 50;
-                    *self.jobs.last_mut()? = job.clone();
-                }
-                Action::Insert(job, PAYLOADS[payload].to_vec())
-            }
+            Step::Insert(specs) => Action::Insert(
+                specs
+                    .into_iter()
+                    .map(|spec| self.new_record(spec, now))
+                    .collect(),
+            ),
             Step::InsertThenFail { queue, key } => {
                 Action::InsertThenFail(self.new_job(queue, 0, key, now))
             }
-            Step::Update {
+            Step::Change {
+                kind,
                 job,
                 state,
                 attempts,
@@ -199,15 +249,11 @@ impl Driver {
             } => {
                 let at = job.index(self.jobs.len().max(1));
                 let job = self.jobs.get_mut(at)?;
-                job.state = State::ALL[state];
+                job.state = STORED[state];
                 job.attempts = attempts;
-                job.lease_seq += 1;
                 job.updated_at = now;
                 job.last_error = error.map(|e| ERRORS[e].to_owned());
-                (job.worker, job.leased_at) = match job.state {
-                    State::Leased => (Some("w/1".into()), Some(now)),
-                    _ => (None, None),
-                };
+                (job.worker, job.leased_at) = (None, None);
                 let entry = entry.map(|(outcome, with_worker)| HistoryEntry {
                     attempt: attempts,
                     outcome: Outcome::ALL[outcome],
@@ -216,10 +262,29 @@ impl Driver {
                     ended_at: now,
                     error: job.last_error.clone(),
                 });
-                Action::Update(job.clone(), entry)
+                let t = Transition {
+                    job: job.clone(),
+                    entry,
+                };
+                [Action::Complete, Action::Redrive, Action::Cancel][kind](t)
             }
-            Step::Delete(indexes) => Action::Delete(self.ids(&indexes)),
-            Step::Payloads(indexes) => Action::Payloads(self.ids(&indexes)),
+            Step::Purge(indexes) => Action::Purge(self.ids(&indexes)),
+            Step::Claim(indexes) => {
+                let mut leased = Vec::new();
+                for id in self.ids(&indexes) {
+                    let job = self.jobs.iter_mut().find(|j| j.id == id)?;
+                    job.lease_seq += 1;
+                    let claim = Job {
+                        state: State::Leased,
+                        worker: Some("w/2".into()),
+                        leased_at: Some(now),
+                        ..job.clone()
+                    };
+                    self.claims.push(claim.clone());
+                    leased.push(claim);
+                }
+                Action::Claim(leased)
+            }
             Step::LoadUnfinished => Action::LoadUnfinished,
             Step::Show(index) => Action::Show(self.pick(&index)?.id),
             Step::List(spec) => Action::List(JobFilter {
@@ -280,31 +345,34 @@ fn list_spec() -> impl Strategy<Value = ListSpec> {
 }
 
 fn step() -> impl Strategy<Value = Step> {
-    let insert = (
+    let spec = (
         0..2usize,
         0..2usize,
         proptest::option::of(0..3usize),
         0..4usize,
         any::<bool>(),
     )
-        .prop_map(|(queue, tenant, key, payload, delay)| Step::Insert {
+        .prop_map(|(queue, tenant, key, payload, delay)| NewSpec {
             queue,
             tenant,
             key,
             payload,
             delay,
         });
+    let insert = proptest::collection::vec(spec, 1..4).prop_map(Step::Insert);
     let fail = (0..2usize, proptest::option::of(0..3usize))
         .prop_map(|(queue, key)| Step::InsertThenFail { queue, key });
     let entry = proptest::option::of((0..Outcome::ALL.len(), any::<bool>()));
-    let update = (
+    let change = (
+        0..3usize,
         any::<Index>(),
-        0..6usize,
+        0..STORED.len(),
         0..4u32,
         proptest::option::of(0..3usize),
         entry,
     )
-        .prop_map(|(job, state, attempts, error, entry)| Step::Update {
+        .prop_map(|(kind, job, state, attempts, error, entry)| Step::Change {
+            kind,
             job,
             state,
             attempts,
@@ -317,9 +385,9 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         6 => insert,
         1 => fail,
-        5 => update,
-        1 => ids().prop_map(Step::Delete),
-        1 => ids().prop_map(Step::Payloads),
+        5 => change,
+        1 => ids().prop_map(Step::Purge),
+        3 => ids().prop_map(Step::Claim),
         1 => Just(Step::LoadUnfinished),
         1 => any::<Index>().prop_map(Step::Show),
         3 => list_spec().prop_map(Step::List),
@@ -358,11 +426,12 @@ proptest! {
     #[test]
     fn sqlite_and_memory_stores_agree(steps in proptest::collection::vec(step(), 1..MAX_STEPS)) {
         let mut driver = Driver::default();
-        let actions: Vec<Action> = steps
+        let mut actions: Vec<Action> = steps
             .into_iter()
             .enumerate()
             .filter_map(|(n, step)| driver.action(step, STEP_MS * n as i64))
             .collect();
+        actions.extend(driver.end_claims());
         let (_dir, path) = temp_db();
         let sqlite = open(&path);
         let memory = Store::open_memory();
