@@ -1,18 +1,21 @@
 //! The Broker actor: the owner of job state and the only writer to the [`Store`].
 //!
 //! It keeps every unfinished job (delayed, ready, leased, dead) in memory *without
-//! its payload*, applies life-cycle events through [`job::apply`], and queues one
-//! durable store write per transition. Callers are answered from the store's
-//! completion callback, i.e. only after the write is durable (group commit): a
-//! producer hears "accepted" only once its job survives `kill -9`.
+//! its payload*, plans life-cycle events through [`job::apply`], writes them to the
+//! store, and applies them to memory only once the write committed (a failed write
+//! changes nothing and is never charged to a job). Durable writes are the enqueue and
+//! the end of each attempt; a lease is a claim in the store's memory, not on disk.
+//! Callers are answered only after their write is durable (group commit): a producer
+//! hears "accepted" only once its job survives `kill -9`.
 //!
 //! Messages: [`BrokerMsg`] — enqueue (from the API and the admin socket), lease
 //! (from a Scheduler, on behalf of a worker), heartbeat/ack/nack (from workers),
 //! expire (from the LeaseReaper), worker-lost (from a WorkerPool), redrive, cancel
 //! and purge (from the Dlq and admin), resync (from derived actors that restarted),
-//! stats and flush. Supervised by the Supervisor; on (re)start it reloads from the
-//! store, expires every lease an earlier run held, and pushes its view to the
-//! schedulers, the reaper and the Dlq, which are rebuilt from it.
+//! stats, flush, and its own settle/probe messages. Supervised by the Supervisor; on
+//! (re)start it reloads from the store (after a daemon start no job is leased: the
+//! leases of an earlier run died with it) and pushes its view to the schedulers,
+//! the reaper and the Dlq, which are rebuilt from it.
 //!
 //! The broker never awaits the store inside `handle`: writes are submitted with a
 //! completion, so one slow fsync never stalls the mailbox.
@@ -36,7 +39,7 @@ use crate::limits::Limits;
 use crate::store::{Inserted, Store, StoreError};
 
 use state::BrokerState;
-pub use state::QueueCounts;
+pub use state::{QueueCounts, Settle};
 
 /// The registered actor name of the broker.
 pub const NAME: &str = "broker";
@@ -198,7 +201,9 @@ pub enum BrokerMsg {
         RpcReplyPort<Result<Enqueued, BrokerError>>,
     ),
     /// Lease these jobs (chosen by the queue's Scheduler) to `worker`; the reply goes
-    /// straight to the worker after the lease is durable.
+    /// straight to the worker once the store recorded the claims and read the
+    /// payloads (nothing is written to disk; while the store refuses writes the
+    /// request waits).
     Lease {
         /// Queue.
         queue: Arc<str>,
@@ -251,6 +256,10 @@ pub enum BrokerMsg {
     Flush(RpcReplyPort<()>),
     /// Timer: prune finished jobs past retention.
     Prune,
+    /// Internal: a store write answered; apply its effect on memory.
+    Settle(Settle),
+    /// Timer: while the store refuses writes, try a small write.
+    Probe,
 }
 
 /// What the broker is started with.
@@ -374,9 +383,11 @@ impl Actor for Broker {
         let jobs = args.store.run(|b| b.load_unfinished()).await?;
         let keep_leases = args.restarted.then(Instant::now);
         let mut state = BrokerState::new(args, StdRng::from_os_rng(), myself.clone());
+        crate::metrics::store_writable(true);
         state.recover(jobs, keep_leases);
         state.push_all();
         myself.send_interval(PRUNE_EVERY, || BrokerMsg::Prune);
+        myself.send_interval(state::PROBE_EVERY, || BrokerMsg::Probe);
         Ok(state)
     }
 
@@ -389,7 +400,11 @@ impl Actor for Broker {
         let now = wall_ms();
         match msg {
             BrokerMsg::Enqueue(req, reply) => state.enqueue(req, reply, now),
-            BrokerMsg::Inserted(job, result, reply) => state.inserted(*job, result, reply),
+            BrokerMsg::Inserted(job, result, reply) => {
+                state.inserted(*job, result, reply, now, Instant::now())
+            }
+            BrokerMsg::Settle(settle) => settle.run(state, now, Instant::now()),
+            BrokerMsg::Probe => state.probe(now),
             BrokerMsg::Lease {
                 queue,
                 picks,

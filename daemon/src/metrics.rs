@@ -58,6 +58,9 @@ pub const ACTOR_RESTARTS: &str = "qd_actor_restarts_total";
 pub const RATE_LIMITER_THROTTLED: &str = "qd_rate_limiter_throttled_total";
 /// Gauge `{version}`, always 1: which build is running.
 pub const BUILD_INFO: &str = "qd_build_info";
+/// Gauge, 1 or 0: whether the store accepts writes (0 from a failed write until one
+/// succeeds; leasing stops meanwhile).
+pub const STORE_WRITABLE: &str = "qd_store_writable";
 
 /// Every exported series name (for histograms the base name, without
 /// `_bucket`/`_sum`/`_count`). Dashboards and alert rules may use only these;
@@ -79,6 +82,7 @@ pub const METRIC_NAMES: &[&str] = &[
     ACTOR_RESTARTS,
     RATE_LIMITER_THROTTLED,
     BUILD_INFO,
+    STORE_WRITABLE,
 ];
 
 /// Histogram bucket upper bounds in seconds, 1 ms to 1 h, roughly 1-2.5-5 steps:
@@ -183,6 +187,11 @@ pub fn describe() {
         "Age of the oldest ready job; 0 when none is ready."
     );
     describe_gauge!(DLQ_DEPTH, Unit::Count, "Jobs in the dead-letter queue.");
+    describe_gauge!(
+        STORE_WRITABLE,
+        Unit::Count,
+        "1 while the store accepts writes, 0 while it refuses them (leasing stops)."
+    );
     describe_gauge!(
         DLQ_OLDEST_AGE,
         Unit::Seconds,
@@ -314,6 +323,12 @@ pub fn job_waited(queue: &str, wait: Duration) {
 /// A lease expired without an ack: `qd_leases_expired_total{queue} += 1`.
 pub fn lease_expired(queue: &str) {
     counter!(LEASES_EXPIRED, "queue" => queue.to_owned()).increment(1);
+}
+
+/// The store accepts writes again (`true`) or refused one (`false`):
+/// `qd_store_writable` = 1 or 0.
+pub fn store_writable(writable: bool) {
+    gauge!(STORE_WRITABLE).set(if writable { 1.0 } else { 0.0 });
 }
 
 /// The supervisor restarted `actor`: `qd_actor_restarts_total{actor} += 1`.

@@ -52,6 +52,7 @@
 //!                                               PK (job_id, seq)    STRICT, WITHOUT ROWID
 //! overrides(scope TEXT, name TEXT, key TEXT, value TEXT)
 //!                                               PK (scope, name, key) STRICT, WITHOUT ROWID
+//! meta(key TEXT PK, value INTEGER)     -- "probe": last write probe (Unix ms)
 //! temp.leases(id BLOB PK, token INTEGER, worker TEXT, leased_at INTEGER)
 //!                                      -- per connection, in memory, never on disk
 //! ```
@@ -168,6 +169,10 @@ pub trait Backend: Send {
 
     /// Every override, ordered by (scope, name, key).
     fn overrides(&mut self) -> Result<Vec<Override>, StoreError>;
+
+    /// Writes one small row (the time `now`, Unix ms) to learn whether the store
+    /// accepts writes again after refusing one (disk full, I/O error).
+    fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError>;
 
     /// Jobs per (queue, state), a live lease counted as leased, ordered by queue then
     /// life-cycle order of the state; only non-zero counts. For tests and `qctl status`.

@@ -6,6 +6,9 @@
 //!   with a message naming the problem;
 //! - wall-clock jumps of a live daemon (`QD_TEST_WALL_OFFSET_FILE`, see `clock.rs`),
 //!   forward and back, neither expire live leases nor freeze delayed jobs;
+//! - a full disk never charges a job: with workers running and jobs ready on a full
+//!   8 MiB tmpfs, acks wait (the lease kept), leasing stops, `qd_store_writable` is 0,
+//!   and once space returns every job succeeds at its first attempt;
 //! - random request bodies never get a 5xx and never bring qd down.
 
 mod common;
@@ -357,4 +360,101 @@ fn random_request_bodies_get_4xx_never_5xx_and_qd_stays_up() {
         .expect("no 5xx");
     let (status, _) = qd.get("/healthz");
     assert_eq!(status, 200);
+}
+
+/// A tmpfs of `size` on `dir`, or `None` after printing a visible skip; under
+/// `CI=true` a tmpfs that cannot be mounted fails the test instead (CI runs as root).
+fn tmpfs_or_skip(dir: &Path, size: &str) -> Option<Tmpfs> {
+    match Tmpfs::mount(dir, size) {
+        Ok(t) => Some(t),
+        Err(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("cannot mount a tmpfs under CI=true: {reason}")
+        }
+        Err(reason) => {
+            eprintln!("SKIP: cannot mount a tmpfs (needs root): {reason}");
+            None
+        }
+    }
+}
+
+fn store_writable(qd: &Qd) -> Option<f64> {
+    qd.scrape()
+        .lines()
+        .find_map(|l| l.strip_prefix("qd_store_writable "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn a_full_disk_charges_no_attempt_and_every_job_runs_once_space_returns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let work = tempfile::tempdir().expect("work dir");
+    let Some(tmpfs) = tmpfs_or_skip(&dir.path().join("data"), "8m") else {
+        return;
+    };
+    let (go, runs) = (work.path().join("go"), work.path().join("runs"));
+    let prog = script(
+        work.path(),
+        "wait.sh",
+        &format!(
+            "cat >/dev/null; echo \"$QD_JOB_ID\" >> {runs}; \
+             while [ ! -e {go} ]; do sleep 0.05; done",
+            runs = runs.display(),
+            go = go.display()
+        ),
+    );
+    let mut qd = Qd::configure(
+        dir,
+        &format!(
+            "[queues.work]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\n\
+             workers = {{ min = 2, max = 2 }}\nlease = \"1s\"\nheartbeat = \"250ms\"\n\
+             max_attempts = 2\nmax_depth = 100000\n",
+            prog.display()
+        ),
+        "5s",
+    );
+    qd.spawn(&[]);
+    let payload = "x".repeat(8 * 1024);
+    let mut accepted = Vec::new();
+    let status = loop {
+        let (status, body) = qd.post("/v1/queues/work/jobs", &json!({ "payload": payload }));
+        if status != 202 {
+            break status;
+        }
+        accepted.push(body["id"].as_str().expect("id").to_string());
+        assert!(accepted.len() < 2000, "an 8 MiB tmpfs took 16 MiB");
+    };
+    assert!(status == 507 || status == 503, "disk full answers {status}");
+    assert!(
+        accepted.len() > 2,
+        "too few jobs fitted: {}",
+        accepted.len()
+    );
+    assert_eq!(
+        store_writable(&qd),
+        Some(0.0),
+        "the gauge shows the refusal"
+    );
+
+    // The running attempts finish while the disk is still full: their acks cannot be
+    // written; nothing may be charged while several lease periods pass.
+    std::fs::write(&go, b"").expect("release the workers");
+    std::thread::sleep(Duration::from_secs(4));
+    tmpfs.resize("64m");
+    for id in &accepted {
+        let job = qd.wait_final(id, LONG);
+        assert_eq!(job["state"], "succeeded", "{job}");
+        assert_eq!(job["attempts"], 1, "{job}");
+        assert_eq!(common::history(&job), ["succeeded"], "{job}");
+    }
+    common::wait_for("qd_store_writable back to 1", LONG, || {
+        (store_writable(&qd) == Some(1.0)).then_some(())
+    });
+    let started = std::fs::read_to_string(&runs).expect("runs");
+    assert_eq!(started.lines().count(), accepted.len(), "each job ran once");
+    let logs = qd.logs();
+    assert!(
+        logs.contains("keeping the lease and retrying"),
+        "the acks met the full disk (else this test proved nothing)"
+    );
+    qd.kill9();
 }

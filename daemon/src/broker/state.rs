@@ -15,6 +15,8 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+mod settle;
+
 use super::events;
 use super::{
     BatchOutcome, BrokerArgs, BrokerError, BrokerMsg, EnqueueRequest, Enqueued, LeaseInfo,
@@ -32,6 +34,9 @@ use crate::limits::Limits;
 use crate::metrics::{self, Completion, RejectReason, TenantLabels};
 use crate::scheduler::SchedulerMsg;
 use crate::store::{Inserted, NewRecord, Store, StoreError};
+pub(crate) use settle::PROBE_EVERY;
+pub use settle::Settle;
+use settle::{Intent, Parked};
 
 /// Unfinished jobs of one queue, by state, plus enqueues not yet durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -77,6 +82,12 @@ pub struct BrokerState {
     labels: TenantLabels,
     rng: StdRng,
     myself: ActorRef<BrokerMsg>,
+    /// Jobs whose planned change waits for its write (see [`settle`]).
+    writing: HashSet<JobId>,
+    /// False from a failed write until a write succeeds; no leasing meanwhile.
+    store_writable: bool,
+    /// Lease requests that arrived while the store refused writes.
+    parked: Vec<Parked>,
 }
 
 impl BrokerState {
@@ -102,6 +113,9 @@ impl BrokerState {
             labels,
             rng,
             myself,
+            writing: HashSet::new(),
+            store_writable: true,
+            parked: Vec::new(),
         }
     }
 
@@ -171,38 +185,29 @@ impl BrokerState {
         }
     }
 
-    /// Applies `event` to job `id` in memory and returns the old record and the transition.
-    fn transition(
-        &mut self,
+    /// Computes what `event` does to job `id`, changing nothing: the change takes
+    /// effect in memory only once its write committed (see [`settle`]). Refused while
+    /// an earlier write of the job is in flight.
+    fn plan(
+        &self,
         id: JobId,
         event: Event,
         now: UnixMillis,
     ) -> Result<(Job, Transition), BrokerError> {
-        let old = self
-            .jobs
-            .get(&id)
-            .ok_or(BrokerError::UnknownJob(id))?
-            .clone();
+        let old = self.jobs.get(&id).ok_or(BrokerError::UnknownJob(id))?;
+        if self.writing.contains(&id) {
+            return Err(BrokerError::Unavailable(format!(
+                "job {id} has a write in flight; retry"
+            )));
+        }
         let backoff = self
             .config
             .queues
             .get(&*old.queue)
             .map(|q| q.backoff)
             .unwrap_or(FALLBACK_BACKOFF);
-        let t = job::apply(&old, event, &backoff, now)?;
-        debug!(queue = %old.queue, job = %id, from = %old.state, to = %t.job.state,
-            attempts = t.job.attempts, "Job state changed.");
-        self.replace(t.job.clone());
-        events::changed(&old, &t.job, now);
-        events::throttled(&t, now);
-        Ok((old, t))
-    }
-
-    /// Queues the durable end of an attempt (`t` came from a leased job) and calls
-    /// `done` after it commits.
-    fn write_end(&self, t: Transition, done: impl FnOnce(Result<(), StoreError>) + Send + 'static) {
-        self.store
-            .submit(move |b| b.complete(&[t]).and_then(applied), done);
+        let t = job::apply(old, event, &backoff, now)?;
+        Ok((old.clone(), t))
     }
 
     // ---- start-up ----
@@ -374,6 +379,8 @@ impl BrokerState {
         job: Job,
         result: Result<Inserted, StoreError>,
         reply: RpcReplyPort<Result<Enqueued, BrokerError>>,
+        now: UnixMillis,
+        mono: Instant,
     ) {
         let queue = job.queue.clone();
         let counts = self.counts.entry(queue.clone()).or_default();
@@ -383,6 +390,10 @@ impl BrokerState {
             .get_mut(&(job.queue.clone(), job.tenant.clone()))
         {
             *n = n.saturating_sub(1);
+        }
+        match &result {
+            Ok(_) => self.store_accepted(now, mono),
+            Err(err) => self.store_refused(err),
         }
         let answer = match result {
             Ok(Inserted::New) => {
@@ -434,8 +445,24 @@ impl BrokerState {
             let _ = reply.send(Vec::new());
             return;
         };
+        if !self.store_writable {
+            let queue = queue.clone();
+            self.parked.push(Parked {
+                queue,
+                picks,
+                worker,
+                reply,
+            });
+            return;
+        }
         let mut granted = Vec::new();
         for (tenant, id) in picks {
+            if self.writing.contains(&id) {
+                // A change of this job waits for its write: hand it back, so the
+                // Scheduler still has it if that write fails.
+                self.hand_back(queue, vec![(tenant, id)]);
+                continue;
+            }
             match self.lease_one(id, &worker, now) {
                 Ok(pair) => granted.push(pair),
                 Err(err) => {
@@ -554,13 +581,10 @@ impl BrokerState {
         reply: RpcReplyPort<Result<(), BrokerError>>,
         now: UnixMillis,
     ) {
-        match self.transition(id, Event::Ack { token }, now) {
-            Ok((old, t)) => {
-                record_end(&self.labels, &old, &t, now);
-                self.write_end(t, move |r| {
-                    let _ = reply.send(r.map_err(BrokerError::from));
-                });
-            }
+        match self.plan(id, Event::Ack { token }, now) {
+            Ok(planned) => self.commit(Intent::End, vec![planned], move |r| {
+                let _ = reply.send(r.map_err(BrokerError::from));
+            }),
             Err(err) => {
                 let _ = reply.send(Err(err));
             }
@@ -577,28 +601,17 @@ impl BrokerState {
         now: UnixMillis,
     ) {
         let jitter = self.rng.random::<f64>();
-        match self.transition(
-            id,
-            Event::Fail {
-                token,
-                failure,
-                jitter,
-            },
-            now,
-        ) {
-            Ok((old, t)) => {
-                record_end(&self.labels, &old, &t, now);
-                if let Some(entry) = &t.entry {
-                    warn!(queue = %old.queue, tenant = %old.tenant, job = %id, attempt = entry.attempt,
-                        outcome = %entry.outcome, next = %t.job.state,
-                        error = entry.error.as_deref().unwrap_or(""), "Attempt failed.");
+        let event = Event::Fail {
+            token,
+            failure,
+            jitter,
+        };
+        match self.plan(id, event, now) {
+            Ok(planned) => self.commit(Intent::End, vec![planned], move |r| {
+                if let Some(reply) = reply {
+                    let _ = reply.send(r.map_err(BrokerError::from));
                 }
-                self.write_end(t, move |r| {
-                    if let Some(reply) = reply {
-                        let _ = reply.send(r.map_err(BrokerError::from));
-                    }
-                });
-            }
+            }),
             Err(err) => {
                 if let Some(reply) = reply {
                     let _ = reply.send(Err(err));
@@ -620,12 +633,11 @@ impl BrokerState {
         if !(due && current) {
             return;
         }
-        let queue = self
-            .jobs
-            .get(&id)
-            .map(|j| j.queue.clone())
-            .unwrap_or_default();
-        metrics::lease_expired(&queue);
+        if !self.store_writable || self.writing.contains(&id) {
+            // Never charge a job for qd's own store: the lease waits for the store.
+            self.rearm(id, token, mono);
+            return;
+        }
         let reason = "lease expired without an ack or heartbeat".to_string();
         self.fail_quietly(id, token, Failure::LeaseExpired { reason }, now);
     }
@@ -658,18 +670,19 @@ impl BrokerState {
         let mut outcome = BatchOutcome::default();
         let mut writes = Vec::new();
         for id in ids {
-            match self.transition(id, Event::Redrive { by: by.to_string() }, now) {
-                Ok((_, t)) => {
+            match self.plan(id, Event::Redrive { by: by.to_string() }, now) {
+                Ok(planned) => {
                     outcome.moved.push(id);
-                    writes.push(t);
+                    writes.push(planned);
                 }
                 Err(err) => outcome.refused.push((id, err.to_string())),
             }
         }
-        if !outcome.moved.is_empty() {
-            info!(moved = outcome.moved.len(), by, "Dead jobs redriven.");
-        }
-        self.write_batch(writes, move |r| {
+        let (moved, by) = (outcome.moved.len(), by.to_string());
+        self.commit(Intent::Redrive, writes, move |r| {
+            if r.is_ok() && moved > 0 {
+                info!(moved, by, "Dead jobs redriven.");
+            }
             let _ = reply.send(r.map(|()| outcome).map_err(BrokerError::from));
         });
     }
@@ -681,13 +694,12 @@ impl BrokerState {
     ) {
         let mut outcome = BatchOutcome::default();
         for id in ids {
-            match self.jobs.get(&id).map(|j| j.state) {
-                Some(State::Dead) => {
-                    if let Some(job) = self.jobs.remove(&id) {
-                        self.account(&job, false);
-                    }
-                    outcome.moved.push(id);
-                }
+            let state = self.jobs.get(&id).map(|j| j.state);
+            match state {
+                Some(State::Dead) if !self.writing.contains(&id) => outcome.moved.push(id),
+                Some(State::Dead) => outcome
+                    .refused
+                    .push((id, format!("job {id} has a write in flight; retry"))),
                 Some(state) => outcome.refused.push((
                     id,
                     format!("job {id} is {state}; only dead jobs can be purged"),
@@ -695,14 +707,10 @@ impl BrokerState {
                 None => outcome.refused.push((id, format!("unknown job {id}"))),
             }
         }
-        events::to_dlq(DlqMsg::Removed(outcome.moved.clone()));
         let ids = outcome.moved.clone();
-        self.store.submit(
-            move |b| b.purge(&ids),
-            move |r| {
-                let _ = reply.send(r.map(|_| outcome).map_err(BrokerError::from));
-            },
-        );
+        self.commit_purge(ids, move |r| {
+            let _ = reply.send(r.map(|()| outcome).map_err(BrokerError::from));
+        });
     }
 
     pub(super) fn cancel(
@@ -712,39 +720,17 @@ impl BrokerState {
         reply: RpcReplyPort<Result<State, BrokerError>>,
         now: UnixMillis,
     ) {
-        match self.transition(id, Event::Cancel { by: by.to_string() }, now) {
-            Ok((old, t)) => {
-                metrics::job_completed(
-                    &self.labels,
-                    &old.queue,
-                    &old.tenant,
-                    Completion::Cancelled,
-                );
-                let previous = old.state;
-                self.store.submit(
-                    move |b| b.cancel(&[t]).and_then(applied),
-                    move |r| {
-                        let _ = reply.send(r.map(|()| previous).map_err(BrokerError::from));
-                    },
-                );
+        match self.plan(id, Event::Cancel { by: by.to_string() }, now) {
+            Ok(planned) => {
+                let previous = planned.0.state;
+                self.commit(Intent::Cancel, vec![planned], move |r| {
+                    let _ = reply.send(r.map(|()| previous).map_err(BrokerError::from));
+                });
             }
             Err(err) => {
                 let _ = reply.send(Err(err));
             }
         }
-    }
-
-    fn write_batch(
-        &self,
-        writes: Vec<Transition>,
-        done: impl FnOnce(Result<(), StoreError>) + Send + 'static,
-    ) {
-        if writes.is_empty() {
-            done(Ok(()));
-            return;
-        }
-        self.store
-            .submit(move |b| b.redrive(&writes).and_then(applied), done);
     }
 
     pub(super) fn counts(&self) -> HashMap<Arc<str>, QueueCounts> {
@@ -799,18 +785,6 @@ fn first<T>(mut answers: Vec<T>) -> T {
     answers
         .pop()
         .expect("invariant: a store batch answers once per item")
-}
-
-/// A one-item conditional write's answer as a result: not applied means the store
-/// holds a state this Broker did not expect (another writer, or a bug).
-fn applied(answers: Vec<bool>) -> Result<(), StoreError> {
-    if answers.into_iter().all(|a| a) {
-        Ok(())
-    } else {
-        Err(StoreError::Other(
-            "the stored job was not in the state the broker expected; nothing written".into(),
-        ))
-    }
 }
 
 fn millis(ms: i64) -> Duration {

@@ -341,6 +341,11 @@ impl Backend for MemoryBackend {
             .collect())
     }
 
+    /// Memory never refuses a write.
+    fn probe(&mut self, _now: UnixMillis) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
         let mut tally: HashMap<(&str, State), u64> = HashMap::new();
         for row in self.jobs.values() {

@@ -117,6 +117,10 @@ CREATE UNIQUE INDEX jobs_queue_key ON jobs (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX jobs_state_updated ON jobs (state, updated_at);
 CREATE INDEX jobs_queue_state_updated ON jobs (queue, state, updated_at);
+CREATE TABLE meta (
+    key   TEXT    PRIMARY KEY NOT NULL,
+    value INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
 ";
 
 /// The live leases of this process: a `TEMP` table, kept in memory by
@@ -686,6 +690,17 @@ impl Backend for SqliteBackend {
             .collect::<rusqlite::Result<Vec<_>>>()
         };
         read().map_err(|e| self.err(e))
+    }
+
+    fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO meta (key, value) VALUES ('probe', ?1) \
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            )
+            .and_then(|mut s| s.execute([now]))
+            .map(drop)
+            .map_err(|e| self.err(e))
     }
 
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {

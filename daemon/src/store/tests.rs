@@ -494,6 +494,9 @@ impl Backend for FailingCommit {
     fn overrides(&mut self) -> Result<Vec<Override>, StoreError> {
         self.0.overrides()
     }
+    fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError> {
+        self.0.probe(now)
+    }
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
         self.0.counts()
     }

@@ -4,7 +4,11 @@
 //! queue's executor while renewing the lease every `heartbeat`, and reports the
 //! result to the Broker only after the executor finished — ack after the effect.
 //! If a heartbeat is refused (the lease was lost to expiry), the attempt is cut
-//! short: its result could not be accepted anyway.
+//! short: its result could not be accepted anyway. If the result cannot be written
+//! (the store refuses writes: disk full, I/O error), the worker keeps the lease alive
+//! with heartbeats and retries the report every `heartbeat` (at most every
+//! [`REPORT_RETRY`]) until it is written
+//! or the lease is lost: qd's own store failure is never charged to the job.
 //!
 //! Messages ([`WorkerMsg`]): only `Next`, sent to itself, so each lease→run→report
 //! cycle is one message and a `stop()` (scale-down) takes effect between jobs.
@@ -19,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::PoolMsg;
-use crate::broker::{self, BrokerMsg, LeasedJob};
+use crate::broker::{self, BrokerError, BrokerMsg, LeasedJob};
 use crate::executor::{ExecResult, Executor, JobRun};
 use crate::scheduler::{self, LeaseRequest, SchedulerMsg};
 
@@ -27,6 +31,8 @@ use crate::scheduler::{self, LeaseRequest, SchedulerMsg};
 const POLL: Duration = Duration::from_secs(5);
 /// How long an ack, nack or heartbeat may take to be answered.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a result the store could not write is reported again.
+const REPORT_RETRY: Duration = Duration::from_secs(1);
 
 /// What a worker is started with.
 #[derive(Clone)]
@@ -85,7 +91,7 @@ impl Actor for Worker {
         if let Some(job) = lease(state).await {
             let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), true));
             let result = run(state, &job).await;
-            report(&job, result).await;
+            report(state, &job, result).await;
             let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), false));
         }
         myself.cast(WorkerMsg::Next)?;
@@ -161,24 +167,41 @@ async fn heartbeat(job: &LeasedJob, cancel: &CancellationToken) {
 }
 
 /// Acks or nacks (a throttled nack pauses the queue's rate limiter: see
-/// `broker::events::throttled`).
-async fn report(job: &LeasedJob, result: ExecResult) {
+/// `broker::events::throttled`), again and again while the store cannot write it.
+async fn report(state: &WorkerArgs, job: &LeasedJob, result: ExecResult) {
     let (id, token) = (job.id, job.token);
-    let answer = match result {
-        ExecResult::Success { .. } => {
-            broker::request(|tx| BrokerMsg::Ack(id, token, tx), REPORT_TIMEOUT).await
+    let lost = CancellationToken::new();
+    loop {
+        let answer = match &result {
+            ExecResult::Success { .. } => {
+                broker::request(|tx| BrokerMsg::Ack(id, token, tx), REPORT_TIMEOUT).await
+            }
+            ExecResult::Failure(failure) => {
+                let failure = failure.clone();
+                broker::request(|tx| BrokerMsg::Nack(id, token, failure, tx), REPORT_TIMEOUT).await
+            }
+        };
+        match answer {
+            Ok(Ok(())) => return,
+            Ok(Err(BrokerError::Store(err))) => {
+                warn!(job = %id, error = %err, "Result not written (the store refuses writes); keeping the lease and retrying.")
+            }
+            Ok(Err(err)) => {
+                debug!(job = %id, error = %err, "Result refused (lease lost); another attempt owns the job.");
+                return;
+            }
+            Err(err) => {
+                warn!(job = %id, error = %err, "Result not recorded; the job is redelivered when its lease expires.");
+                return;
+            }
         }
-        ExecResult::Failure(failure) => {
-            broker::request(|tx| BrokerMsg::Nack(id, token, failure, tx), REPORT_TIMEOUT).await
+        heartbeat(job, &lost).await;
+        if lost.is_cancelled() {
+            return;
         }
-    };
-    match answer {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => {
-            debug!(job = %id, error = %err, "Result refused (lease lost); another attempt owns the job.")
-        }
-        Err(err) => {
-            warn!(job = %id, error = %err, "Result not recorded; the job is redelivered when its lease expires.")
+        tokio::select! {
+            _ = tokio::time::sleep(state.heartbeat.min(REPORT_RETRY)) => {}
+            _ = state.interrupt.cancelled() => return,
         }
     }
 }

@@ -1,0 +1,305 @@
+//! Writes first, memory second: how a planned change of the Broker's state reaches
+//! the store and, only once it committed, the Broker's memory.
+//!
+//! A change is planned ([`BrokerState::plan`]) without touching memory, its job is
+//! marked as *writing* (no other event applies to it meanwhile), and the write is
+//! submitted. The store's completion sends a [`Settle`] back to the Broker, which
+//! applies the change if it committed or, if it failed, leaves the job as it was
+//! (a lease gets a fresh deadline: a failed write is never charged to a job).
+//!
+//! The same answers tell the Broker whether the store accepts writes: while it does
+//! not, leasing stops (lease requests are parked), lease expiries wait, and a probe
+//! write every [`PROBE_EVERY`] finds out when it does again; then parked requests are
+//! served and everything resumes by itself. `qd_store_writable` shows it.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use super::{BrokerState, events, record_end};
+use crate::broker::{BrokerMsg, LeasedJob};
+use crate::job::{Job, JobId, Outcome, State, Token, Transition, UnixMillis};
+use crate::metrics::{self, Completion};
+use crate::store::StoreError;
+
+use ractor::RpcReplyPort;
+use std::sync::Arc;
+
+/// How often the Broker tries a small write while the store refuses writes.
+pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// Which store intent a planned batch of transitions is written as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Intent {
+    /// The end of attempts (ack, nack, expiry, lost worker): [`crate::store::Backend::complete`].
+    End,
+    /// Dead jobs back to ready: [`crate::store::Backend::redrive`].
+    Redrive,
+    /// Operator cancels: [`crate::store::Backend::cancel`].
+    Cancel,
+}
+
+/// What a [`Settle`] runs: the Broker's state, wall time, monotonic time.
+type SettleFn = dyn FnOnce(&mut BrokerState, UnixMillis, Instant) + Send;
+
+/// The memory side of a store write, run on the Broker once the write answered.
+pub struct Settle(Box<SettleFn>);
+
+impl Settle {
+    /// Runs it against the Broker's state at wall time `now`, monotonic `mono`.
+    pub(crate) fn run(self, state: &mut BrokerState, now: UnixMillis, mono: Instant) {
+        (self.0)(state, now, mono)
+    }
+}
+
+/// A lease request that arrived while the store refused writes.
+pub(super) struct Parked {
+    pub(super) queue: Arc<str>,
+    pub(super) picks: Vec<(Arc<str>, JobId)>,
+    pub(super) worker: String,
+    pub(super) reply: RpcReplyPort<Vec<LeasedJob>>,
+}
+
+impl BrokerState {
+    /// Submits `planned` (each job's record before and its transition) as one store
+    /// batch of `intent`; once it answered, applies the committed items to memory
+    /// and calls `done` (an error if the write failed or an item was refused).
+    pub(super) fn commit(
+        &mut self,
+        intent: Intent,
+        planned: Vec<(Job, Transition)>,
+        done: impl FnOnce(Result<(), StoreError>) + Send + 'static,
+    ) {
+        if planned.is_empty() {
+            done(Ok(()));
+            return;
+        }
+        self.writing.extend(planned.iter().map(|(old, _)| old.id));
+        let writes: Vec<Transition> = planned.iter().map(|(_, t)| t.clone()).collect();
+        let myself = self.myself.clone();
+        self.store.submit(
+            move |b| match intent {
+                Intent::End => b.complete(&writes),
+                Intent::Redrive => b.redrive(&writes),
+                Intent::Cancel => b.cancel(&writes),
+            },
+            move |result| {
+                let settle = Settle(Box::new(move |state: &mut BrokerState, now, mono| {
+                    done(state.settle(intent, planned, result, now, mono));
+                }));
+                let _ = myself.cast(BrokerMsg::Settle(settle));
+            },
+        );
+    }
+
+    fn settle(
+        &mut self,
+        intent: Intent,
+        planned: Vec<(Job, Transition)>,
+        result: Result<Vec<bool>, StoreError>,
+        now: UnixMillis,
+        mono: Instant,
+    ) -> Result<(), StoreError> {
+        for (old, _) in &planned {
+            self.writing.remove(&old.id);
+        }
+        let applied = match result {
+            Ok(applied) => applied,
+            Err(err) => {
+                self.store_refused(&err);
+                for (old, _) in &planned {
+                    self.rearm(old.id, old.lease_seq, mono);
+                }
+                return Err(err);
+            }
+        };
+        self.store_accepted(now, mono);
+        let mut refused = 0usize;
+        for ((old, t), applied) in planned.into_iter().zip(applied) {
+            if applied {
+                self.apply(intent, old, t, now);
+            } else {
+                refused += 1;
+                error!(job = %old.id, state = %old.state, "The store did not hold the state the Broker expected; the change was not written.");
+            }
+        }
+        if refused == 0 {
+            Ok(())
+        } else {
+            Err(StoreError::Other(format!(
+                "{refused} job(s) were not in the stored state the broker expected; nothing written for them"
+            )))
+        }
+    }
+
+    /// Applies a committed transition to memory, the derived actors and the metrics.
+    fn apply(&mut self, intent: Intent, old: Job, t: Transition, now: UnixMillis) {
+        debug!(queue = %old.queue, job = %old.id, from = %old.state, to = %t.job.state,
+            attempts = t.job.attempts, "Job state changed.");
+        self.replace(t.job.clone());
+        events::changed(&old, &t.job, now);
+        events::throttled(&t, now);
+        match intent {
+            Intent::End => {
+                record_end(&self.labels, &old, &t, now);
+                let Some(entry) = &t.entry else { return };
+                if entry.outcome == Outcome::LeaseExpired {
+                    metrics::lease_expired(&old.queue);
+                }
+                if entry.outcome != Outcome::Succeeded {
+                    warn!(queue = %old.queue, tenant = %old.tenant, job = %old.id, attempt = entry.attempt,
+                        outcome = %entry.outcome, next = %t.job.state,
+                        error = entry.error.as_deref().unwrap_or(""), "Attempt failed.");
+                }
+            }
+            Intent::Cancel => {
+                metrics::job_completed(&self.labels, &old.queue, &old.tenant, Completion::Cancelled)
+            }
+            Intent::Redrive => {}
+        }
+    }
+
+    /// Deletes dead jobs from the store, then from memory once that committed.
+    pub(super) fn commit_purge(
+        &mut self,
+        ids: Vec<JobId>,
+        done: impl FnOnce(Result<(), StoreError>) + Send + 'static,
+    ) {
+        if ids.is_empty() {
+            done(Ok(()));
+            return;
+        }
+        self.writing.extend(ids.iter().copied());
+        let myself = self.myself.clone();
+        let purged = ids.clone();
+        self.store.submit(
+            move |b| b.purge(&purged),
+            move |result| {
+                let settle = Settle(Box::new(move |state: &mut BrokerState, now, mono| {
+                    for id in &ids {
+                        state.writing.remove(id);
+                    }
+                    let result = result.map(|applied| {
+                        state.store_accepted(now, mono);
+                        let gone: Vec<JobId> = ids
+                            .into_iter()
+                            .zip(applied)
+                            .filter_map(|(id, applied)| applied.then_some(id))
+                            .collect();
+                        state.forget(&gone);
+                    });
+                    if let Err(err) = &result {
+                        state.store_refused(err);
+                    }
+                    done(result);
+                }));
+                let _ = myself.cast(BrokerMsg::Settle(settle));
+            },
+        );
+    }
+
+    /// Drops purged jobs from memory and from the Dlq's view.
+    fn forget(&mut self, ids: &[JobId]) {
+        for id in ids {
+            if let Some(job) = self.jobs.remove(id) {
+                self.account(&job, false);
+            }
+        }
+        events::to_dlq(crate::dlq::DlqMsg::Removed(ids.to_vec()));
+    }
+
+    /// Gives a lease whose end could not be written (or whose expiry must wait for
+    /// the store) a fresh deadline, so the failure is not charged to its job.
+    pub(super) fn rearm(&mut self, id: JobId, token: Token, mono: Instant) {
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        if job.state != State::Leased || job.lease_seq != token {
+            return;
+        }
+        let lease = self
+            .config
+            .queues
+            .get(&*job.queue)
+            .map_or(PROBE_EVERY, |q| q.lease);
+        let deadline = mono + lease;
+        if self.deadlines.get(&id).is_none_or(|d| *d < deadline) {
+            self.deadlines.insert(id, deadline);
+            events::track(id, token, deadline);
+        }
+    }
+
+    /// A write failed: the store refuses writes until a later one succeeds.
+    pub(super) fn store_refused(&mut self, err: &StoreError) {
+        if self.store_writable {
+            error!(error = %err, "Store refuses writes; leasing stops and lease expiries wait until a write succeeds.");
+        }
+        self.store_writable = false;
+        metrics::store_writable(false);
+    }
+
+    /// A write committed: if the store had refused writes, leasing resumes and the
+    /// lease requests parked meanwhile are served (or handed back if their worker
+    /// went away).
+    pub(super) fn store_accepted(&mut self, now: UnixMillis, mono: Instant) {
+        if self.store_writable {
+            return;
+        }
+        info!(
+            parked = self.parked.len(),
+            "Store accepts writes again; leasing resumes."
+        );
+        self.store_writable = true;
+        metrics::store_writable(true);
+        for parked in std::mem::take(&mut self.parked) {
+            if parked.reply.is_closed() {
+                self.hand_back(&parked.queue, parked.picks);
+            } else {
+                self.lease(
+                    &parked.queue,
+                    parked.picks,
+                    parked.worker,
+                    parked.reply,
+                    now,
+                    mono,
+                );
+            }
+        }
+    }
+
+    /// Returns the Scheduler's picks unleased: each slot is released and each job
+    /// still waiting is handed to the Scheduler again.
+    pub(super) fn hand_back(&self, queue: &str, picks: Vec<(Arc<str>, JobId)>) {
+        for (tenant, id) in picks {
+            events::release(queue, tenant);
+            if let Some(job) = self
+                .jobs
+                .get(&id)
+                .filter(|j| matches!(j.state, State::Ready | State::Delayed))
+            {
+                events::ready(job);
+            }
+        }
+    }
+
+    /// Timer: while the store refuses writes, tries one small write.
+    pub(crate) fn probe(&self, now: UnixMillis) {
+        if self.store_writable {
+            return;
+        }
+        let myself = self.myself.clone();
+        self.store.submit(
+            move |b| b.probe(now),
+            move |result| {
+                let settle = Settle(Box::new(
+                    move |state: &mut BrokerState, now, mono| match result {
+                        Ok(()) => state.store_accepted(now, mono),
+                        Err(err) => debug!(error = %err, "Store still refuses writes."),
+                    },
+                ));
+                let _ = myself.cast(BrokerMsg::Settle(settle));
+            },
+        );
+    }
+}
