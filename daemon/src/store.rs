@@ -43,8 +43,7 @@
 //!      created_at, ready_at, updated_at INTEGER (Unix ms),
 //!      last_error TEXT NULL)                            STRICT, WITHOUT ROWID
 //!   UNIQUE (queue, idempotency_key) WHERE idempotency_key IS NOT NULL
-//!   INDEX (state, updated_at)          -- load_unfinished, prune
-//!   INDEX (queue, state, updated_at)   -- list_jobs by queue/state, DLQ views
+//!   INDEX (queue, state, updated_at)   -- prune, list_jobs by queue/state, DLQ views
 //! payloads(job_id BLOB(16) PK, body BLOB)              STRICT, WITHOUT ROWID
 //!                                      -- written once at enqueue, read at claim
 //! history(job_id BLOB, seq INTEGER, attempt INTEGER, outcome TEXT, worker TEXT NULL,
@@ -139,10 +138,15 @@ pub trait Backend: Send {
     /// whether it was deleted (unknown or not dead: `false`).
     fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError>;
 
-    /// Deletes at most `limit` succeeded or cancelled jobs whose `updated_at` is before
-    /// `finished_before` (Unix ms), oldest first, with payloads and history, freeing
-    /// their idempotency keys. Returns how many were deleted.
-    fn prune(&mut self, finished_before: UnixMillis, limit: u32) -> Result<u64, StoreError>;
+    /// Deletes at most `limit` succeeded or cancelled jobs of `queue` whose
+    /// `updated_at` is before `finished_before` (Unix ms), oldest first, with payloads
+    /// and history, freeing their idempotency keys. Returns how many were deleted.
+    fn prune(
+        &mut self,
+        queue: &str,
+        finished_before: UnixMillis,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
 
     /// Every job in state delayed, ready, leased or dead, ordered by id (oldest first):
     /// what the broker rebuilds its in-memory state from at start-up.

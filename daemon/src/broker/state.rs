@@ -737,23 +737,22 @@ impl BrokerState {
         self.counts.clone()
     }
 
+    /// Prunes each queue's finished jobs past that queue's `retention`.
     pub(super) fn prune(&self, now: UnixMillis) {
-        let retention = self
-            .config
-            .queues
-            .values()
-            .map(|q| q.retention)
-            .max()
-            .unwrap_or(Duration::from_secs(86_400));
-        let before = now - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX / 2);
-        self.store.submit(
-            move |b| b.prune(before, 10_000),
-            |r| match r {
-                Ok(0) => {}
-                Ok(n) => info!(pruned = n, "Finished jobs past retention pruned."),
-                Err(err) => warn!(error = %err, "Pruning finished jobs failed."),
-            },
-        );
+        for (queue, cfg) in &self.config.queues {
+            let retention = i64::try_from(cfg.retention.as_millis()).unwrap_or(i64::MAX / 2);
+            let (before, queue) = (now.saturating_sub(retention), queue.clone());
+            self.store.submit(
+                move |b| b.prune(&queue, before, 10_000).map(|n| (queue, n)),
+                |r| match r {
+                    Ok((_, 0)) => {}
+                    Ok((queue, n)) => {
+                        info!(queue, pruned = n, "Finished jobs past retention pruned.")
+                    }
+                    Err(err) => warn!(error = %err, "Pruning finished jobs failed."),
+                },
+            );
+        }
     }
 }
 

@@ -252,11 +252,17 @@ impl Backend for MemoryBackend {
             .collect())
     }
 
-    fn prune(&mut self, finished_before: UnixMillis, limit: u32) -> Result<u64, StoreError> {
+    fn prune(
+        &mut self,
+        queue: &str,
+        finished_before: UnixMillis,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
         let mut doomed: Vec<(UnixMillis, JobId)> = self
             .jobs
             .values()
             .map(|row| &row.job)
+            .filter(|job| *job.queue == *queue)
             .filter(|job| matches!(job.state, State::Succeeded | State::Cancelled))
             .filter(|job| job.updated_at < finished_before)
             .map(|job| (job.updated_at, job.id))

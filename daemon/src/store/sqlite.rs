@@ -115,7 +115,6 @@ ALTER TABLE jobs_v2 RENAME TO jobs;
 ALTER TABLE history_v2 RENAME TO history;
 CREATE UNIQUE INDEX jobs_queue_key ON jobs (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
-CREATE INDEX jobs_state_updated ON jobs (state, updated_at);
 CREATE INDEX jobs_queue_state_updated ON jobs (queue, state, updated_at);
 CREATE TABLE meta (
     key   TEXT    PRIMARY KEY NOT NULL,
@@ -540,15 +539,20 @@ impl Backend for SqliteBackend {
         self.each(ids, |b, id| b.delete_one(*id, "'dead'"))
     }
 
-    fn prune(&mut self, finished_before: UnixMillis, limit: u32) -> Result<u64, StoreError> {
+    fn prune(
+        &mut self,
+        queue: &str,
+        finished_before: UnixMillis,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
         let doomed: Vec<JobId> = self
             .conn
             .prepare_cached(
-                "SELECT id FROM jobs WHERE state IN ('succeeded', 'cancelled') \
-                 AND updated_at < ?1 ORDER BY updated_at, id LIMIT ?2",
+                "SELECT id FROM jobs WHERE queue = ?1 AND state IN ('succeeded', 'cancelled') \
+                 AND updated_at < ?2 ORDER BY updated_at, id LIMIT ?3",
             )
             .and_then(|mut s| {
-                s.query_map(params![finished_before, limit], |r| {
+                s.query_map(params![queue, finished_before, limit], |r| {
                     Ok(JobId(Uuid::from_bytes(r.get(0)?)))
                 })?
                 .collect()

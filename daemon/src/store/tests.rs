@@ -470,8 +470,8 @@ impl Backend for FailingCommit {
     fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError> {
         self.0.purge(ids)
     }
-    fn prune(&mut self, before: UnixMillis, limit: u32) -> Result<u64, StoreError> {
-        self.0.prune(before, limit)
+    fn prune(&mut self, queue: &str, before: UnixMillis, limit: u32) -> Result<u64, StoreError> {
+        self.0.prune(queue, before, limit)
     }
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
         self.0.load_unfinished()

@@ -43,6 +43,7 @@ enum Step {
     Show(Index),
     List(ListSpec),
     Prune {
+        queue: usize,
         back: i64,
         limit: u32,
     },
@@ -98,7 +99,7 @@ enum Action {
     LoadUnfinished,
     Show(JobId),
     List(JobFilter),
-    Prune(UnixMillis, u32),
+    Prune(&'static str, UnixMillis, u32),
     SetOverride(String, String, Option<String>),
     Overrides,
     Counts,
@@ -150,7 +151,7 @@ fn apply(action: &Action, b: &mut dyn Backend) -> Result<Seen, StoreError> {
         Action::LoadUnfinished => Seen::Jobs(b.load_unfinished()?),
         Action::Show(id) => Seen::Detail(b.job(*id)?.map(Box::new)),
         Action::List(filter) => Seen::Jobs(b.list_jobs(filter)?),
-        Action::Prune(before, limit) => Seen::Count(b.prune(*before, *limit)?),
+        Action::Prune(queue, before, limit) => Seen::Count(b.prune(queue, *before, *limit)?),
         Action::SetOverride(name, key, value) => {
             b.set_override("tenant", name, key, value.as_deref())?;
             Seen::Done
@@ -301,7 +302,9 @@ impl Driver {
                 ][spec.order],
                 limit: spec.limit,
             }),
-            Step::Prune { back, limit } => Action::Prune(now - STEP_MS * back, limit),
+            Step::Prune { queue, back, limit } => {
+                Action::Prune(QUEUES[queue], now - STEP_MS * back, limit)
+            }
             Step::SetOverride { name, key, value } => Action::SetOverride(
                 TENANTS[name].to_owned(),
                 ["weight", "max_concurrency"][key].to_owned(),
@@ -391,7 +394,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::LoadUnfinished),
         1 => any::<Index>().prop_map(Step::Show),
         3 => list_spec().prop_map(Step::List),
-        2 => (steps_back(), 0..4u32).prop_map(|(back, limit)| Step::Prune { back, limit }),
+        2 => (0..2usize, steps_back(), 0..4u32)
+            .prop_map(|(queue, back, limit)| Step::Prune { queue, back, limit }),
         1 => set,
         1 => Just(Step::Overrides),
         1 => Just(Step::Counts),
