@@ -10,7 +10,7 @@
 //!
 //! Messages: [`BrokerMsg`] — enqueue (from the API and the admin socket), lease
 //! (from a Scheduler, on behalf of a worker), heartbeat/ack/nack (from workers),
-//! expire (from the LeaseReaper), worker-lost (from a WorkerPool), redrive, cancel
+//! its lease timer's tick, worker-lost (from a WorkerPool), redrive, cancel
 //! and purge (from the Dlq and admin), resync (from derived actors that restarted),
 //! stats, flush, and its own settle/probe messages. Supervised by the Supervisor; on
 //! (re)start it reloads from the store (after a daemon start no job is leased: the
@@ -20,6 +20,7 @@
 //! The broker never awaits the store inside `handle`: writes are submitted with a
 //! completion, so one slow fsync never stalls the mailbox.
 
+mod deadlines;
 mod events;
 mod state;
 
@@ -184,8 +185,6 @@ pub struct BatchOutcome {
 pub enum Resync {
     /// A queue's Scheduler: gets every ready/delayed job and the running counts.
     Scheduler(Arc<str>),
-    /// The LeaseReaper: gets every live lease's deadline.
-    Reaper,
     /// The Dlq: gets every dead job.
     Dlq,
 }
@@ -232,8 +231,8 @@ pub enum BrokerMsg {
     Ack(JobId, Token, RpcReplyPort<Result<(), BrokerError>>),
     /// The attempt failed; answered after the write is durable.
     Nack(JobId, Token, Failure, RpcReplyPort<Result<(), BrokerError>>),
-    /// From the reaper: the lease with this token passed its deadline.
-    Expire(JobId, Token),
+    /// Timer: the soonest lease deadline passed; expire every lease that is due.
+    Tick,
     /// From a pool: this worker crashed; fail whatever it held.
     WorkerLost(String, String),
     /// Move dead jobs back to ready with a fresh budget (one atomic write).
@@ -420,7 +419,7 @@ impl Actor for Broker {
             BrokerMsg::Nack(id, token, failure, reply) => {
                 state.fail(id, token, failure, Some(reply), now)
             }
-            BrokerMsg::Expire(id, token) => state.expire(id, token, now, Instant::now()),
+            BrokerMsg::Tick => state.expire_due(now, Instant::now()),
             BrokerMsg::WorkerLost(worker, error) => state.worker_lost(&worker, &error, now),
             BrokerMsg::Redrive(ids, by, reply) => state.redrive(ids, &by, reply, now),
             BrokerMsg::Purge(ids, reply) => state.purge(ids, reply),
@@ -438,6 +437,7 @@ impl Actor for Broker {
             ),
             BrokerMsg::Prune => state.prune(now),
         }
+        state.arm();
         Ok(())
     }
 }

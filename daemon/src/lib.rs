@@ -2,7 +2,7 @@
 //!
 //! The pure core ([`job`], [`backoff`], [`scheduler::fair`]) holds the job life
 //! cycle and the fair-share decision; the actors ([`supervisor`], [`broker`],
-//! [`scheduler`], [`lease_reaper`], [`dlq`], [`worker_pool`]) translate between that
+//! [`scheduler`], [`dlq`], [`worker_pool`]) translate between that
 //! core, the durable [`store`] and the outside world ([`api`], [`admin`]).
 
 pub mod admin;
@@ -16,7 +16,6 @@ pub mod dlq;
 pub mod executor;
 pub mod gauges;
 pub mod job;
-pub mod lease_reaper;
 pub mod limits;
 pub mod metrics;
 pub mod notify;

@@ -1,7 +1,6 @@
 //! The Supervisor actor: the root of qd's actor tree.
 //!
-//! It spawns, linked to itself: the Broker, one Scheduler per queue, the
-//! LeaseReaper, the Dlq, one WorkerPool per queue with an in-process executor, the
+//! It spawns, linked to itself: the Broker, one Scheduler per queue, the Dlq, one WorkerPool per queue with an in-process executor, the
 //! Gauges (metrics and watchdog), the HTTP Api and the AdminServer — listeners last,
 //! so nothing is accepted before the tree is up. It restarts a failed child
 //! one-for-one after a short delay, under the same name; the derived actors rebuild
@@ -29,7 +28,6 @@ use crate::config::Config;
 use crate::dlq::{self, Dlq};
 use crate::executor::Executor;
 use crate::gauges::{self, Gauges, GaugesArgs};
-use crate::lease_reaper::{self, LeaseReaper};
 use crate::limits::Limits;
 use crate::metrics;
 use crate::rate_limit::RateLimiter;
@@ -67,8 +65,6 @@ pub enum Child {
     Broker,
     /// A queue's Scheduler.
     Scheduler(Arc<str>),
-    /// The LeaseReaper.
-    Reaper,
     /// The Dlq.
     Dlq,
     /// A queue's WorkerPool.
@@ -87,7 +83,6 @@ impl Child {
         match self {
             Child::Broker => "broker",
             Child::Scheduler(_) => "scheduler",
-            Child::Reaper => "lease_reaper",
             Child::Dlq => "dlq",
             Child::Pool(_) => "worker_pool",
             Child::Gauges => "gauges",
@@ -205,7 +200,7 @@ impl SupervisorState {
         let queues = || cfg.queues.keys().map(|q| Arc::<str>::from(q.as_str()));
         let mut children = vec![Child::Broker];
         children.extend(queues().map(Child::Scheduler));
-        children.extend([Child::Reaper, Child::Dlq]);
+        children.push(Child::Dlq);
         children.extend(
             queues()
                 .filter(|q| self.daemon.executors.contains_key(&**q))
@@ -247,12 +242,6 @@ impl SupervisorState {
                         .and_then(|n| d.limiters.get(n).cloned()),
                 };
                 Actor::spawn_linked(Some(scheduler::name(q)), Scheduler, args, sup)
-                    .await?
-                    .0
-                    .get_cell()
-            }
-            Child::Reaper => {
-                Actor::spawn_linked(Some(lease_reaper::NAME.into()), LeaseReaper, (), sup)
                     .await?
                     .0
                     .get_cell()

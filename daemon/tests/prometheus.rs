@@ -184,7 +184,7 @@ fn a_dead_lettered_job_makes_the_dlq_alert_pending_then_firing_in_real_prometheu
         .iter()
         .flat_map(|g| g["rules"].as_array().expect("rules").iter())
         .collect();
-    assert_eq!(all.len(), 5, "{rules}");
+    assert_eq!(all.len(), 6, "{rules}");
     for rule in &all {
         assert_eq!(rule["health"], "ok", "rule {} failed: {rule}", rule["name"]);
     }

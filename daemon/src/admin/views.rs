@@ -15,10 +15,9 @@ use crate::supervisor::Daemon;
 use crate::worker_pool::PoolStats;
 
 /// The actor kinds `qctl status` reports, in tree order.
-const ACTORS: [&str; 9] = [
+const ACTORS: [&str; 8] = [
     "broker",
     "scheduler",
-    "lease_reaper",
     "dlq",
     "worker_pool",
     "worker",

@@ -2,7 +2,7 @@
 //!
 //! Only queues with `executor = { kind = "external" }` are leased over HTTP; their
 //! jobs go through the same Scheduler (fairness, caps, rate limits), Broker
-//! (fencing tokens, retries, DLQ) and LeaseReaper as in-process workers' jobs. A
+//! (fencing tokens, lease deadlines, retries, DLQ) as in-process workers' jobs. A
 //! stale or unknown token gets 409 `stale_token` with the job's current state (also
 //! for a job that has finished and left the Broker's memory: the store answers).
 //! Every endpoint needs the `work` role; for a token limited to some queues, the

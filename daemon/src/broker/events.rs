@@ -1,6 +1,6 @@
 //! Fan-out of job state changes to the actors derived from the broker's state:
-//! the queue's Scheduler (ready jobs, running counts), the LeaseReaper (lease
-//! deadlines) and the Dlq (dead jobs), plus the matching metrics. A throttled
+//! the queue's Scheduler (ready jobs, running counts) and the Dlq (dead jobs),
+//! plus the matching metrics. A throttled
 //! result, from qd's own workers or an external one, pauses the queue's shared rate
 //! limiter through its Scheduler until the job's retry time.
 //!
@@ -11,24 +11,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::clock::until;
 use crate::dlq::{self, DeadEntry, DlqMsg};
-use crate::job::{Job, JobId, Outcome, State, Token, Transition, UnixMillis};
-use crate::lease_reaper::{self, ReaperMsg};
+use crate::job::{Job, Outcome, State, Transition, UnixMillis};
 use crate::scheduler::{self, SchedulerMsg};
 
 /// Sends `msg` to the Scheduler of `queue`, if it is running.
 pub fn to_scheduler(queue: &str, msg: SchedulerMsg) {
     if let Some(actor) = ractor::ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
-        let _ = actor.cast(msg);
-    }
-}
-
-/// Sends `msg` to the LeaseReaper, if it is running.
-pub fn to_reaper(msg: ReaperMsg) {
-    if let Some(actor) = ractor::ActorRef::<ReaperMsg>::where_is(lease_reaper::NAME) {
         let _ = actor.cast(msg);
     }
 }
@@ -58,7 +48,6 @@ pub fn changed(old: &Job, new: &Job, now: UnixMillis) {
             .map(|at| Duration::from_millis(u64::try_from(now - at).unwrap_or(0)))
             .unwrap_or_default();
         to_scheduler(&old.queue, SchedulerMsg::Finished(old.tenant.clone(), run));
-        to_reaper(ReaperMsg::Untrack(old.id));
     }
     match (old.state, new.state) {
         (State::Ready | State::Delayed, State::Cancelled) => {
@@ -92,11 +81,6 @@ pub fn ready(job: &Job) {
         &job.queue,
         SchedulerMsg::Ready(job.tenant.clone(), job.id, job.ready_at),
     );
-}
-
-/// Tells the reaper about a live lease's (new) deadline.
-pub fn track(id: JobId, token: Token, deadline: Instant) {
-    to_reaper(ReaperMsg::Track(id, token, deadline));
 }
 
 /// Tells a queue's Scheduler that a job it handed out was not leased after all.

@@ -1,7 +1,8 @@
 //! The broker's in-memory state and the logic behind each [`super::BrokerMsg`].
 //!
 //! Invariants: `jobs` holds exactly the unfinished jobs (delayed, ready, leased,
-//! dead) as last written to the store (or queued to be); `deadlines` and
+//! dead) as last committed to the store; `deadlines` (the one home of lease
+//! deadlines, with the one timer armed for the soonest) and
 //! `by_worker` hold exactly the leased ones; `counts` is derived from `jobs` plus
 //! enqueues whose write is still pending. Every change goes through [`BrokerState::replace`].
 
@@ -17,6 +18,7 @@ use tracing::{debug, info, warn};
 
 mod settle;
 
+use super::deadlines::Deadlines;
 use super::events;
 use super::{
     BatchOutcome, BrokerArgs, BrokerError, BrokerMsg, EnqueueRequest, Enqueued, LeaseInfo,
@@ -29,7 +31,6 @@ use crate::job::{
     self, Event, Failure, HistoryEntry, Job, JobId, NewJob, Outcome, State, Token, Transition,
     UnixMillis,
 };
-use crate::lease_reaper::ReaperMsg;
 use crate::limits::Limits;
 use crate::metrics::{self, Completion, RejectReason, TenantLabels};
 use crate::scheduler::SchedulerMsg;
@@ -74,7 +75,9 @@ pub struct BrokerState {
     config: Arc<Config>,
     limits: Arc<Limits>,
     jobs: HashMap<JobId, Job>,
-    deadlines: HashMap<JobId, Instant>,
+    deadlines: Deadlines,
+    /// The armed timer: when it fires (the soonest deadline when armed) and its task.
+    timer: Option<(Instant, Timer)>,
     by_worker: HashMap<String, HashSet<JobId>>,
     counts: HashMap<Arc<str>, QueueCounts>,
     tenant_depth: HashMap<(Arc<str>, Arc<str>), u64>,
@@ -105,7 +108,8 @@ impl BrokerState {
             config: args.config,
             limits: args.limits,
             jobs: HashMap::new(),
-            deadlines: HashMap::new(),
+            deadlines: Deadlines::default(),
+            timer: None,
             by_worker: HashMap::new(),
             counts,
             tenant_depth: HashMap::new(),
@@ -173,7 +177,7 @@ impl BrokerState {
             apply(self.tenant_depth.entry(key).or_default());
         }
         if job.state == State::Leased && !add {
-            self.deadlines.remove(&job.id);
+            self.deadlines.untrack(job.id);
             if let Some(worker) = &job.worker
                 && let Some(held) = self.by_worker.get_mut(worker)
             {
@@ -244,7 +248,7 @@ impl BrokerState {
             let deadline = keep_leases.unwrap_or_else(Instant::now)
                 + self.queue(&job.queue).map_or(MAX_EXTEND, |q| q.lease);
             kept += 1;
-            self.deadlines.insert(job.id, deadline);
+            self.deadlines.track(job.id, job.lease_seq, deadline);
             self.replace(job);
         }
         info!(
@@ -258,7 +262,6 @@ impl BrokerState {
         for queue in self.config.queues.keys() {
             self.resync(Resync::Scheduler(Arc::from(queue.as_str())));
         }
-        self.resync(Resync::Reaper);
         self.resync(Resync::Dlq);
     }
 
@@ -273,14 +276,6 @@ impl BrokerState {
                             events::to_scheduler(&queue, SchedulerMsg::Running(job.tenant.clone()))
                         }
                         _ => {}
-                    }
-                }
-            }
-            Resync::Reaper => {
-                events::to_reaper(ReaperMsg::Reset);
-                for (id, deadline) in &self.deadlines {
-                    if let Some(job) = self.jobs.get(id) {
-                        events::track(*id, job.lease_seq, *deadline);
                     }
                 }
             }
@@ -478,8 +473,7 @@ impl BrokerState {
         let deadline = mono + lease;
         let deadline_ms = now + i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
         for (_, job) in &granted {
-            self.deadlines.insert(job.id, deadline);
-            events::track(job.id, job.lease_seq, deadline);
+            self.deadlines.track(job.id, job.lease_seq, deadline);
             let ready_since = job.ready_at.max(job.created_at);
             metrics::job_waited(queue, millis(now - ready_since));
         }
@@ -567,8 +561,7 @@ impl BrokerState {
         job::check_token(job, token)?;
         let lease = self.queue(&job.queue)?.lease;
         let extend = extend.unwrap_or(lease).min(MAX_EXTEND);
-        self.deadlines.insert(id, mono + extend);
-        events::track(id, token, mono + extend);
+        self.deadlines.track(id, token, mono + extend);
         Ok(LeaseInfo {
             deadline_ms: now + i64::try_from(extend.as_millis()).unwrap_or(0),
         })
@@ -624,13 +617,13 @@ impl BrokerState {
         self.fail(id, token, failure, None, now);
     }
 
-    pub(super) fn expire(&mut self, id: JobId, token: Token, now: UnixMillis, mono: Instant) {
-        let due = self.deadlines.get(&id).is_some_and(|d| *d <= mono);
+    /// A due lease (popped from `deadlines`): the job goes through the retry policy.
+    fn expire(&mut self, id: JobId, token: Token, now: UnixMillis, mono: Instant) {
         let current = self
             .jobs
             .get(&id)
             .is_some_and(|j| j.state == State::Leased && j.lease_seq == token);
-        if !(due && current) {
+        if !current {
             return;
         }
         if !self.store_writable || self.writing.contains(&id) {
@@ -640,6 +633,31 @@ impl BrokerState {
         }
         let reason = "lease expired without an ack or heartbeat".to_string();
         self.fail_quietly(id, token, Failure::LeaseExpired { reason }, now);
+    }
+
+    /// Timer: expires every lease whose deadline passed.
+    pub(super) fn expire_due(&mut self, now: UnixMillis, mono: Instant) {
+        self.timer = None;
+        for (id, token) in self.deadlines.pop_due(mono) {
+            self.expire(id, token, now, mono);
+        }
+    }
+
+    /// Arms the one timer for the soonest lease deadline, unless one is armed for
+    /// that time or sooner. Called after every message.
+    pub(super) fn arm(&mut self) {
+        let Some(next) = self.deadlines.soonest() else {
+            return;
+        };
+        if self.timer.as_ref().is_some_and(|(armed, _)| *armed <= next) {
+            return;
+        }
+        if let Some((_, old)) = self.timer.take() {
+            old.abort();
+        }
+        let delay = next.saturating_duration_since(Instant::now());
+        let task = self.myself.send_after(delay, || BrokerMsg::Tick);
+        self.timer = Some((next, task));
     }
 
     pub(super) fn worker_lost(&mut self, worker: &str, error: &str, now: UnixMillis) {
@@ -755,6 +773,9 @@ impl BrokerState {
         }
     }
 }
+
+/// The pending `Tick` of the armed lease timer.
+type Timer = tokio::task::JoinHandle<Result<(), ractor::MessagingErr<BrokerMsg>>>;
 
 /// Backoff for a job whose queue is no longer configured (it is never leased, so
 /// only cancel/redrive reach it).

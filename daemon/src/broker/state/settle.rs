@@ -224,9 +224,8 @@ impl BrokerState {
             .get(&*job.queue)
             .map_or(PROBE_EVERY, |q| q.lease);
         let deadline = mono + lease;
-        if self.deadlines.get(&id).is_none_or(|d| *d < deadline) {
-            self.deadlines.insert(id, deadline);
-            events::track(id, token, deadline);
+        if self.deadlines.get(id).is_none_or(|d| d < deadline) {
+            self.deadlines.track(id, token, deadline);
         }
     }
 
