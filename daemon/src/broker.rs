@@ -40,7 +40,7 @@ use crate::limits::Limits;
 use crate::store::{Inserted, Store, StoreError};
 
 use state::BrokerState;
-pub use state::{QueueCounts, Settle};
+pub use state::{DlqStats, QueueCounts, Settle};
 
 /// The registered actor name of the broker.
 pub const NAME: &str = "broker";
@@ -185,8 +185,6 @@ pub struct BatchOutcome {
 pub enum Resync {
     /// A queue's Scheduler: gets every ready/delayed job and the running counts.
     Scheduler(Arc<str>),
-    /// The Dlq: gets every dead job.
-    Dlq,
 }
 
 /// Messages the broker takes.
@@ -249,6 +247,8 @@ pub enum BrokerMsg {
     Resync(Resync),
     /// Per-queue counts of unfinished jobs.
     Counts(RpcReplyPort<HashMap<Arc<str>, QueueCounts>>),
+    /// Per-queue DLQ depth and oldest death (queues with no dead job are absent).
+    DlqStats(RpcReplyPort<HashMap<Arc<str>, DlqStats>>),
     /// Stop taking enqueues (graceful shutdown).
     StopIntake,
     /// Answer once every write queued so far is durable.
@@ -427,6 +427,9 @@ impl Actor for Broker {
             BrokerMsg::Resync(what) => state.resync(what),
             BrokerMsg::Counts(reply) => {
                 let _ = reply.send(state.counts());
+            }
+            BrokerMsg::DlqStats(reply) => {
+                let _ = reply.send(state.dlq_stats());
             }
             BrokerMsg::StopIntake => state.accepting = false,
             BrokerMsg::Flush(reply) => state.store.submit(

@@ -1,22 +1,19 @@
-//! The Dlq actor: the dead-letter queue's index and its operator commands.
+//! The Dlq actor: the dead-letter queue's operator commands.
 //!
-//! It keeps, per queue, the dead jobs ordered by the time they died, so DLQ depth
-//! and the age of the oldest dead job are exact at any moment (and right after a
-//! restart, since it is rebuilt from the Broker). Listings and selections read the
-//! store (payload, last error, history); redrive and purge go through the Broker,
-//! the only writer, in atomic batches. Redrive is never automatic: only an operator
-//! request moves a dead job.
+//! It keeps no state of its own: DLQ depth and the age of the oldest dead job are a
+//! query to the Broker, which owns the dead jobs ([`BrokerMsg::DlqStats`]).
+//! Listings and selections read the store (payload, last error, history); redrive
+//! and purge go through the Broker, the only writer, in atomic batches. Redrive is
+//! never automatic: only an operator request moves a dead job.
 //!
-//! Messages ([`DlqMsg`]): `Dead`, `Removed`, `Reset` (from the Broker); `Stats`,
-//! `Select`, `Redrive`, `Purge` (from the admin server). Supervised by the Supervisor.
+//! Messages ([`DlqMsg`]): `Select`, `Redrive`, `Purge` (from the admin server).
+//! Supervised by the Supervisor.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::broker::{self, BatchOutcome, BrokerError, BrokerMsg, Resync};
+use crate::broker::{self, BatchOutcome, BrokerError, BrokerMsg};
 use crate::job::{Job, JobId, State, UnixMillis};
 use crate::store::{JobFilter, JobOrder, Store};
 
@@ -25,28 +22,6 @@ pub const NAME: &str = "dlq";
 
 /// The most jobs one selection may resolve to.
 pub const MAX_SELECTION: u32 = 100_000;
-
-/// A dead job as the index sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeadEntry {
-    /// The job.
-    pub id: JobId,
-    /// Its queue.
-    pub queue: Arc<str>,
-    /// Its tenant.
-    pub tenant: Arc<str>,
-    /// When it died (Unix ms).
-    pub died_at: UnixMillis,
-}
-
-/// DLQ depth and the oldest death, for one queue.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DlqStats {
-    /// Dead jobs.
-    pub depth: u64,
-    /// When the oldest one died (Unix ms).
-    pub oldest_died_at: Option<UnixMillis>,
-}
 
 /// Which dead jobs an operator means. Empty `ids` means "by filter"; a filter with
 /// no field set selects nothing unless `all` is true.
@@ -80,14 +55,6 @@ impl Selection {
 
 /// Messages the Dlq takes.
 pub enum DlqMsg {
-    /// A job died.
-    Dead(DeadEntry),
-    /// These jobs left the DLQ (redriven, cancelled, purged).
-    Removed(Vec<JobId>),
-    /// Replace the index (resync from the Broker).
-    Reset(Vec<DeadEntry>),
-    /// Depth and oldest death per queue.
-    Stats(RpcReplyPort<HashMap<Arc<str>, DlqStats>>),
     /// The dead jobs a selection matches, oldest id first.
     Select(Selection, RpcReplyPort<Result<Vec<Job>, BrokerError>>),
     /// Redrive what a selection matches, as `by`; with `dry_run` only report it.
@@ -108,8 +75,6 @@ pub enum DlqMsg {
 /// The Dlq's state.
 pub struct DlqState {
     store: Store,
-    by_queue: HashMap<Arc<str>, BTreeSet<(UnixMillis, JobId)>>,
-    entries: HashMap<JobId, DeadEntry>,
 }
 
 /// The Dlq actor.
@@ -125,12 +90,7 @@ impl Actor for Dlq {
         _myself: ActorRef<DlqMsg>,
         store: Store,
     ) -> Result<DlqState, ActorProcessingErr> {
-        broker::cast(BrokerMsg::Resync(Resync::Dlq));
-        Ok(DlqState {
-            store,
-            by_queue: HashMap::new(),
-            entries: HashMap::new(),
-        })
+        Ok(DlqState { store })
     }
 
     async fn handle(
@@ -140,16 +100,6 @@ impl Actor for Dlq {
         state: &mut DlqState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            DlqMsg::Dead(entry) => state.insert(entry),
-            DlqMsg::Removed(ids) => ids.iter().for_each(|id| state.remove(*id)),
-            DlqMsg::Reset(entries) => {
-                state.by_queue.clear();
-                state.entries.clear();
-                entries.into_iter().for_each(|e| state.insert(e));
-            }
-            DlqMsg::Stats(reply) => {
-                let _ = reply.send(state.stats());
-            }
             DlqMsg::Select(sel, reply) => {
                 let _ = reply.send(state.select(&sel).await);
             }
@@ -172,36 +122,6 @@ impl Actor for Dlq {
 const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl DlqState {
-    fn insert(&mut self, entry: DeadEntry) {
-        self.remove(entry.id);
-        self.by_queue
-            .entry(entry.queue.clone())
-            .or_default()
-            .insert((entry.died_at, entry.id));
-        self.entries.insert(entry.id, entry);
-    }
-
-    fn remove(&mut self, id: JobId) {
-        if let Some(e) = self.entries.remove(&id)
-            && let Some(set) = self.by_queue.get_mut(&e.queue)
-        {
-            set.remove(&(e.died_at, id));
-        }
-    }
-
-    fn stats(&self) -> HashMap<Arc<str>, DlqStats> {
-        self.by_queue
-            .iter()
-            .map(|(q, set)| {
-                let stats = DlqStats {
-                    depth: set.len() as u64,
-                    oldest_died_at: set.first().map(|(at, _)| *at),
-                };
-                (q.clone(), stats)
-            })
-            .collect()
-    }
-
     /// Resolves a selection to dead jobs, reading the store for the filters; filtered
     /// selections come most recently dead first.
     async fn select(&self, sel: &Selection) -> Result<Vec<Job>, BrokerError> {

@@ -18,7 +18,6 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use crate::broker::{self, BrokerMsg};
 use crate::clock::wall_ms;
 use crate::config::Config;
-use crate::dlq::{self, DlqMsg};
 use crate::job::UnixMillis;
 use crate::metrics::{self, DepthState};
 use crate::scheduler::{self, SchedulerMsg};
@@ -102,7 +101,7 @@ fn age(at: Option<UnixMillis>, now: UnixMillis) -> Duration {
 async fn refresh(config: &Config) -> bool {
     let now = wall_ms();
     let counts = ask(broker::NAME.into(), BrokerMsg::Counts).await;
-    let dead = ask(dlq::NAME.into(), DlqMsg::Stats)
+    let dead = ask(broker::NAME.into(), BrokerMsg::DlqStats)
         .await
         .unwrap_or_default();
     let mut healthy = counts.is_some();

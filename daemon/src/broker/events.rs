@@ -1,6 +1,5 @@
 //! Fan-out of job state changes to the actors derived from the broker's state:
-//! the queue's Scheduler (ready jobs, running counts) and the Dlq (dead jobs),
-//! plus the matching metrics. A throttled
+//! the queue's Scheduler (ready jobs, running counts), plus the matching metrics. A throttled
 //! result, from qd's own workers or an external one, pauses the queue's shared rate
 //! limiter through its Scheduler until the job's retry time.
 //!
@@ -12,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::until;
-use crate::dlq::{self, DeadEntry, DlqMsg};
 use crate::job::{Job, Outcome, State, Transition, UnixMillis};
 use crate::scheduler::{self, SchedulerMsg};
 
@@ -20,23 +18,6 @@ use crate::scheduler::{self, SchedulerMsg};
 pub fn to_scheduler(queue: &str, msg: SchedulerMsg) {
     if let Some(actor) = ractor::ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
         let _ = actor.cast(msg);
-    }
-}
-
-/// Sends `msg` to the Dlq, if it is running.
-pub fn to_dlq(msg: DlqMsg) {
-    if let Some(actor) = ractor::ActorRef::<DlqMsg>::where_is(dlq::NAME) {
-        let _ = actor.cast(msg);
-    }
-}
-
-/// The Dlq's view of a dead job.
-pub fn dead_entry(job: &Job) -> DeadEntry {
-    DeadEntry {
-        id: job.id,
-        queue: job.queue.clone(),
-        tenant: job.tenant.clone(),
-        died_at: job.updated_at,
     }
 }
 
@@ -49,14 +30,8 @@ pub fn changed(old: &Job, new: &Job, now: UnixMillis) {
             .unwrap_or_default();
         to_scheduler(&old.queue, SchedulerMsg::Finished(old.tenant.clone(), run));
     }
-    match (old.state, new.state) {
-        (State::Ready | State::Delayed, State::Cancelled) => {
-            to_scheduler(&old.queue, SchedulerMsg::Remove(old.id))
-        }
-        (State::Dead, State::Dead) => {}
-        (State::Dead, _) => to_dlq(DlqMsg::Removed(vec![old.id])),
-        (_, State::Dead) => to_dlq(DlqMsg::Dead(dead_entry(new))),
-        _ => {}
+    if matches!(old.state, State::Ready | State::Delayed) && new.state == State::Cancelled {
+        to_scheduler(&old.queue, SchedulerMsg::Remove(old.id));
     }
     if matches!(new.state, State::Ready | State::Delayed)
         && !matches!(old.state, State::Ready | State::Delayed)

@@ -6,7 +6,7 @@
 //! `by_worker` hold exactly the leased ones; `counts` is derived from `jobs` plus
 //! enqueues whose write is still pending. Every change goes through [`BrokerState::replace`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +26,6 @@ use super::{
 };
 use crate::backoff::{Backoff, Jitter};
 use crate::config::{Config, QueueConfig};
-use crate::dlq::DlqMsg;
 use crate::job::{
     self, Event, Failure, HistoryEntry, Job, JobId, NewJob, Outcome, State, Token, Transition,
     UnixMillis,
@@ -68,6 +67,16 @@ impl QueueCounts {
     }
 }
 
+/// DLQ depth and the oldest death, for one queue: a query to the Broker, which
+/// owns the dead jobs ([`super::BrokerMsg::DlqStats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DlqStats {
+    /// Dead jobs.
+    pub depth: u64,
+    /// When the oldest one died (Unix ms).
+    pub oldest_died_at: Option<UnixMillis>,
+}
+
 /// The broker's state (see the module doc for its invariants).
 pub struct BrokerState {
     pub(super) store: Store,
@@ -80,6 +89,8 @@ pub struct BrokerState {
     timer: Option<(Instant, Timer)>,
     by_worker: HashMap<String, HashSet<JobId>>,
     counts: HashMap<Arc<str>, QueueCounts>,
+    /// Dead jobs per queue by the time they died: DLQ depth and age.
+    dead: HashMap<Arc<str>, BTreeSet<(UnixMillis, JobId)>>,
     tenant_depth: HashMap<(Arc<str>, Arc<str>), u64>,
     names: HashSet<Arc<str>>,
     labels: TenantLabels,
@@ -112,6 +123,7 @@ impl BrokerState {
             timer: None,
             by_worker: HashMap::new(),
             counts,
+            dead: HashMap::new(),
             tenant_depth: HashMap::new(),
             names: HashSet::new(),
             labels,
@@ -171,6 +183,14 @@ impl BrokerState {
             .slot(job.state)
         {
             apply(n);
+        }
+        if job.state == State::Dead {
+            let dead = self.dead.entry(job.queue.clone()).or_default();
+            if add {
+                dead.insert((job.updated_at, job.id));
+            } else {
+                dead.remove(&(job.updated_at, job.id));
+            }
         }
         if matches!(job.state, State::Ready | State::Delayed | State::Leased) {
             let key = (job.queue.clone(), job.tenant.clone());
@@ -262,7 +282,6 @@ impl BrokerState {
         for queue in self.config.queues.keys() {
             self.resync(Resync::Scheduler(Arc::from(queue.as_str())));
         }
-        self.resync(Resync::Dlq);
     }
 
     pub(super) fn resync(&self, what: Resync) {
@@ -278,15 +297,6 @@ impl BrokerState {
                         _ => {}
                     }
                 }
-            }
-            Resync::Dlq => {
-                let dead = self
-                    .jobs
-                    .values()
-                    .filter(|j| j.state == State::Dead)
-                    .map(events::dead_entry)
-                    .collect();
-                events::to_dlq(DlqMsg::Reset(dead));
             }
         }
     }
@@ -753,6 +763,19 @@ impl BrokerState {
 
     pub(super) fn counts(&self) -> HashMap<Arc<str>, QueueCounts> {
         self.counts.clone()
+    }
+
+    pub(super) fn dlq_stats(&self) -> HashMap<Arc<str>, DlqStats> {
+        self.dead
+            .iter()
+            .map(|(queue, dead)| {
+                let stats = DlqStats {
+                    depth: dead.len() as u64,
+                    oldest_died_at: dead.first().map(|(at, _)| *at),
+                };
+                (queue.clone(), stats)
+            })
+            .collect()
     }
 
     /// Prunes each queue's finished jobs past that queue's `retention`.

@@ -199,14 +199,13 @@ impl BrokerState {
         );
     }
 
-    /// Drops purged jobs from memory and from the Dlq's view.
+    /// Drops purged jobs from memory.
     fn forget(&mut self, ids: &[JobId]) {
         for id in ids {
             if let Some(job) = self.jobs.remove(id) {
                 self.account(&job, false);
             }
         }
-        events::to_dlq(crate::dlq::DlqMsg::Removed(ids.to_vec()));
     }
 
     /// Gives a lease whose end could not be written (or whose expiry must wait for
