@@ -103,6 +103,7 @@ pub fn router(args: ApiArgs, tokens: Tokens) -> Router {
         .route("/v1/jobs/{id}/heartbeat", post(lessee::heartbeat))
         .route("/v1/jobs/{id}/ack", post(lessee::ack))
         .route("/v1/jobs/{id}/nack", post(lessee::nack))
+        .route("/v1/acks", post(lessee::acks))
         .route_layer(middleware::from_fn_with_state(
             Arc::new(tokens),
             auth::authenticate,

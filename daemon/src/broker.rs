@@ -227,6 +227,12 @@ pub enum BrokerMsg {
     ),
     /// The attempt succeeded; answered after the ack is durable.
     Ack(JobId, Token, RpcReplyPort<Result<(), BrokerError>>),
+    /// Many acks in one commit; answered per item, in order, after it is durable
+    /// (an `Err` for the whole batch only if the write failed).
+    AckBatch(
+        Vec<(JobId, Token)>,
+        RpcReplyPort<Result<Vec<Result<(), BrokerError>>, BrokerError>>,
+    ),
     /// The attempt failed; answered after the write is durable.
     Nack(JobId, Token, Failure, RpcReplyPort<Result<(), BrokerError>>),
     /// Timer: the soonest lease deadline passed; expire every lease that is due.
@@ -416,6 +422,7 @@ impl Actor for Broker {
                 let _ = reply.send(state.heartbeat(id, token, extend, now, Instant::now()));
             }
             BrokerMsg::Ack(id, token, reply) => state.ack(id, token, reply, now),
+            BrokerMsg::AckBatch(acks, reply) => state.ack_batch(acks, reply, now),
             BrokerMsg::Nack(id, token, failure, reply) => {
                 state.fail(id, token, failure, Some(reply), now)
             }

@@ -503,3 +503,61 @@ fn the_python_example_worker_completes_jobs() {
     }
     example_worker_works_a_queue("python3", "worker.py");
 }
+
+#[test]
+fn batch_acks_answer_each_item_in_order_and_only_valid_tokens_succeed() {
+    let qd = Qd::start(EXTERNAL);
+    let api = Client::new(&qd, None);
+    for i in 0..3 {
+        qd.enqueue("batch", &format!("{i}"));
+    }
+    let jobs = api.lease("batch", "w1", 1000, "5s");
+    assert_eq!(jobs.len(), 3, "max_jobs 1000 is accepted");
+    let (a, b, c) = (&jobs[0], &jobs[1], &jobs[2]);
+    let unknown = "01900000-0000-7000-8000-000000000000";
+    let body = json!({"acks": [
+        {"id": a["id"], "token": a["token"]},
+        {"id": b["id"], "token": 999},
+        {"id": c["id"], "token": c["token"]},
+        {"id": unknown, "token": 1},
+        {"id": a["id"], "token": a["token"]},
+    ]});
+    let r = api.post("/v1/acks", body.clone());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let results = r.body["results"].as_array().expect("results");
+    assert_eq!(results.len(), 5, "{}", r.body);
+    let ok: Vec<bool> = results.iter().map(|x| x["ok"] == true).collect();
+    assert_eq!(ok, [true, false, true, false, false], "{}", r.body);
+    let unknown_id = json!(unknown);
+    let order = [&a["id"], &b["id"], &c["id"], &unknown_id, &a["id"]];
+    for (result, expected) in results.iter().zip(order) {
+        assert_eq!(&result["id"], expected, "in request order: {}", r.body);
+    }
+    assert_eq!(results[1]["error"], "stale_token", "{}", r.body);
+    assert_eq!(results[1]["state"], "leased", "{}", r.body);
+    assert_eq!(results[3]["error"], "not_found", "{}", r.body);
+    for (job, state) in [(a, "succeeded"), (b, "leased"), (c, "succeeded")] {
+        let stored = qd.job(job["id"].as_str().expect("id"));
+        assert_eq!(stored["state"], state, "{stored}");
+    }
+    // The same acks again: the finished jobs answer stale_token with their state.
+    let r = api.post("/v1/acks", body);
+    assert_eq!(r.body["results"][0]["error"], "stale_token", "{}", r.body);
+    assert_eq!(r.body["results"][0]["state"], "succeeded", "{}", r.body);
+
+    let r = api.post("/v1/acks", json!({"acks": [{"id": "nope", "token": 1}]}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("acks[0]")
+    );
+    let r = api.post("/v1/acks", json!({"acks": []}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    let r = api.post(
+        "/v1/queues/batch/leases",
+        json!({"worker_id": "w", "max_jobs": 1001}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+}

@@ -1,4 +1,4 @@
-//! External worker endpoints: lease (long poll), heartbeat, ack, nack.
+//! External worker endpoints: lease (long poll), heartbeat, ack, nack, batch acks.
 //!
 //! Only queues with `executor = { kind = "external" }` are leased over HTTP; their
 //! jobs go through the same Scheduler (fairness, caps, rate limits), Broker
@@ -30,7 +30,9 @@ use crate::job::{Failure, JobId, Token};
 use crate::scheduler::{self, LeaseRequest, MAX_WAIT, SchedulerMsg};
 
 /// The most jobs one lease request may take.
-pub const MAX_JOBS: u32 = 100;
+pub const MAX_JOBS: u32 = 1000;
+/// The most acks one `POST /v1/acks` may carry.
+pub const MAX_ACKS: usize = 1000;
 const REPORT_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Deserialize)]
@@ -161,19 +163,7 @@ async fn report<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     match broker::request(build, REPORT_TIMEOUT).await.and_then(|r| r) {
         Ok(v) => Ok(v),
-        Err(BrokerError::UnknownJob(_)) => {
-            let state = args
-                .store
-                .run(move |b| Ok(b.job(id)?.map(|d| d.job.state)))
-                .await?;
-            Err(match state {
-                Some(state) => {
-                    ApiError::stale(format!("job {id} is {state}; this lease is over"), state)
-                }
-                None => BrokerError::UnknownJob(id).into(),
-            })
-        }
-        Err(e) => Err(e.into()),
+        Err(err) => Err(explain(args, id, err).await?),
     }
 }
 
@@ -214,6 +204,80 @@ pub async fn ack(
     authorize_job(&args, &caller, id).await?;
     report(&args, id, |tx| BrokerMsg::Ack(id, body.token, tx)).await?;
     Ok(Json(json!({ "id": id, "state": "succeeded" })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AcksBody {
+    acks: Vec<AckItem>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AckItem {
+    id: String,
+    token: Token,
+}
+
+/// `POST /v1/acks`: up to [`MAX_ACKS`] acks, durable in one commit, answered per
+/// item in request order (`{"id", "ok": true}` or `{"id", "ok": false, "error",
+/// "message", "state"?}`). A malformed id fails the whole request (400 naming its
+/// index); so does a job whose queue the token may not work (403).
+pub async fn acks(
+    State(args): State<Arc<ApiArgs>>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(body): JsonBody<AcksBody>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require(Role::Work)?;
+    if body.acks.is_empty() || body.acks.len() > MAX_ACKS {
+        return Err(ApiError::bad_request(format!(
+            "acks must hold 1 to {MAX_ACKS} items, got {}",
+            body.acks.len()
+        )));
+    }
+    let mut acks = Vec::with_capacity(body.acks.len());
+    for (n, item) in body.acks.iter().enumerate() {
+        let id = parse_id(&item.id)
+            .map_err(|e| ApiError::bad_request(format!("acks[{n}]: {}", e.message)))?;
+        acks.push((id, item.token));
+    }
+    for (id, _) in &acks {
+        authorize_job(&args, &caller, *id).await?;
+    }
+    let ids: Vec<JobId> = acks.iter().map(|(id, _)| *id).collect();
+    let answers = broker::request(|tx| BrokerMsg::AckBatch(acks, tx), REPORT_TIMEOUT).await??;
+    let mut results = Vec::with_capacity(ids.len());
+    for (id, answer) in ids.into_iter().zip(answers) {
+        results.push(match answer {
+            Ok(()) => json!({ "id": id, "ok": true }),
+            Err(err) => {
+                let err = explain(&args, id, err).await?;
+                let mut item =
+                    json!({ "id": id, "ok": false, "error": err.code, "message": err.message });
+                if let Some(state) = err.state {
+                    item["state"] = json!(state);
+                }
+                item
+            }
+        });
+    }
+    Ok(Json(json!({ "results": results })))
+}
+
+/// The API error of a refused report for job `id`: a job the Broker no longer holds
+/// but the store does (it finished) is `stale_token` with its state.
+async fn explain(args: &ApiArgs, id: JobId, err: BrokerError) -> Result<ApiError, ApiError> {
+    if !matches!(err, BrokerError::UnknownJob(_)) {
+        return Ok(err.into());
+    }
+    let state = args
+        .store
+        .run(move |b| Ok(b.job(id)?.map(|d| d.job.state)))
+        .await?;
+    Ok(match state {
+        Some(state) => ApiError::stale(format!("job {id} is {state}; this lease is over"), state),
+        None => err.into(),
+    })
 }
 
 /// The kind of failure an external worker reports.

@@ -594,6 +594,53 @@ impl BrokerState {
         }
     }
 
+    /// Acks many leases in one store commit. Each item is answered on its own, in
+    /// order: `Ok`, or why it was refused (stale token, unknown job, a second ack of
+    /// the same job in the batch). The whole request fails only if the write fails;
+    /// then nothing was acked.
+    pub(super) fn ack_batch(
+        &mut self,
+        acks: Vec<(JobId, Token)>,
+        reply: RpcReplyPort<Result<Vec<Result<(), BrokerError>>, BrokerError>>,
+        now: UnixMillis,
+    ) {
+        let mut answers: Vec<Option<Result<(), BrokerError>>> = Vec::with_capacity(acks.len());
+        let (mut planned, mut slots, mut seen) = (Vec::new(), Vec::new(), HashSet::new());
+        for (n, (id, token)) in acks.into_iter().enumerate() {
+            if !seen.insert(id) {
+                let dup = format!("job {id} is acked twice in this batch");
+                answers.push(Some(Err(BrokerError::Invalid(dup))));
+                continue;
+            }
+            match self.plan(id, Event::Ack { token }, now) {
+                Ok(p) => {
+                    planned.push(p);
+                    slots.push(n);
+                    answers.push(None);
+                }
+                Err(err) => answers.push(Some(Err(err))),
+            }
+        }
+        self.commit_each(Intent::End, planned, move |result| {
+            let answer = result.map_err(BrokerError::from).map(|applied| {
+                for (n, applied) in slots.into_iter().zip(applied) {
+                    answers[n] = Some(if applied {
+                        Ok(())
+                    } else {
+                        Err(BrokerError::Store(StoreError::Other(
+                            "the stored job was not leased; nothing written".into(),
+                        )))
+                    });
+                }
+                answers
+                    .into_iter()
+                    .map(|a| a.expect("invariant: every ack of the batch is answered"))
+                    .collect()
+            });
+            let _ = reply.send(answer);
+        });
+    }
+
     /// A failed attempt: back to delayed/ready with backoff, or dead.
     pub(super) fn fail(
         &mut self,

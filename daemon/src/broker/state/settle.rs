@@ -62,17 +62,40 @@ pub(super) struct Parked {
 }
 
 impl BrokerState {
-    /// Submits `planned` (each job's record before and its transition) as one store
-    /// batch of `intent`; once it answered, applies the committed items to memory
-    /// and calls `done` (an error if the write failed or an item was refused).
+    /// [`BrokerState::commit_each`] answered as one result: an error if the write
+    /// failed or any item was refused.
     pub(super) fn commit(
         &mut self,
         intent: Intent,
         planned: Vec<(Job, Transition)>,
         done: impl FnOnce(Result<(), StoreError>) + Send + 'static,
     ) {
+        self.commit_each(intent, planned, move |result| {
+            done(result.and_then(|applied| {
+                let refused = applied.iter().filter(|a| !**a).count();
+                if refused == 0 {
+                    Ok(())
+                } else {
+                    Err(StoreError::Other(format!(
+                        "{refused} job(s) were not in the stored state the broker expected; \
+                         nothing written for them"
+                    )))
+                }
+            }))
+        });
+    }
+
+    /// Submits `planned` (each job's record before and its transition) as one store
+    /// batch of `intent`; once it answered, applies the committed items to memory
+    /// and calls `done` with whether each item applied, or the write's error.
+    pub(super) fn commit_each(
+        &mut self,
+        intent: Intent,
+        planned: Vec<(Job, Transition)>,
+        done: impl FnOnce(Result<Vec<bool>, StoreError>) + Send + 'static,
+    ) {
         if planned.is_empty() {
-            done(Ok(()));
+            done(Ok(Vec::new()));
             return;
         }
         self.writing.extend(planned.iter().map(|(old, _)| old.id));
@@ -100,7 +123,7 @@ impl BrokerState {
         result: Result<Vec<bool>, StoreError>,
         now: UnixMillis,
         mono: Instant,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<bool>, StoreError> {
         for (old, _) in &planned {
             self.writing.remove(&old.id);
         }
@@ -115,22 +138,14 @@ impl BrokerState {
             }
         };
         self.store_accepted(now, mono);
-        let mut refused = 0usize;
-        for ((old, t), applied) in planned.into_iter().zip(applied) {
-            if applied {
+        for ((old, t), applied) in planned.into_iter().zip(&applied) {
+            if *applied {
                 self.apply(intent, old, t, now);
             } else {
-                refused += 1;
                 error!(job = %old.id, state = %old.state, "The store did not hold the state the Broker expected; the change was not written.");
             }
         }
-        if refused == 0 {
-            Ok(())
-        } else {
-            Err(StoreError::Other(format!(
-                "{refused} job(s) were not in the stored state the broker expected; nothing written for them"
-            )))
-        }
+        Ok(applied)
     }
 
     /// Applies a committed transition to memory, the derived actors and the metrics.
