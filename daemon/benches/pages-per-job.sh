@@ -1,6 +1,7 @@
 #!/bin/bash
 # Bytes qd writes to its database files (qd.db + qd.db-wal) per job, enqueue -> lease -> ack,
-# counted with strace on pwrite64/write. Usage: hp-measure2.sh QD_BINARY [N]
+# counted with strace on pwrite64/write. Needs strace and the loadgen of ../shared/bench.
+# Usage: LG=path/to/loadgen daemon/benches/pages-per-job.sh path/to/qd [N]
 set -eu
 QD=$1; N=${2:-2000}; PORT=${PORT:-17591}
 LG=${LG:?set LG to the loadgen binary built from ../shared/bench/loadgen}

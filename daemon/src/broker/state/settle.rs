@@ -86,8 +86,10 @@ impl BrokerState {
     }
 
     /// Submits `planned` (each job's record before and its transition) as one store
-    /// batch of `intent`; once it answered, applies the committed items to memory
-    /// and calls `done` with whether each item applied, or the write's error.
+    /// batch of `intent`. Once it answered, `done` is called at once on the writer
+    /// thread (the write is durable: the caller need not wait for the Broker) with
+    /// whether each item applied, or the write's error, and a [`Settle`] applies the
+    /// committed items to the Broker's memory.
     pub(super) fn commit_each(
         &mut self,
         intent: Intent,
@@ -108,10 +110,14 @@ impl BrokerState {
                 Intent::Cancel => b.cancel(&writes),
             },
             move |result| {
+                // The Settle is queued before the caller hears the answer, so any
+                // message the caller sends next reaches the Broker after it.
+                let answer = result.clone();
                 let settle = Settle(Box::new(move |state: &mut BrokerState, now, mono| {
-                    done(state.settle(intent, planned, result, now, mono));
+                    state.settle(intent, planned, result, now, mono);
                 }));
                 let _ = myself.cast(BrokerMsg::Settle(settle));
+                done(answer);
             },
         );
     }
@@ -123,7 +129,7 @@ impl BrokerState {
         result: Result<Vec<bool>, StoreError>,
         now: UnixMillis,
         mono: Instant,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) {
         for (old, _) in &planned {
             self.writing.remove(&old.id);
         }
@@ -134,18 +140,17 @@ impl BrokerState {
                 for (old, _) in &planned {
                     self.rearm(old.id, old.lease_seq, mono);
                 }
-                return Err(err);
+                return;
             }
         };
         self.store_accepted(now, mono);
-        for ((old, t), applied) in planned.into_iter().zip(&applied) {
-            if *applied {
+        for ((old, t), applied) in planned.into_iter().zip(applied) {
+            if applied {
                 self.apply(intent, old, t, now);
             } else {
                 error!(job = %old.id, state = %old.state, "The store did not hold the state the Broker expected; the change was not written.");
             }
         }
-        Ok(applied)
     }
 
     /// Applies a committed transition to memory, the derived actors and the metrics.
