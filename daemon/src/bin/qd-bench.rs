@@ -25,6 +25,8 @@ mod qd_http;
 mod report;
 #[path = "qd-bench/servers.rs"]
 mod servers;
+#[path = "qd-bench/targets.rs"]
+mod targets;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -107,10 +109,10 @@ impl Cli {
     fn apply_smoke(&mut self) {
         if self.smoke {
             self.mode = vec![Mode::All, Mode::Soak];
-            self.jobs = 200;
-            self.rate = 100.0;
+            self.jobs = 100;
+            self.rate = 50.0;
             self.duration = Duration::from_secs(2);
-            self.exec_jobs = 40;
+            self.exec_jobs = 20;
             self.workers = 4;
             self.max_time = Duration::from_secs(20);
         }
@@ -196,6 +198,7 @@ async fn main() -> Result<()> {
             report.notes.push(format!("{mode:?} failed: {e:#}"));
         }
     }
+    report.targets = targets::check(&report, settings.rate);
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&report).context("JSON")?);
     } else {

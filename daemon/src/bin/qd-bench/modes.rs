@@ -46,6 +46,9 @@ pub struct Settings {
     pub sample_every: Duration,
 }
 
+/// The beanstalkd configurations qd is compared with, and their column names.
+const BEANSTALKDS: [(Fsync, &str); 2] = [(Fsync::Always, SERVERS[1]), (Fsync::Default, SERVERS[2])];
+
 /// `defaults.retention` of the qd under test: short, so the soak shows pruning.
 const RETENTION: &str = "1m";
 
@@ -59,6 +62,17 @@ impl Settings {
             retention: RETENTION,
         })
         .await
+    }
+
+    /// Request/reply at `rate` for `duration` (the paced and soak modes).
+    fn steady_plan(&self) -> Plan {
+        Plan {
+            batch: 1,
+            rate: self.rate,
+            jobs: (self.rate * self.duration.as_secs_f64()).ceil() as u64,
+            max_time: self.duration + self.plan.max_time,
+            ..self.plan.clone()
+        }
     }
 
     /// Starts qd with a command queue that does nothing (for the HTTP modes).
@@ -166,7 +180,7 @@ pub async fn single(s: &Settings, report: &mut Report) -> Result<()> {
     )
     .await?;
     qd.stop().await;
-    for (fsync, name) in [(Fsync::Always, SERVERS[1]), (Fsync::Default, SERVERS[2])] {
+    for (fsync, name) in BEANSTALKDS {
         let Some(bs) = servers::start_beanstalkd(fsync).await? else {
             return Ok(());
         };
@@ -241,17 +255,11 @@ async fn paced_run<T: Target>(
 
 /// The `paced` mode: `rate` jobs/s for `duration`, request/reply.
 pub async fn paced(s: &Settings, report: &mut Report) -> Result<()> {
-    let plan = Plan {
-        batch: 1,
-        rate: s.rate,
-        jobs: (s.rate * s.duration.as_secs_f64()).ceil() as u64,
-        max_time: s.duration + s.plan.max_time,
-        ..s.plan.clone()
-    };
+    let plan = s.steady_plan();
     let (qd, _scripts) = s.start_qd_for_http().await?;
     paced_run(SERVERS[0], qd_target(&qd, Api::Single), &plan, report).await?;
     qd.stop().await;
-    for (fsync, name) in [(Fsync::Always, SERVERS[1]), (Fsync::Default, SERVERS[2])] {
+    for (fsync, name) in BEANSTALKDS {
         let Some(bs) = servers::start_beanstalkd(fsync).await? else {
             return Ok(());
         };
@@ -369,16 +377,10 @@ async fn wait_lines(
 /// The `soak` mode: qd at `rate` jobs/s for `duration`, end to end, sampling the
 /// store, its WAL and qd's RSS every `sample_every`.
 pub async fn soak(s: &Settings, report: &mut Report) -> Result<()> {
-    let plan = Plan {
-        batch: 1,
-        rate: s.rate,
-        jobs: (s.rate * s.duration.as_secs_f64()).ceil() as u64,
-        max_time: s.duration + s.plan.max_time,
-        ..s.plan.clone()
-    };
+    let plan = s.steady_plan();
     let (qd, _scripts) = s.start_qd_for_http().await?;
     let progress = Arc::new(Progress::default());
-    let run = tokio::spawn(load::run(
+    let mut run = tokio::spawn(load::run(
         qd_target(&qd, Api::Single),
         plan.clone(),
         Phase::Mixed,
@@ -386,22 +388,25 @@ pub async fn soak(s: &Settings, report: &mut Report) -> Result<()> {
     ));
     let data = qd.dir.path().join("data");
     let start = Instant::now();
-    let sample = |at: Instant| SoakSample {
-        at_secs: at.duration_since(start).as_secs_f64(),
+    let sample = || SoakSample {
+        at_secs: start.elapsed().as_secs_f64(),
         done: progress.done.load(Ordering::Relaxed),
         store_bytes: probe::file_bytes(&data.join("qd.db")),
         wal_bytes: probe::file_bytes(&data.join("qd.db-wal")),
         rss_bytes: probe::rss_bytes(qd.pid).unwrap_or(0),
     };
-    report.soak.push(sample(Instant::now()));
+    report.soak.push(sample());
     let mut next = start + s.sample_every;
-    while !run.is_finished() {
-        tokio::time::sleep_until(next.into()).await;
-        next += s.sample_every;
-        report.soak.push(sample(Instant::now()));
-    }
-    let outcome = run.await??;
-    report.soak.push(sample(Instant::now()));
+    let outcome = loop {
+        tokio::select! {
+            finished = &mut run => break finished??,
+            () = tokio::time::sleep_until(next.into()) => {
+                next += s.sample_every;
+                report.soak.push(sample());
+            }
+        }
+    };
+    report.soak.push(sample());
     qd.stop().await;
     note_errors(report, "soak qd".into(), &outcome);
     report.add("soak", SERVERS[0], "done", "jobs/s", outcome.done_rate());

@@ -144,19 +144,19 @@ fn job_json(out: &mut Vec<u8>, payload: &[u8]) {
 
 impl Conn for QdConn {
     async fn put(&mut self, payloads: Vec<Vec<u8>>) -> Result<u64> {
-        let mut body =
-            Vec::with_capacity(payloads.iter().map(|p| p.len() + 16).sum::<usize>() + 16);
         match self.api {
             Api::Single => {
                 for p in &payloads {
-                    body.clear();
+                    let mut body = Vec::with_capacity(p.len() + 16);
                     job_json(&mut body, p);
-                    self.expect(&self.enqueue_uri, body.clone(), StatusCode::ACCEPTED)
+                    self.expect(&self.enqueue_uri, body, StatusCode::ACCEPTED)
                         .await?;
                 }
                 Ok(payloads.len() as u64)
             }
             Api::Batch => {
+                let size = payloads.iter().map(|p| p.len() + 16).sum::<usize>();
+                let mut body = Vec::with_capacity(size + 16);
                 body.extend_from_slice(b"{\"jobs\":[");
                 for (i, p) in payloads.iter().enumerate() {
                     if i > 0 {

@@ -6,6 +6,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::targets::{self, Check};
+
 /// The servers a measurement can belong to, in column order.
 pub const SERVERS: [&str; 3] = ["qd", "beanstalkd -f 0", "beanstalkd default"];
 
@@ -50,6 +52,8 @@ pub struct Report {
     pub soak: Vec<SoakSample>,
     /// Remarks: skipped modes, errors seen, what a column means.
     pub notes: Vec<String>,
+    /// The hot path's targets, checked against the figures (filled last).
+    pub targets: Vec<Check>,
 }
 
 impl Report {
@@ -72,7 +76,7 @@ impl Report {
     }
 
     /// The figure of (`mode`, `metric`) for `server`, if measured.
-    fn value(&self, mode: &str, metric: &str, server: &str) -> Option<f64> {
+    pub fn value(&self, mode: &str, metric: &str, server: &str) -> Option<f64> {
         self.measurements
             .iter()
             .find(|m| m.mode == mode && m.metric == metric && m.server == server)
@@ -148,7 +152,7 @@ impl Report {
             ];
             for s in &self.soak {
                 rows.push(vec![
-                    format!("{:.0}", s.at_secs),
+                    format!("{:.1}", s.at_secs),
                     s.done.to_string(),
                     mib(s.store_bytes),
                     mib(s.wal_bytes),
@@ -156,6 +160,9 @@ impl Report {
                 ]);
             }
             out += &align(&rows);
+        }
+        if !self.targets.is_empty() {
+            out += &targets::text(&self.targets);
         }
         for note in &self.notes {
             let _ = writeln!(out, "note: {note}");
