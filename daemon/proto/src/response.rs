@@ -28,7 +28,7 @@ pub enum Response {
         jobs: Vec<JobSummary>,
     },
     /// Answer to `jobs_show` and `dlq_show`.
-    Job(JobDetail),
+    Job(Box<JobDetail>),
     /// Answer to `jobs_cancel`.
     Cancelled {
         /// The cancelled job.
