@@ -80,10 +80,16 @@ fn smoke_run_completes_jobs_and_prints_the_side_by_side_table() {
     let cpu = row("server CPU (µs/job)");
     assert!(figure(&cpu[2]) > 0.0, "qd used no CPU: {cpu:?}");
     if beanstalkd {
-        for r in [&end_to_end, &cpu] {
-            assert!(figure(&r[3]) > 0.0 && figure(&r[4]) > 0.0, "{r:?}");
-            assert!(r[5].ends_with('×') && r[6].ends_with('×'), "ratios: {r:?}");
-        }
+        assert!(
+            figure(&end_to_end[3]) > 0.0 && figure(&end_to_end[4]) > 0.0,
+            "{end_to_end:?}"
+        );
+        assert!(
+            end_to_end[5].ends_with('×') && end_to_end[6].ends_with('×'),
+            "ratios: {end_to_end:?}"
+        );
+        // A small run may cost beanstalkd less than one clock tick (10 ms): 0 is fine.
+        assert!(figure(&cpu[3]) >= 0.0 && figure(&cpu[4]) >= 0.0, "{cpu:?}");
     }
     assert!(
         stdout.contains("\nsoak:\n") && stdout.contains("executor: xargs -P"),
