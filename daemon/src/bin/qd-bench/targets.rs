@@ -1,7 +1,7 @@
 //! The hot path's targets (issue 10, "Targets"), checked against a report: each
 //! line says the target, what was measured and whether it is met. A target whose
-//! figures were not measured in this run (a mode not run, beanstalkd missing)
-//! says so instead.
+//! figures this run did not measure (a mode not run, beanstalkd missing) is left
+//! out of the text and is `null` in the JSON.
 
 use serde::Serialize;
 
@@ -64,18 +64,21 @@ pub fn check(report: &Report, rate: f64) -> Vec<Check> {
     ]
 }
 
-/// The checks as text, one line each.
+/// The measured checks as text, one line each; empty when none was measured.
 pub fn text(checks: &[Check]) -> String {
-    let mut out = String::from("\ntargets (issue 10):\n");
+    let mut out = String::new();
     for c in checks {
         let verdict = match &c.measured {
             Some((figure, true)) => format!("met ({figure})"),
             Some((figure, false)) => format!("MISSED ({figure})"),
-            None => "not measured in this run".to_string(),
+            None => continue,
         };
         out += &format!("  {}: {verdict}\n", c.target);
     }
-    out
+    if out.is_empty() {
+        return out;
+    }
+    format!("\ntargets (issue 10):\n{out}")
 }
 
 #[cfg(test)]
