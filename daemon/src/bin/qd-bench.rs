@@ -23,6 +23,8 @@ mod probe;
 mod qd_http;
 #[path = "qd-bench/report.rs"]
 mod report;
+#[path = "shared/scratch.rs"]
+mod scratch;
 #[path = "qd-bench/servers.rs"]
 mod servers;
 #[path = "qd-bench/targets.rs"]

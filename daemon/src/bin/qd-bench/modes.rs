@@ -25,7 +25,8 @@ use crate::load::{self, Outcome, Phase, Plan, Progress, Target};
 use crate::probe;
 use crate::qd_http::{Api, QdTarget};
 use crate::report::{Report, SERVERS, SoakSample};
-use crate::servers::{self, COMMAND_QUEUE, EXTERNAL_QUEUE, Fsync, QdSetup, Server, TempDir};
+use crate::scratch::Scratch;
+use crate::servers::{self, COMMAND_QUEUE, EXTERNAL_QUEUE, Fsync, QdSetup, Server};
 
 /// What every mode needs to know.
 #[derive(Clone, Debug)]
@@ -76,8 +77,8 @@ impl Settings {
     }
 
     /// Starts qd with a command queue that does nothing (for the HTTP modes).
-    async fn start_qd_for_http(&self) -> Result<(Server, TempDir)> {
-        let scripts = TempDir::new("scripts")?;
+    async fn start_qd_for_http(&self) -> Result<(Server, Scratch)> {
+        let scripts = Scratch::new("scripts")?;
         let script = scripts.script("noop.sh", "cat >/dev/null")?;
         Ok((self.start_qd(&script).await?, scripts))
     }
@@ -283,8 +284,8 @@ pub async fn paced(s: &Settings, report: &mut Report) -> Result<()> {
 /// then the same script run as many times by `xargs -P workers`. A job counts as
 /// done when its script has appended its line to a shared file.
 pub async fn executor(s: &Settings, report: &mut Report) -> Result<()> {
-    let scripts = TempDir::new("exec")?;
-    let done_file = scripts.path().join("done");
+    let scripts = Scratch::new("exec")?;
+    let done_file = scripts.0.join("done");
     let script = scripts.script(
         "job.sh",
         &format!("cat >/dev/null\necho x >> '{}'", done_file.display()),
@@ -386,7 +387,7 @@ pub async fn soak(s: &Settings, report: &mut Report) -> Result<()> {
         Phase::Mixed,
         progress.clone(),
     ));
-    let data = qd.dir.path().join("data");
+    let data = qd.dir.0.join("data");
     let start = Instant::now();
     let sample = || SoakSample {
         at_secs: start.elapsed().as_secs_f64(),

@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use tokio::process::{Child, Command};
 
 use crate::probe;
+use crate::scratch::Scratch;
 
 /// How long a server may take to open its port.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -20,38 +21,6 @@ pub const EXTERNAL_QUEUE: &str = "bench";
 /// The name of qd's queue run by its own worker pool (`kind = "command"`).
 pub const COMMAND_QUEUE: &str = "exec";
 
-/// A scratch directory under the system temp dir, removed on drop.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    /// A fresh directory named for `what`.
-    pub fn new(what: &str) -> Result<TempDir> {
-        let dir = std::env::temp_dir().join(format!("qd-bench-{what}-{}", uuid::Uuid::now_v7()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-        Ok(TempDir(dir))
-    }
-
-    /// Its path.
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-
-    /// Writes an executable `sh` script `name` with `body`; returns its path.
-    pub fn script(&self, name: &str, body: &str) -> Result<PathBuf> {
-        use std::os::unix::fs::PermissionsExt;
-        let path = self.0.join(name);
-        std::fs::write(&path, format!("#!/bin/sh\n{body}\n"))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
-        Ok(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A running server process; killed on drop (before its dir is removed).
 pub struct Server {
     child: Child,
@@ -60,7 +29,7 @@ pub struct Server {
     /// Where it listens.
     pub addr: SocketAddr,
     /// Its scratch dir (data, config, log).
-    pub dir: TempDir,
+    pub dir: Scratch,
 }
 
 impl Server {
@@ -94,9 +63,9 @@ fn free_addr() -> Result<SocketAddr> {
 /// Starts qd on a fresh dir with an external queue and a command queue; returns
 /// once its HTTP API accepts connections.
 pub async fn start_qd(setup: &QdSetup<'_>) -> Result<Server> {
-    let dir = TempDir::new("qd")?;
+    let dir = Scratch::new("qd")?;
     let (api, metrics) = (free_addr()?, free_addr()?);
-    let d = dir.path().display();
+    let d = dir.0.display();
     let config = format!(
         "[daemon]\ndata_dir = \"{d}/data\"\nadmin_socket = \"{d}/qctl.sock\"\n\
          api_listen = \"{api}\"\nmetrics_listen = \"{metrics}\"\nshutdown_grace = \"2s\"\n\n\
@@ -108,7 +77,7 @@ pub async fn start_qd(setup: &QdSetup<'_>) -> Result<Server> {
         script = setup.script.display(),
         n = setup.workers,
     );
-    let path = dir.path().join("qd.toml");
+    let path = dir.0.join("qd.toml");
     std::fs::write(&path, config)?;
     let mut cmd = Command::new(setup.binary);
     cmd.args(["run", "--config"])
@@ -131,11 +100,11 @@ pub async fn start_beanstalkd(fsync: Fsync) -> Result<Option<Server>> {
     let Some(binary) = on_path("beanstalkd") else {
         return Ok(None);
     };
-    let dir = TempDir::new("beanstalkd")?;
+    let dir = Scratch::new("beanstalkd")?;
     let addr = free_addr()?;
     let mut cmd = Command::new(binary);
     cmd.args(["-l", "127.0.0.1", "-p", &addr.port().to_string(), "-b"])
-        .arg(dir.path());
+        .arg(&dir.0);
     if fsync == Fsync::Always {
         cmd.args(["-f", "0"]);
     }
@@ -149,8 +118,8 @@ pub fn on_path(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-async fn spawn(mut cmd: Command, dir: TempDir, addr: SocketAddr, what: &str) -> Result<Server> {
-    let log = dir.path().join(format!("{what}.log"));
+async fn spawn(mut cmd: Command, dir: Scratch, addr: SocketAddr, what: &str) -> Result<Server> {
+    let log = dir.0.join(format!("{what}.log"));
     let out = std::fs::File::create(&log)?;
     let mut child = cmd
         .stdin(Stdio::null())
