@@ -551,6 +551,22 @@ impl Backend for SqliteBackend {
         sort_counts(&mut counts);
         Ok(counts)
     }
+
+    fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let read = || {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT tenant, state, COUNT(*) FROM jobs WHERE queue = ?1 \
+                 AND state IN ('delayed', 'ready', 'leased', 'dead') GROUP BY tenant, state",
+            )?;
+            stmt.query_map([queue], |r| {
+                Ok((r.get(0)?, parse(r, 1)?, r.get::<_, i64>(2)? as u64))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        };
+        let mut counts = read().map_err(|e| self.err(e))?;
+        sort_counts(&mut counts);
+        Ok(counts)
+    }
 }
 
 impl Engine for SqliteBackend {
