@@ -9,6 +9,7 @@ mod commands;
 mod exports;
 mod format;
 mod render;
+mod top;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -80,7 +81,7 @@ fn main() -> ExitCode {
             let timeout = cli.timeout;
             let connect = || Client::connect(&path, timeout);
             match cli.command {
-                Command::Top { .. } => Err(CliError::Usage("TODO".into())),
+                Command::Top { interval } => top::run(interval, connect).map(|()| None),
                 Command::Jobs(JobsCmd::Payload { id, output }) => {
                     exports::payload(id, output, json, connect).map(|()| None)
                 }
