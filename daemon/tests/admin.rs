@@ -9,7 +9,6 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::Output;
 use std::time::Duration;
 
 use common::{Qd, fails, json_of, kill_all, ok, script, text, wait_for};
