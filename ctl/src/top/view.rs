@@ -192,11 +192,12 @@ fn tenant_table<'a>(info: &'a TopInfo, queue: Option<&str>) -> Table<'a> {
         ])
     });
     let widths = [
-        Constraint::Min(12),
+        Constraint::Length(24),
         Constraint::Length(8),
         Constraint::Length(8),
         Constraint::Length(8),
         Constraint::Length(8),
+        Constraint::Fill(1),
     ];
     let title = format!(" tenants of {} ", queue.unwrap_or("-"));
     Table::new(rows, widths)
