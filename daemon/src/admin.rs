@@ -407,7 +407,6 @@ fn selection_of(sel: &DlqSelection) -> Result<Selection, ErrorBody> {
         error_contains: sel.error_contains.clone(),
         since: sel.since_secs.map(since_ms),
         all: sel.all,
-        limit: None,
     })
 }
 
