@@ -112,10 +112,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// Reports a failed command: the daemon's own message with `--json` (the code is
+/// beside it), else the full sentence with the code inside.
 fn report(e: &CliError, json: bool) -> ExitCode {
-    if json {
-        fail(e.code(), &e.message(), e.exit_code(), true)
-    } else {
-        fail(e.code(), &e.to_string(), e.exit_code(), false)
-    }
+    let message = if json { e.message() } else { e.to_string() };
+    fail(e.code(), &message, e.exit_code(), json)
 }
