@@ -144,7 +144,7 @@ impl AdminHandler for Handler {
                 };
                 audit::change(
                     peer.uid,
-                    "jobs_cancel",
+                    req_op,
                     &format!("job {id}"),
                     previous.as_str(),
                     "cancelled",
@@ -180,7 +180,7 @@ impl AdminHandler for Handler {
                 if !done.duplicate {
                     let state = if delayed { "delayed" } else { "ready" };
                     let job = format!("{what} job {}", done.id);
-                    audit::change(peer.uid, "enqueue", &job, "-", state);
+                    audit::change(peer.uid, req_op, &job, "-", state);
                 }
                 Ok(Response::Enqueued(qd_proto::Enqueued {
                     id: done.id.to_string(),
@@ -209,13 +209,8 @@ impl AdminHandler for Handler {
                         DlqMsg::Redrive(s, by.clone(), dry, tx)
                     })
                     .await?;
-                if !dry_run && !outcome.moved.is_empty() {
-                    let what = format!(
-                        "{} jobs: {}",
-                        outcome.moved.len(),
-                        audit::ids_text(&outcome.moved)
-                    );
-                    audit::change(peer.uid, "dlq_redrive", &what, "dead", "ready");
+                if !dry_run {
+                    audit::jobs(peer.uid, req_op, &outcome.moved, "dead", "ready");
                 }
                 Ok(Response::Redrive(views::redrive(outcome, dry_run)))
             }
@@ -227,13 +222,8 @@ impl AdminHandler for Handler {
                 let sel = selection_of(&selection)?;
                 let pace = Pace::new(None, None);
                 let outcome = self.batched(sel, dry_run, pace, DlqMsg::Purge).await?;
-                if !dry_run && !outcome.moved.is_empty() {
-                    let what = format!(
-                        "{} jobs: {}",
-                        outcome.moved.len(),
-                        audit::ids_text(&outcome.moved)
-                    );
-                    audit::change(peer.uid, "dlq_purge", &what, "dead", "deleted");
+                if !dry_run {
+                    audit::jobs(peer.uid, req_op, &outcome.moved, "dead", "deleted");
                 }
                 Ok(Response::Purge(views::purge(outcome, dry_run)))
             }

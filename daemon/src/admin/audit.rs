@@ -49,8 +49,17 @@ pub(super) fn scope_state(d: &Daemon, scope: &str, name: &str) -> String {
     }
 }
 
+/// Logs one change of several jobs (a redrive or purge batch); nothing when `ids`
+/// is empty.
+pub(super) fn jobs<T: ToString>(uid: u32, op: &str, ids: &[T], before: &str, after: &str) {
+    if !ids.is_empty() {
+        let what = format!("{} jobs: {}", ids.len(), ids_text(ids));
+        change(uid, op, &what, before, after);
+    }
+}
+
 /// A list of job ids for a line: all of them up to 20, then `... and N more`.
-pub(super) fn ids_text<T: ToString>(ids: &[T]) -> String {
+fn ids_text<T: ToString>(ids: &[T]) -> String {
     const SHOWN: usize = 20;
     let mut text: Vec<String> = ids.iter().take(SHOWN).map(ToString::to_string).collect();
     if ids.len() > SHOWN {
