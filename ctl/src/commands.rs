@@ -149,7 +149,7 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
         Response::Jobs { jobs, next_after } => {
             render::jobs(jobs, now_ms()) + &render::next_page(next_after.as_deref())
         }
-        Response::Job(d) => render::job(d),
+        Response::Job(d) => render::job(d, now_ms()),
         Response::Cancelled { id, previous_state } => {
             format!("cancelled {id} (was {previous_state})\n")
         }

@@ -120,7 +120,9 @@ impl AdminHandler for Handler {
                 limit,
                 after,
             } => self.jobs_list(queue, tenant, state, limit, after).await,
-            Request::JobsShow { id } => Ok(Response::Job(views::detail(&self.stored(&id).await?))),
+            Request::JobsShow { id } => Ok(Response::Job(Box::new(views::detail(
+                &self.stored(&id).await?,
+            )))),
             Request::DlqShow { id } => {
                 let detail = self.stored(&id).await?;
                 if detail.job.state != State::Dead {
@@ -132,7 +134,7 @@ impl AdminHandler for Handler {
                         ),
                     ));
                 }
-                Ok(Response::Job(views::detail(&detail)))
+                Ok(Response::Job(Box::new(views::detail(&detail))))
             }
             Request::JobsCancel { id } => {
                 let id = parse_id(&id)?;
