@@ -369,6 +369,27 @@ impl Backend for MemoryBackend {
         sort_counts(&mut counts);
         Ok(counts)
     }
+
+    fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let mut tally: HashMap<(&str, State), u64> = HashMap::new();
+        let unfinished = [State::Delayed, State::Ready, State::Leased, State::Dead];
+        for row in self.jobs.values().filter(|row| &*row.job.queue == queue) {
+            let state = if row.lease.is_some() {
+                State::Leased
+            } else {
+                row.job.state
+            };
+            if unfinished.contains(&state) {
+                *tally.entry((&row.job.tenant, state)).or_default() += 1;
+            }
+        }
+        let mut counts: Vec<_> = tally
+            .into_iter()
+            .map(|((tenant, state), n)| (tenant.to_owned(), state, n))
+            .collect();
+        sort_counts(&mut counts);
+        Ok(counts)
+    }
 }
 
 impl Engine for MemoryBackend {

@@ -147,6 +147,9 @@ const JOB_COLUMNS: &str = "j.id, j.queue, j.tenant, j.idempotency_key, \
      j.max_attempts, COALESCE(l.token, j.lease_seq), l.worker, l.leased_at, j.created_at, \
      j.ready_at, j.updated_at, j.last_error";
 
+/// A job's state as readers see it: `leased` while this process holds a lease.
+const EFFECTIVE_STATE: &str = "CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END";
+
 /// The stored jobs with this process's leases laid over them.
 const JOINED: &str = "jobs j LEFT JOIN temp.leases l ON l.id = j.id";
 
@@ -708,20 +711,36 @@ impl Backend for SqliteBackend {
     }
 
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
-        let read = || {
-            let mut stmt = self.conn.prepare_cached(&format!(
-                "SELECT j.queue, CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END AS s, \
-                     COUNT(*) FROM {JOINED} GROUP BY j.queue, s"
-            ))?;
-            stmt.query_map([], |r| {
-                Ok((r.get(0)?, parse(r, 1)?, r.get::<_, i64>(2)? as u64))
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()
-        };
-        let mut counts = read().map_err(|e| self.err(e))?;
-        sort_counts(&mut counts);
-        Ok(counts)
+        let sql = format!(
+            "SELECT j.queue, {EFFECTIVE_STATE} AS s, COUNT(*) FROM {JOINED} GROUP BY j.queue, s"
+        );
+        count_rows(&self.conn, &sql, []).map_err(|e| self.err(e))
     }
+
+    fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let sql = format!(
+            "SELECT j.tenant, {EFFECTIVE_STATE} AS s, COUNT(*) FROM {JOINED} WHERE j.queue = ?1 \
+             AND j.state IN ('delayed', 'ready', 'dead') GROUP BY j.tenant, s"
+        );
+        count_rows(&self.conn, &sql, [queue]).map_err(|e| self.err(e))
+    }
+}
+
+/// Runs a `SELECT name, state, COUNT(*) ... GROUP BY name, state` query; the rows
+/// come ordered as [`sort_counts`] orders them.
+fn count_rows(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<Vec<(String, State, u64)>> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut counts = stmt
+        .query_map(params, |r| {
+            Ok((r.get(0)?, parse(r, 1)?, r.get::<_, i64>(2)? as u64))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    sort_counts(&mut counts);
+    Ok(counts)
 }
 
 impl Engine for SqliteBackend {
