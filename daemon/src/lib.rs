@@ -12,6 +12,7 @@ pub mod backoff;
 pub mod broker;
 pub mod clock;
 pub mod config;
+pub mod data_lock;
 pub mod dlq;
 pub mod executor;
 pub mod gauges;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use clap::{Parser, Subcommand};
 use qd::config::Config;
+use qd::data_lock::DataDirLock;
 use qd::executor::Executor;
 use qd::limits::Limits;
 use qd::store::Store;
@@ -132,6 +133,11 @@ async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
             data_dir.display()
         ))
     })?;
+    // Before the store is opened or anything bound: one daemon per data directory.
+    let _lock = DataDirLock::acquire(data_dir).map_err(|e| Failure::Runtime(e.to_string()))?;
+    qd::admin_server::ensure_not_served(&config.daemon.admin_socket)
+        .await
+        .map_err(|e| Failure::Runtime(e.to_string()))?;
     let store = Store::open_sqlite(&config.db_path())
         .map_err(|e| Failure::Runtime(format!("cannot open the store: {e}")))?;
     let overrides = store
@@ -187,9 +193,15 @@ async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
     }
 }
 
-/// The error and its sources, each once (ractor wraps a start-up failure in errors
-/// that repeat their source's text).
-fn root_cause(err: &dyn std::error::Error) -> String {
+/// The error and its sources, each once, without ractor's start-up wrappers
+/// ("Actor panicked during startup '…'" says nothing an operator can act on).
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut err = err;
+    while let (Some(ractor::SpawnErr::StartupFailed(_)), Some(inner)) =
+        (err.downcast_ref::<ractor::SpawnErr>(), err.source())
+    {
+        err = inner;
+    }
     let mut msg = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {
