@@ -64,11 +64,27 @@ pub enum Command {
     /// Pause or resume leasing from a queue.
     #[command(subcommand)]
     Queue(QueueCmd),
+    /// Write a consistent snapshot of the store to PATH while qd keeps serving, and
+    /// print its size and job counts. The daemon writes the file (as its own user).
+    Backup(BackupArgs),
+    /// Re-read the config file and apply it live, as SIGHUP does; prints what changed,
+    /// or every problem (exit 1) with nothing changed.
+    Reload,
     /// Print a shell completion script (e.g. `qctl completions bash > /etc/bash_completion.d/qctl`).
     Completions {
         /// Target shell.
         shell: clap_complete::Shell,
     },
+}
+
+/// `qctl backup ...`
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// The snapshot file to write (made absolute against the current directory).
+    pub path: PathBuf,
+    /// Replace an existing file.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `qctl jobs ...`

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use qd_proto::{DlqSelection, PurgeResult, RedriveResult, Refusal, Request, Response};
 
 use crate::cli::{
-    Command, DlqCmd, DlqTarget, EnqueueArgs, JobsCmd, LimitsCmd, QueueCmd, WorkersCmd,
+    BackupArgs, Command, DlqCmd, DlqTarget, EnqueueArgs, JobsCmd, LimitsCmd, QueueCmd, WorkersCmd,
 };
 use crate::client::{CliError, Client};
 use crate::format::now_ms;
@@ -49,6 +49,10 @@ pub fn run(
             simple(&mut connect()?, req)
         }
         Command::Completions { .. } => Err(CliError::Usage("completions need no daemon".into())),
+        Command::Backup(args) => {
+            let req = backup_request(args)?;
+            simple(&mut connect()?, req)
+        }
         other => simple(&mut connect()?, request_for(other)),
     }
 }
@@ -111,7 +115,11 @@ fn request_for(cmd: Command) -> Request {
         }
         Command::Queue(QueueCmd::Pause { queue }) => Request::QueuePause { queue },
         Command::Queue(QueueCmd::Resume { queue }) => Request::QueueResume { queue },
-        Command::Enqueue(_) | Command::Completions { .. } | Command::Dlq(_) => {
+        Command::Reload => Request::Reload {},
+        Command::Enqueue(_)
+        | Command::Completions { .. }
+        | Command::Dlq(_)
+        | Command::Backup(_) => {
             unreachable!("invariant: handled in run()")
         }
     }
@@ -141,8 +149,20 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
         Response::Redrive(r) => render::redrive(r),
         Response::Purge(p) => render::purge(p),
         Response::Limits(l) => render::limits(l),
+        Response::Backup(b) => render::backup(b),
+        Response::Reloaded(r) => render::reloaded(r),
     };
     Ok(Output::new(resp, text))
+}
+
+/// `backup PATH`: the daemon has its own working directory, so send it an absolute path.
+fn backup_request(args: BackupArgs) -> Result<Request, CliError> {
+    let path = std::path::absolute(&args.path)
+        .map_err(|e| CliError::Usage(format!("cannot resolve {}: {e}", args.path.display())))?;
+    Ok(Request::Backup {
+        path: path.display().to_string(),
+        force: args.force,
+    })
 }
 
 fn enqueue_request(args: EnqueueArgs) -> Result<Request, CliError> {

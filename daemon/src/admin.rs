@@ -7,6 +7,7 @@
 //! `workers set`, `queue pause`) are written to the store first, then applied to
 //! the live [`crate::limits::Limits`] and announced to the actors that enforce them.
 
+mod ops;
 mod views;
 
 use std::sync::Arc;
@@ -48,7 +49,8 @@ pub async fn spawn(
     args: AdminArgs,
     supervisor: ActorCell,
 ) -> Result<ActorCell, ActorProcessingErr> {
-    let d = &args.daemon.config.daemon;
+    let config = args.daemon.config();
+    let d = &config.daemon;
     let server_args = AdminServerArgs {
         socket_path: d.admin_socket.clone(),
         socket_mode: d.admin_socket_mode,
@@ -307,7 +309,7 @@ impl AdminHandler for Handler {
             }
             Request::WorkersSet { queue, min, max } => {
                 self.queue_exists(&queue)?;
-                if !self.daemon.executors.contains_key(&queue) {
+                if !self.daemon.executors.has(&queue) {
                     return Err(err(
                         ErrorCode::BadRequest,
                         format!("queue {queue:?} has no worker pool (external workers)"),
@@ -335,6 +337,8 @@ impl AdminHandler for Handler {
                 self.set_overrides(vec![("queue", queue, "paused", None)])
                     .await
             }
+            Request::Backup { path, force } => ops::backup(&self.daemon, path, force, &by).await,
+            Request::Reload {} => ops::reload(&self.daemon, &by).await,
         }
     }
 }
@@ -400,7 +404,7 @@ fn selection_of(sel: &DlqSelection) -> Result<Selection, ErrorBody> {
 
 impl Handler {
     fn limiter_exists(&self, name: &str) -> Result<(), ErrorBody> {
-        if self.daemon.limiters.contains_key(name) {
+        if self.daemon.limiters.get(name).is_some() {
             Ok(())
         } else {
             Err(err(
@@ -411,7 +415,7 @@ impl Handler {
     }
 
     fn queue_exists(&self, queue: &str) -> Result<(), ErrorBody> {
-        if self.daemon.config.queues.contains_key(queue) {
+        if self.daemon.config().queues.contains_key(queue) {
             Ok(())
         } else {
             Err(BrokerError::UnknownQueue(queue.to_string()).into())
@@ -450,7 +454,7 @@ impl Handler {
             .await
             .unwrap_or_default();
         let mut out = Vec::new();
-        for (name, qcfg) in &self.daemon.config.queues {
+        for (name, qcfg) in &self.daemon.config().queues {
             let sched = match ActorRef::<SchedulerMsg>::where_is(scheduler::name(name)) {
                 Some(s) => ractor::call_t!(s, SchedulerMsg::Stats, 5000).unwrap_or_default(),
                 None => Default::default(),
@@ -496,12 +500,12 @@ impl Handler {
         for (scope, name, key, value) in changes {
             self.daemon.limits.set(scope, &name, key, value);
         }
-        for (name, limiter) in &self.daemon.limiters {
-            if let Some(settings) = self.daemon.limits.limiter(name) {
+        for limiter in self.daemon.limiters.all() {
+            if let Some(settings) = self.daemon.limits.limiter(limiter.name()) {
                 limiter.reconfigure(&settings);
             }
         }
-        for queue in self.daemon.config.queues.keys() {
+        for queue in self.daemon.config().queues.keys() {
             if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
                 let _ = s.cast(SchedulerMsg::LimitsChanged);
             }

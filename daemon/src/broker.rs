@@ -30,7 +30,6 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 
 use crate::clock::wall_ms;
-use crate::config::Config;
 use crate::job::{Failure, Job, JobId, State, Token, TransitionError, UnixMillis};
 use crate::limits::Limits;
 use crate::store::{Inserted, Store, StoreError};
@@ -252,11 +251,9 @@ pub enum BrokerMsg {
 
 /// What the broker is started with.
 pub struct BrokerArgs {
-    /// The compiled config.
-    pub config: Arc<Config>,
     /// The durable store.
     pub store: Store,
-    /// Live limits (tenant max_depth).
+    /// Live limits (tenant max_depth) and the owner of the config in force.
     pub limits: Arc<Limits>,
     /// True when the supervisor restarts the Broker inside a running daemon: leases
     /// in the store may still be held by live workers, so they are kept (with a
@@ -384,6 +381,7 @@ impl Actor for Broker {
         state: &mut BrokerState,
     ) -> Result<(), ActorProcessingErr> {
         let now = wall_ms();
+        state.follow_config();
         match msg {
             BrokerMsg::Enqueue(req, reply) => state.enqueue(req, reply, now),
             BrokerMsg::Inserted(job, result, reply) => state.inserted(*job, result, reply),

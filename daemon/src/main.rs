@@ -10,13 +10,16 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use clap::{Parser, Subcommand};
+use qd::api::auth::{LiveTokens, Tokens};
 use qd::config::Config;
 use qd::data_lock::DataDirLock;
-use qd::executor::Executor;
+use qd::executor::Executors;
 use qd::limits::Limits;
+use qd::rate_limit::Limiters;
 use qd::store::Store;
 use qd::supervisor::{self, Daemon, Supervisor, SupervisorMsg};
 use ractor::{Actor, ActorRef};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing::{error, info};
 
 /// qd: a durable job queue and its worker fleet in one daemon.
@@ -81,19 +84,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// Loads and checks everything `qd run` will need from the config before it starts:
-/// the file itself (every problem at once), the API token file (exists, owner-only
-/// mode, valid) and the admin group. `check-config` and `run` share it, so systemd's
-/// `ExecStartPre` catches what would stop the daemon.
+/// Loads and checks everything `qd run` will need from the config before it starts
+/// ([`qd::reload::load_checked`]). `check-config`, `run` and a reload share it, so
+/// systemd's `ExecStartPre` catches what would stop the daemon.
 fn load(path: &std::path::Path) -> Result<Config, String> {
-    let config = Config::load(path).map_err(|errors| errors.to_string())?;
-    qd::api::auth::Tokens::from_config(&config).map_err(|e| format!("qd: {e}"))?;
-    if let Some(group) = &config.daemon.admin_group {
-        qd::admin_server::resolve_group(group).map_err(|e| {
-            format!("qd: daemon.admin_group: {e}; create the group or change the key")
-        })?;
-    }
-    Ok(config)
+    qd::reload::load_checked(path)
 }
 
 fn init_logging() {
@@ -126,6 +121,8 @@ enum Failure {
 }
 
 async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
+    let signals = Signals::install()
+        .map_err(|e| Failure::Runtime(format!("cannot install signal handlers: {e}")))?;
     let data_dir = &config.daemon.data_dir;
     std::fs::create_dir_all(data_dir).map_err(|e| {
         Failure::Runtime(format!(
@@ -144,43 +141,37 @@ async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
         .run(|b| b.overrides())
         .await
         .map_err(|e| Failure::Runtime(format!("cannot read runtime overrides: {e}")))?;
-    let mut executors = HashMap::new();
-    for (name, q) in &config.queues {
-        match Executor::new(&q.executor) {
-            Ok(Some(exec)) => {
-                executors.insert(name.clone(), Arc::new(exec));
-            }
-            Ok(None) => {}
-            Err(e) => return Err(Failure::Config(format!("queues.{name}.executor: {e}"))),
-        }
-    }
+    let executors =
+        Executors::build(&config, None).map_err(|errors| Failure::Config(errors.join("\n")))?;
+    let tokens = Tokens::from_config(&config).map_err(|e| Failure::Config(format!("qd: {e}")))?;
     qd::metrics::install(config.daemon.metrics_listen)
         .map_err(|e| Failure::Runtime(e.to_string()))?;
-    let limits = Arc::new(Limits::new(config.clone(), overrides));
+    qd::metrics::config_loaded();
+    let serving = format!(
+        "serving {} queues; API {}, metrics {}",
+        config.queues.len(),
+        config.daemon.api_listen,
+        config.daemon.metrics_listen
+    );
+    let limits = Arc::new(Limits::new(config, overrides));
     let daemon = Daemon {
-        limiters: qd::rate_limit::build(&limits),
+        limiters: Arc::new(Limiters::build(&limits)),
         limits,
-        executors,
+        executors: Arc::new(Executors::new(executors)),
+        tokens: Arc::new(LiveTokens::new(tokens)),
         store: store.clone(),
         test_hooks: std::env::var("QD_TEST_HOOKS").is_ok_and(|v| v == "1"),
         started: tokio::time::Instant::now(),
         restarts: Arc::new(Mutex::new(HashMap::new())),
         failure: Arc::new(Mutex::new(None)),
-        config,
     };
     let failure = daemon.failure.clone();
-    let serving = format!(
-        "serving {} queues; API {}, metrics {}",
-        daemon.config.queues.len(),
-        daemon.config.daemon.api_listen,
-        daemon.config.daemon.metrics_listen
-    );
     let (root, handle) = Actor::spawn(Some(supervisor::NAME.into()), Supervisor, daemon)
         .await
         .map_err(|e| Failure::Runtime(format!("qd could not start: {}", root_cause(&e))))?;
     let _ = qd::notify::ready();
     let _ = qd::notify::status(&serving);
-    tokio::spawn(forward_signals(root));
+    tokio::spawn(forward_signals(root, signals));
     let _ = handle.await;
     store.close();
     let failure = failure.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -214,19 +205,41 @@ fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
     msg
 }
 
-/// SIGTERM and SIGINT become one graceful shutdown of the supervisor.
-async fn forward_signals(root: ActorRef<SupervisorMsg>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        error!("Cannot install signal handlers; use qctl to stop qd.");
-        return;
-    };
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+/// The signals qd handles, installed first thing, so a SIGHUP that arrives while qd
+/// starts is queued for the supervisor instead of killing the process.
+struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+/// SIGTERM and SIGINT become one graceful shutdown of the supervisor; SIGHUP a
+/// config reload (never the default action, which would kill qd).
+async fn forward_signals(root: ActorRef<SupervisorMsg>, signals: Signals) {
+    let Signals {
+        mut term,
+        mut int,
+        mut hup,
+    } = signals;
+    let name = loop {
+        tokio::select! {
+            _ = term.recv() => break "SIGTERM",
+            _ = int.recv() => break "SIGINT",
+            _ = hup.recv() => {
+                info!(signal = "SIGHUP", "Signal received; reloading the config.");
+                let _ = root.cast(SupervisorMsg::Reload(None));
+            }
+        }
     };
     info!(signal = name, "Signal received.");
     let _ = root.cast(SupervisorMsg::Shutdown(name.to_string()));

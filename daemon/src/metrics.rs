@@ -58,6 +58,11 @@ pub const ACTOR_RESTARTS: &str = "qd_actor_restarts_total";
 pub const RATE_LIMITER_THROTTLED: &str = "qd_rate_limiter_throttled_total";
 /// Gauge `{version}`, always 1: which build is running.
 pub const BUILD_INFO: &str = "qd_build_info";
+/// Counter `{result}`: config reloads (SIGHUP, `qctl reload`), `success` or `failure`.
+pub const CONFIG_RELOADS: &str = "qd_config_reloads_total";
+/// Gauge, Unix seconds: when the config in force was last loaded successfully
+/// (start-up or reload), as Prometheus' own `..._last_reload_success_timestamp_seconds`.
+pub const CONFIG_LAST_RELOAD_SUCCESS: &str = "qd_config_last_reload_success_timestamp_seconds";
 
 /// Every exported series name (for histograms the base name, without
 /// `_bucket`/`_sum`/`_count`). Dashboards and alert rules may use only these;
@@ -79,6 +84,8 @@ pub const METRIC_NAMES: &[&str] = &[
     ACTOR_RESTARTS,
     RATE_LIMITER_THROTTLED,
     BUILD_INFO,
+    CONFIG_RELOADS,
+    CONFIG_LAST_RELOAD_SUCCESS,
 ];
 
 /// Histogram bucket upper bounds in seconds, 1 ms to 1 h, roughly 1-2.5-5 steps:
@@ -228,6 +235,41 @@ pub fn describe() {
         BUILD_INFO,
         "Always 1; the version label names the running build."
     );
+    describe_counter!(
+        CONFIG_RELOADS,
+        Unit::Count,
+        "Config reloads (SIGHUP, qctl reload) by result (success, failure)."
+    );
+    describe_gauge!(
+        CONFIG_LAST_RELOAD_SUCCESS,
+        Unit::Seconds,
+        "Unix time of the last successful config load (start-up or reload)."
+    );
+}
+
+/// The config was loaded at start-up: both reload results exist at 0 (so the
+/// failed-reload alert sees the first failure) and the success time is now.
+pub fn config_loaded() {
+    for result in ["success", "failure"] {
+        counter!(CONFIG_RELOADS, "result" => result).increment(0);
+    }
+    gauge!(CONFIG_LAST_RELOAD_SUCCESS).set(unix_now());
+}
+
+/// A reload finished: `qd_config_reloads_total{result} += 1`, and on success the
+/// last-success time is set to now.
+pub fn config_reloaded(success: bool) {
+    let result = if success { "success" } else { "failure" };
+    counter!(CONFIG_RELOADS, "result" => result).increment(1);
+    if success {
+        gauge!(CONFIG_LAST_RELOAD_SUCCESS).set(unix_now());
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Sets `qd_build_info{version="<crate version>"} 1`.

@@ -50,7 +50,9 @@ fn run_to_exit(config: &Path) -> Output {
         .spawn()
         .expect("spawn second qd");
     let pid = child.id() as i32;
-    wait_for("the second qd to exit", LONG, || (!alive(pid)).then_some(()));
+    wait_for("the second qd to exit", LONG, || {
+        (!alive(pid)).then_some(())
+    });
     let _ = child.try_wait();
     child.wait_with_output().expect("second qd output")
 }
@@ -90,7 +92,10 @@ fn a_second_daemon_on_the_same_data_dir_is_refused_and_the_running_job_runs_once
 
     let done = qd.wait_final(&id, LONG);
     assert_eq!(history(&done), ["succeeded"], "{done}");
-    let count = std::fs::read_to_string(&runs).expect("runs").lines().count();
+    let count = std::fs::read_to_string(&runs)
+        .expect("runs")
+        .lines()
+        .count();
     assert_eq!(count, 1, "the job ran exactly once");
 }
 
@@ -108,7 +113,261 @@ fn a_second_daemon_on_the_same_admin_socket_is_refused_with_one_clean_line() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
-    assert!(stderr.contains("another qd is serving the admin socket"), "{stderr}");
+    assert!(
+        stderr.contains("another qd is serving the admin socket"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(qd.qctl(&["status"]).status.success(), "the first one serves on");
+    assert!(
+        qd.qctl(&["status"]).status.success(),
+        "the first one serves on"
+    );
+}
+
+/// `qctl limits show --json`.
+fn limits(qd: &Qd) -> serde_json::Value {
+    let out = qd.qctl(&["--json", "limits", "show"]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).expect("limits JSON")
+}
+
+fn tenant_weight(limits: &serde_json::Value, tenant: &str) -> (u64, String) {
+    let t = limits["tenants"]
+        .as_array()
+        .expect("tenants")
+        .iter()
+        .find(|t| t["tenant"] == tenant)
+        .unwrap_or_else(|| panic!("tenant {tenant} in {limits}"));
+    (
+        t["weight"]["value"].as_u64().expect("weight"),
+        t["weight"]["source"].as_str().expect("source").to_string(),
+    )
+}
+
+fn queue_names(limits: &serde_json::Value) -> Vec<String> {
+    limits["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .map(|q| q["queue"].as_str().expect("queue").to_string())
+        .collect()
+}
+
+/// The value of `qd_config_reloads_total{result}` in a scrape.
+fn reloads(qd: &Qd, result: &str) -> u64 {
+    let needle = format!("qd_config_reloads_total{{result=\"{result}\"}} ");
+    qd.scrape()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&needle)
+                .map(|v| v.trim().parse::<f64>().expect("value"))
+        })
+        .unwrap_or_else(|| panic!("{needle} not exported")) as u64
+}
+
+#[test]
+fn a_bad_config_on_reload_changes_nothing_and_qd_keeps_serving() {
+    let body = "[queues.a]\nexecutor = { kind = \"external\" }\n\n[tenants.acme]\nweight = 2\n";
+    let qd = Qd::start(body);
+    let good = std::fs::read_to_string(&qd.config).expect("config");
+    let cases: [(&str, String, &str); 3] = [
+        ("syntax error", format!("{good}\n[queues.b\n"), ":"),
+        (
+            "unknown key",
+            good.replace("weight = 2", "weight = 2\nwieght = 3"),
+            "wieght",
+        ),
+        (
+            "invalid value",
+            good.replace("weight = 2", "weight = 0"),
+            "tenants.acme.weight",
+        ),
+    ];
+    let mut failures = 0;
+    for (what, broken, expected) in &cases {
+        std::fs::write(&qd.config, broken).expect("write broken config");
+        let out = qd.qctl(&["reload"]);
+        assert_eq!(out.status.code(), Some(1), "{what}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&qd.config.display().to_string()) && err.contains(expected),
+            "{what}: names the file and the problem: {err}"
+        );
+        common::signal(qd.pid(), "HUP");
+        failures += 2;
+        wait_for("the failed reloads to be counted", LONG, || {
+            (reloads(&qd, "failure") == failures).then_some(())
+        });
+        assert!(alive(qd.pid()), "{what}: SIGHUP must not kill qd");
+        assert_eq!(
+            tenant_weight(&limits(&qd), "acme").0,
+            2,
+            "{what}: old config kept"
+        );
+        qd.enqueue("a", "still serving");
+    }
+    // An unreadable file (a directory in its place: unreadable even for root).
+    std::fs::remove_file(&qd.config).expect("remove config");
+    std::fs::create_dir(&qd.config).expect("dir in its place");
+    let out = qd.qctl(&["reload"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("cannot read config file"),
+        "{}",
+        text(&out)
+    );
+    common::signal(qd.pid(), "HUP");
+    wait_for("the failed reload to be counted", LONG, || {
+        (reloads(&qd, "failure") == failures + 2).then_some(())
+    });
+    assert!(alive(qd.pid()));
+    qd.enqueue("a", "still serving");
+    assert!(
+        qd.logs().contains(&format!("{}:", qd.config.display())),
+        "every problem is logged with file:line:col"
+    );
+    std::fs::remove_dir(&qd.config).expect("remove dir");
+    std::fs::write(&qd.config, &good).expect("restore config");
+    let out = qd.qctl(&["reload"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("nothing changed"), "{}", text(&out));
+    assert_eq!(reloads(&qd, "success"), 1);
+}
+
+#[test]
+fn a_reload_adds_a_queue_and_changes_weights_live_and_overrides_keep_precedence() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let done = tmp.path().join("done");
+    let job = script(
+        tmp.path(),
+        "job.sh",
+        &format!("echo \"$QD_QUEUE\" >> {}", done.display()),
+    );
+    let queue = |name: &str| {
+        format!(
+            "[queues.{name}]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nworkers = {{ min = 1, max = 2 }}\n",
+            job.display()
+        )
+    };
+    let body = format!(
+        "{}\n[tenants.acme]\nweight = 1\n\n[tenants.beta]\nweight = 1\n",
+        queue("a")
+    );
+    let qd = Qd::start(&body);
+    let out = qd.qctl(&["limits", "set", "--tenant", "acme", "--weight", "5"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let id = qd.enqueue("a", "before");
+    qd.wait_final(&id, LONG);
+
+    let config = std::fs::read_to_string(&qd.config).expect("config");
+    let changed = config.replace("weight = 1", "weight = 3") + "\n" + &queue("b");
+    std::fs::write(&qd.config, changed).expect("write new config");
+    common::signal(qd.pid(), "HUP");
+    wait_for("the new queue to show in qctl limits show", LONG, || {
+        queue_names(&limits(&qd))
+            .contains(&"b".to_string())
+            .then_some(())
+    });
+    let l = limits(&qd);
+    assert_eq!(tenant_weight(&l, "beta"), (3, "config".into()), "{l}");
+    assert_eq!(
+        tenant_weight(&l, "acme"),
+        (5, "override".into()),
+        "a runtime override keeps precedence over a reload: {l}"
+    );
+    let id = qd.enqueue("b", "on the new queue");
+    let finished = qd.wait_final(&id, LONG);
+    assert_eq!(finished["state"], "succeeded", "{finished}");
+    let ran = std::fs::read_to_string(&done).expect("done");
+    assert!(
+        ran.lines().any(|l| l == "b"),
+        "the new queue's pool ran it: {ran}"
+    );
+    assert!(
+        qd.scrape().contains("qd_job_attempts_total{queue=\"b\""),
+        "the new queue has metrics"
+    );
+
+    // Removing a queue that holds a job is refused; changing api_listen needs a restart.
+    let delayed = qd.enqueue_json(
+        "b",
+        serde_json::json!({ "payload": "later", "delay": "1h" }),
+    );
+    let current = std::fs::read_to_string(&qd.config).expect("config");
+    let without_b = current.replace(&queue("b"), "");
+    std::fs::write(&qd.config, &without_b).expect("write");
+    let out = qd.qctl(&["reload"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("still holds 1 jobs"), "{}", text(&out));
+    assert_eq!(qd.job(&delayed)["state"], "delayed", "its job is kept");
+    let port = qd.api.rsplit(':').next().expect("port");
+    std::fs::write(
+        &qd.config,
+        current.replace(port, &common::free_port().to_string()),
+    )
+    .expect("write");
+    let out = qd.qctl(&["reload"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("needs a restart"), "{}", text(&out));
+    assert!(queue_names(&limits(&qd)).contains(&"b".to_string()));
+}
+
+#[test]
+fn a_backup_taken_under_load_restores_every_job_accepted_before_it() {
+    let body = "[queues.q]\nexecutor = { kind = \"external\" }\n";
+    let qd = Qd::start(body);
+    let backup = qd.dir.path().join("snap.db");
+    let accepted = std::sync::Mutex::new(Vec::<String>::new());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let before: Vec<String> = std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let id = qd.enqueue("q", &format!("job {n}"));
+                accepted.lock().expect("lock").push(id);
+                n += 1;
+            }
+        });
+        wait_for("some load", LONG, || {
+            (accepted.lock().expect("lock").len() >= 50).then_some(())
+        });
+        let before = accepted.lock().expect("lock").clone();
+        let out = qd.qctl(&["backup", backup.to_str().expect("utf-8")]);
+        assert!(out.status.success(), "{}", text(&out));
+        let printed = text(&out);
+        assert!(
+            printed.contains("backup written") && printed.contains("ready"),
+            "{printed}"
+        );
+        wait_for("more load after the backup", LONG, || {
+            (accepted.lock().expect("lock").len() >= before.len() + 20).then_some(())
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        load.join().expect("load thread");
+        before
+    });
+    let out = qd.qctl(&["backup", backup.to_str().expect("utf-8")]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "an existing file is refused: {}",
+        text(&out)
+    );
+    assert!(text(&out).contains("--force"), "{}", text(&out));
+
+    // Restore into a fresh data_dir: stop, copy into data_dir as qd.db, start.
+    let mut restored = Qd::configure(tempfile::tempdir().expect("tempdir"), body, "5s");
+    let data = restored.dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data dir");
+    std::fs::copy(&backup, data.join("qd.db")).expect("copy the backup in");
+    restored.spawn(&[]);
+    for id in &before {
+        let (status, job) = restored.get(&format!("/v1/jobs/{id}"));
+        assert_eq!(
+            status, 200,
+            "job {id} accepted before the backup is restored: {job}"
+        );
+    }
+    let out = qd.qctl(&["backup", "--force", backup.to_str().expect("utf-8")]);
+    assert!(out.status.success(), "--force replaces it: {}", text(&out));
 }

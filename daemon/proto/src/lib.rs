@@ -19,9 +19,9 @@ mod response;
 
 pub use request::{DlqSelection, JOB_STATES, Payload, Request};
 pub use response::{
-    ActorInfo, Enqueued, HistoryItem, JobDetail, JobSummary, LimitsView, PREVIEW_BYTES,
-    PurgeResult, QueueInfo, QueueLimits, RedriveResult, Refusal, Response, Source, StatusInfo,
-    TenantLimits, Valued,
+    ActorInfo, BackupInfo, Enqueued, HistoryItem, JobDetail, JobSummary, LimitsView, PREVIEW_BYTES,
+    PurgeResult, QueueInfo, QueueLimits, RedriveResult, Refusal, ReloadInfo, Response, Source,
+    StateCount, StatusInfo, TenantLimits, Valued,
 };
 
 use serde::{Deserialize, Serialize};

@@ -181,12 +181,27 @@ pub enum Request {
         /// The queue.
         queue: String,
     },
+    /// Writes a consistent snapshot of the store to `path` while qd serves, fsynced.
+    /// An existing file is refused with `conflict` unless `force`. Answered with
+    /// [`crate::Response::Backup`].
+    Backup {
+        /// Absolute path of the snapshot file, as seen by the daemon (it writes it).
+        path: String,
+        /// Replace an existing file.
+        #[serde(default)]
+        force: bool,
+    },
+    /// Re-reads and validates the config file and applies it live (as SIGHUP does).
+    /// An invalid file is refused with `bad_request` (every problem, one per line),
+    /// a change that cannot apply live with `conflict`; either way nothing changes.
+    /// Answered with [`crate::Response::Reloaded`].
+    Reload {},
 }
 
 impl Request {
     /// Every `op` name, in declaration order. `decode_request` answers `unknown_op` for
     /// any other name.
-    pub const OPS: [&'static str; 17] = [
+    pub const OPS: [&'static str; 19] = [
         "status",
         "queues",
         "jobs_list",
@@ -204,6 +219,8 @@ impl Request {
         "queue_pause",
         "queue_resume",
         "limiter_set",
+        "backup",
+        "reload",
     ];
 
     /// This request's `op` name (for logs and metrics labels).
@@ -226,6 +243,8 @@ impl Request {
             Request::QueuePause { .. } => "queue_pause",
             Request::QueueResume { .. } => "queue_resume",
             Request::LimiterSet { .. } => "limiter_set",
+            Request::Backup { .. } => "backup",
+            Request::Reload {} => "reload",
         }
     }
 

@@ -45,6 +45,10 @@ pub enum Response {
     /// Answer to `limits_show` and to every limit, worker or pause change (the view
     /// after the change).
     Limits(LimitsView),
+    /// Answer to `backup`.
+    Backup(BackupInfo),
+    /// Answer to `reload`.
+    Reloaded(ReloadInfo),
 }
 
 impl Response {
@@ -60,6 +64,8 @@ impl Response {
             Response::Redrive(_) => "redrive",
             Response::Purge(_) => "purge",
             Response::Limits(_) => "limits",
+            Response::Backup(_) => "backup",
+            Response::Reloaded(_) => "reloaded",
         }
     }
 }
@@ -299,4 +305,36 @@ pub struct QueueLimits {
     pub rate_limiter: Option<String>,
     /// Whether leasing is paused.
     pub paused: Valued<bool>,
+}
+
+/// A snapshot written by `backup`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupInfo {
+    /// The snapshot file.
+    pub path: String,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+    /// Jobs in the snapshot per state (every state of [`crate::JOB_STATES`], zeros included).
+    pub jobs: Vec<StateCount>,
+    /// When the snapshot was taken (Unix ms).
+    pub taken_at: i64,
+}
+
+/// How many jobs are in one state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateCount {
+    /// The state (one of [`crate::JOB_STATES`]).
+    pub state: String,
+    /// Jobs in it.
+    pub count: u64,
+}
+
+/// What a successful `reload` changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReloadInfo {
+    /// The config file read.
+    pub path: String,
+    /// One line per applied change, e.g. `queue "reports" added` or
+    /// `tenants.acme.weight: 1 -> 3`; empty when the file changed nothing.
+    pub changes: Vec<String>,
 }

@@ -70,6 +70,11 @@ fn sample_requests() -> Vec<Request> {
             per_second: Some(20),
             burst: None,
         },
+        Request::Backup {
+            path: "/var/backups/qd.db".into(),
+            force: false,
+        },
+        Request::Reload {},
     ]
 }
 

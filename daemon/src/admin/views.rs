@@ -34,7 +34,7 @@ pub fn status(d: &Daemon) -> StatusInfo {
     StatusInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_secs: d.started.elapsed().as_secs_f64(),
-        store_path: d.config.db_path().display().to_string(),
+        store_path: d.config().db_path().display().to_string(),
         store_bytes: stats.size_bytes,
         actors: ACTORS
             .iter()
@@ -192,7 +192,7 @@ pub fn limits(d: &Daemon) -> LimitsView {
         })
         .collect();
     let queues = d
-        .config
+        .config()
         .queues
         .iter()
         .map(|(name, q)| {

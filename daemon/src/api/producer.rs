@@ -49,9 +49,10 @@ pub async fn enqueue(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     caller.allow(Role::Produce, &queue)?;
-    let max = args.config.daemon.max_payload;
+    let config = args.config();
+    let max = config.daemon.max_payload;
     let body = body.map_err(|e| too_large(max, e.to_string()))?;
-    if !args.config.queues.contains_key(&queue) {
+    if !config.queues.contains_key(&queue) {
         return Err(broker::BrokerError::UnknownQueue(queue).into());
     }
     let req = parse_enqueue(&queue, &body, &headers, max)?;

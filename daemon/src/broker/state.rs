@@ -66,6 +66,7 @@ impl QueueCounts {
 pub struct BrokerState {
     pub(super) store: Store,
     pub(super) accepting: bool,
+    /// The config in force as of the message being handled (see [`Self::follow_config`]).
     config: Arc<Config>,
     limits: Arc<Limits>,
     jobs: HashMap<JobId, Job>,
@@ -81,17 +82,17 @@ pub struct BrokerState {
 
 impl BrokerState {
     pub(super) fn new(args: BrokerArgs, rng: StdRng, myself: ActorRef<BrokerMsg>) -> Self {
-        let counts = args
-            .config
+        let config = args.limits.config();
+        let counts = config
             .queues
             .keys()
             .map(|q| (Arc::<str>::from(q.as_str()), QueueCounts::default()))
             .collect();
-        let labels = TenantLabels::new(args.config.tenants.keys().cloned());
+        let labels = TenantLabels::new(config.tenants.keys().cloned());
         BrokerState {
             store: args.store,
             accepting: true,
-            config: args.config,
+            config,
             limits: args.limits,
             jobs: HashMap::new(),
             deadlines: HashMap::new(),
@@ -102,6 +103,18 @@ impl BrokerState {
             labels,
             rng,
             myself,
+        }
+    }
+
+    /// Takes the config in force from its owner ([`Limits`]) before each message, so
+    /// one message sees one config and a reload applies from the next message on
+    /// (new queues, depths, retry and lease settings for new attempts). Tenant labels
+    /// follow the configured tenants.
+    pub(super) fn follow_config(&mut self) {
+        let current = self.limits.config();
+        if !Arc::ptr_eq(&current, &self.config) {
+            self.labels = TenantLabels::new(current.tenants.keys().cloned());
+            self.config = current;
         }
     }
 

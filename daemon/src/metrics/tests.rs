@@ -35,6 +35,8 @@ fn every_event(tenants: &TenantLabels) {
     set_oldest_ready_age("email", Duration::from_secs(12));
     set_dlq("email", 3, Duration::from_secs(90));
     set_workers("email", 2, 1, 4);
+    config_loaded();
+    config_reloaded(false);
 }
 
 #[derive(Debug, PartialEq)]
@@ -72,6 +74,11 @@ fn every_metric_name_is_exported_with_its_type_and_help() {
         ("qd_actor_restarts_total", Kind::Counter),
         ("qd_rate_limiter_throttled_total", Kind::Counter),
         ("qd_build_info", Kind::Gauge),
+        ("qd_config_reloads_total", Kind::Counter),
+        (
+            "qd_config_last_reload_success_timestamp_seconds",
+            Kind::Gauge,
+        ),
     ]);
     assert_eq!(
         METRIC_NAMES.len(),

@@ -20,7 +20,9 @@ use tracing::{debug, warn};
 
 use super::PoolMsg;
 use crate::broker::{self, BrokerMsg, LeasedJob};
-use crate::executor::{ExecResult, Executor, JobRun};
+use crate::executor::{ExecResult, Executors, JobRun};
+use crate::job::Failure;
+use crate::limits::Limits;
 use crate::scheduler::{self, LeaseRequest, SchedulerMsg};
 
 /// How long a worker waits in one long poll for a job.
@@ -35,10 +37,11 @@ pub struct WorkerArgs {
     pub id: String,
     /// Its queue.
     pub queue: Arc<str>,
-    /// The queue's executor.
-    pub executor: Arc<Executor>,
-    /// Heartbeat interval.
-    pub heartbeat: Duration,
+    /// Every queue's executor; this worker looks its queue's up for each attempt, so
+    /// a reload applies to the next attempt.
+    pub executors: Arc<Executors>,
+    /// Owner of the config in force (the queue's heartbeat interval).
+    pub limits: Arc<Limits>,
     /// Its pool, told when the worker is busy or idle.
     pub pool: ActorRef<PoolMsg>,
     /// Cancelled when the pool drains: take no new job.
@@ -128,11 +131,22 @@ async fn run(state: &WorkerArgs, job: &LeasedJob) -> ExecResult {
         idempotency_key: job.idempotency_key.clone(),
         payload: job.payload.clone(),
     };
+    let Some(executor) = state.executors.get(&state.queue) else {
+        return ExecResult::Failure(Failure::Interrupted {
+            reason: "the queue no longer has in-process workers (config reloaded)".into(),
+        });
+    };
+    let every = state
+        .limits
+        .config()
+        .queues
+        .get(&*state.queue)
+        .map_or(Duration::from_secs(10), |q| q.heartbeat);
     let cancel = state.interrupt.child_token();
-    let exec = state.executor.run(&run, &cancel);
+    let exec = executor.run(&run, &cancel);
     tokio::pin!(exec);
-    let start = tokio::time::Instant::now() + state.heartbeat;
-    let mut beats = tokio::time::interval_at(start, state.heartbeat);
+    let start = tokio::time::Instant::now() + every;
+    let mut beats = tokio::time::interval_at(start, every);
     loop {
         tokio::select! {
             result = &mut exec => return result,
