@@ -292,6 +292,34 @@ pub fn limits(l: &LimitsView) -> String {
     finish(&t) + "\n" + &finish(&q)
 }
 
+/// `qctl backup`: where, how big, and the jobs it holds per state.
+pub fn backup(b: &BackupInfo) -> String {
+    let total: u64 = b.jobs.iter().map(|s| s.count).sum();
+    let states: Vec<String> = b
+        .jobs
+        .iter()
+        .map(|s| format!("{} {}", s.state, s.count))
+        .collect();
+    format!(
+        "backup written: {} ({})\njobs: {total} ({})\n",
+        b.path,
+        bytes(b.size_bytes),
+        states.join(", ")
+    )
+}
+
+/// `qctl reload`: one line per change.
+pub fn reloaded(r: &ReloadInfo) -> String {
+    if r.changes.is_empty() {
+        return format!("config reloaded from {}: nothing changed\n", r.path);
+    }
+    let mut out = format!("config reloaded from {}:\n", r.path);
+    for change in &r.changes {
+        let _ = writeln!(out, "  {change}");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,32 +402,4 @@ mod tests {
             "{out}"
         );
     }
-}
-
-/// `qctl backup`: where, how big, and the jobs it holds per state.
-pub fn backup(b: &BackupInfo) -> String {
-    let total: u64 = b.jobs.iter().map(|s| s.count).sum();
-    let states: Vec<String> = b
-        .jobs
-        .iter()
-        .map(|s| format!("{} {}", s.state, s.count))
-        .collect();
-    format!(
-        "backup written: {} ({})\njobs: {total} ({})\n",
-        b.path,
-        bytes(b.size_bytes),
-        states.join(", ")
-    )
-}
-
-/// `qctl reload`: one line per change.
-pub fn reloaded(r: &ReloadInfo) -> String {
-    if r.changes.is_empty() {
-        return format!("config reloaded from {}: nothing changed\n", r.path);
-    }
-    let mut out = format!("config reloaded from {}:\n", r.path);
-    for change in &r.changes {
-        let _ = writeln!(out, "  {change}");
-    }
-    out
 }

@@ -66,7 +66,7 @@ pub(super) async fn backup(
 /// changes that cannot apply live, `unavailable` when qd is shutting down.
 pub(super) async fn reload(daemon: &Daemon, by: &str) -> Result<Response, ErrorBody> {
     info!(by, "Config reload requested.");
-    let supervisor = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME.to_string())
+    let supervisor = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME)
         .ok_or_else(|| ErrorBody::new(ErrorCode::Unavailable, "the supervisor is not running"))?;
     let answer = supervisor
         .call(|tx| SupervisorMsg::Reload(Some(tx)), Some(RELOAD_WAIT))
