@@ -492,7 +492,7 @@ fn is_root() -> bool {
 #[test]
 fn a_uid_that_is_not_allowed_is_refused_and_logged() {
     if let Err(why) = setpriv_available() {
-        eprintln!("skipped: {why}");
+        common::tool_missing("setpriv as root", &why);
         return;
     }
     let qd = Qd::start(&format!("admin_socket_mode = \"0666\"\n{EXTERNAL}"));
