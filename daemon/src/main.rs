@@ -85,10 +85,11 @@ fn main() -> ExitCode {
 }
 
 /// Loads and checks everything `qd run` will need from the config before it starts
-/// ([`qd::reload::load_checked`]). `check-config`, `run` and a reload share it, so
-/// systemd's `ExecStartPre` catches what would stop the daemon.
+/// (the file, the API token file, the admin group, the executors: every problem in
+/// one pass). `check-config`, `run` and a reload share it, so systemd's
+/// `ExecStartPre` catches what would stop the daemon.
 fn load(path: &std::path::Path) -> Result<Config, String> {
-    qd::reload::load_checked(path)
+    Config::load_checked(path).map_err(|errors| errors.to_string())
 }
 
 fn init_logging() {

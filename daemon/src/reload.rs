@@ -1,7 +1,7 @@
 //! Config reload (SIGHUP, `qctl reload`): what may change live, and what changed.
 //!
-//! This module is the pure half of a reload: [`load_checked`] reads and checks a
-//! file exactly as `qd check-config` and `qd run` do, and [`plan`] compares the
+//! This module is the pure half of a reload: the file is read and checked by
+//! [`Config::load_checked`] exactly as `qd check-config` and `qd run` do, and [`plan`] compares the
 //! config in force with the new one, refusing what cannot change while qd runs and
 //! describing everything else, one line per change. The Supervisor carries a plan
 //! out (see `supervisor.rs`): it swaps the config in [`crate::limits::Limits`], the
@@ -14,22 +14,6 @@ use std::fmt::Debug;
 
 use crate::config::{Config, QueueConfig};
 use crate::executor::ExecutorSpec;
-
-/// Reads and checks everything `qd run` needs from the config at `path`: the file
-/// (every problem at once, one `FILE:LINE:COL: KEY: MESSAGE` line each), the API
-/// token file (exists, owner-only mode, valid) and the admin group.
-///
-/// Errors: the problems as text, one per line.
-pub fn load_checked(path: &std::path::Path) -> Result<Config, String> {
-    let config = Config::load(path).map_err(|errors| errors.to_string())?;
-    crate::api::auth::Tokens::from_config(&config).map_err(|e| format!("qd: {e}"))?;
-    if let Some(group) = &config.daemon.admin_group {
-        crate::admin_server::resolve_group(group).map_err(|e| {
-            format!("qd: daemon.admin_group: {e}; create the group or change the key")
-        })?;
-    }
-    Ok(config)
-}
 
 /// What a valid reload will do.
 #[derive(Debug, Default, PartialEq, Eq)]

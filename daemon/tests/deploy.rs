@@ -198,7 +198,10 @@ fn assert_success(what: &str, out: &Output) {
 fn promtool_accepts_rules_tests_config_and_dashboard_queries() {
     let dir = deploy_dir().join("prometheus");
     let Some(out) = run("promtool", &["check", "rules", "qd-alerts.yml"], &dir) else {
-        common::tool_missing("promtool", "Debian package `prometheus`; .ci/run installs it");
+        common::tool_missing(
+            "promtool",
+            "Debian package `prometheus`; .ci/run installs it",
+        );
         return;
     };
     assert_success("promtool check rules", &out);

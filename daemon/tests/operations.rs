@@ -371,3 +371,42 @@ fn a_backup_taken_under_load_restores_every_job_accepted_before_it() {
     let out = qd.qctl(&["backup", "--force", backup.to_str().expect("utf-8")]);
     assert!(out.status.success(), "--force replaces it: {}", text(&out));
 }
+
+#[test]
+fn check_config_lists_every_kind_of_problem_in_one_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, "[[tokens]]\nname = \"x\"\n").expect("write tokens");
+    let config = dir.path().join("conf").join("qd.toml");
+    std::fs::create_dir_all(config.parent().expect("parent")).expect("mkdir");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\ndata_dir = \"../var\"\napi_tokens_file = \"{}\"\nadmin_group = \"no-such-group-qd-test\"\nbogus = 1\n\n\
+             [queues.a]\nexecutor = {{ kind = \"http\", url = \"http://127.0.0.1:1/\", headers = {{ \"bad header\" = \"v\" }} }}\nlease = \"soon\"\n\n\
+             [tenants.t]\nweight = 0\n",
+            tokens.display()
+        ),
+    )
+    .expect("write config");
+    let out = Command::new(qd_bin())
+        .arg("check-config")
+        .arg(&config)
+        .output()
+        .expect("run check-config");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for key in [
+        "daemon.api_tokens_file",
+        "daemon.admin_group",
+        "daemon.bogus",
+        "queues.a.executor",
+        "queues.a.lease",
+        "tenants.t.weight",
+    ] {
+        assert!(
+            stderr.contains(&format!("{}:", config.display())) && stderr.contains(key),
+            "{key} with file:line:col in one run:\n{stderr}"
+        );
+    }
+}

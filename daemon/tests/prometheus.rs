@@ -128,7 +128,10 @@ fn test_rules(dir: &Path) -> PathBuf {
 #[test]
 fn a_dead_lettered_job_makes_the_dlq_alert_pending_then_firing_in_real_prometheus() {
     if !Path::new(PROMETHEUS).exists() {
-        tool_missing(PROMETHEUS, "Debian package `prometheus`; .ci/run installs it");
+        tool_missing(
+            PROMETHEUS,
+            "Debian package `prometheus`; .ci/run installs it",
+        );
         return;
     }
     let work = tempfile::tempdir().expect("tempdir");

@@ -16,6 +16,7 @@ use super::raw::{self, Named, RawDaemon, RawRateLimiter, RawTenant};
 use super::units::{is_valid_name, parse_mode};
 use super::{Config, ConfigError, DaemonConfig, RateLimiterConfig, RestartIntensity, TenantConfig};
 
+mod environment;
 mod executor;
 mod queue;
 
@@ -23,8 +24,13 @@ mod queue;
 pub(crate) const DEFAULT_TENANT: &str = "default";
 
 /// Compiles a whole document; `source` must be absolute (relative paths in the
-/// file are resolved against its directory).
-pub(crate) fn compile(text: &str, source: &Path) -> Result<Config, Vec<ConfigError>> {
+/// file are resolved against its directory). With `environment`, the checks against
+/// the machine (token file, admin group, executors) run in the same pass.
+pub(crate) fn compile(
+    text: &str,
+    source: &Path,
+    environment: bool,
+) -> Result<Config, Vec<ConfigError>> {
     let (table, syntax) = DeTable::parse_recoverable(text);
     if !syntax.is_empty() {
         return Err(diag::syntax_errors(text, &syntax));
@@ -44,6 +50,9 @@ pub(crate) fn compile(text: &str, source: &Path) -> Result<Config, Vec<ConfigErr
         rate_limiters: names(&doc.rate_limiters),
     };
     let queues = queue::compile_queues(&mut diag, &doc, &scope);
+    if environment {
+        environment::check(&mut diag, &daemon, &queues);
+    }
 
     let errors = diag.into_errors();
     if !errors.is_empty() {
@@ -58,9 +67,23 @@ pub(crate) fn compile(text: &str, source: &Path) -> Result<Config, Vec<ConfigErr
     })
 }
 
-/// `base_dir/path`, or `path` itself when it is absolute.
+/// `base_dir/path`, or `path` itself when it is absolute, with `.` and `..`
+/// resolved lexically (`/etc/qd/../var/qd` is `/etc/var/qd`), so logs and `qctl
+/// status` show the path an operator would write.
 pub(crate) fn resolve(base_dir: &Path, path: &str) -> PathBuf {
-    base_dir.join(path)
+    let mut out = PathBuf::new();
+    for part in base_dir.join(path).components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                if !out.pop() {
+                    out.push(part);
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// Records an error unless `value >= 1`.

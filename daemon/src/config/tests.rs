@@ -442,7 +442,11 @@ fn the_example_configs_compile() {
         assert!(config.queues.len() >= 2, "{name}");
     }
     let local = Config::load(&repo_dir().join("config/qd.toml")).expect("qd.toml");
-    assert_eq!(local.daemon.data_dir, repo_dir().join("config/../var/qd"));
+    assert_eq!(
+        local.daemon.data_dir,
+        repo_dir().join("var/qd"),
+        "no config/../ in the path"
+    );
     assert_eq!(local.tenant("acme").weight, 3);
     assert_eq!(local.tenant("acme").max_concurrency, Some(4));
     let demo = &local.queues["demo"];
@@ -553,4 +557,53 @@ proptest! {
             prop_assert!(!e.errors.is_empty());
         }
     }
+}
+
+#[test]
+fn machine_checks_are_reported_in_the_same_pass_as_file_problems() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, "[[tokens]]\nname = \"x\"\n").expect("write tokens");
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("chmod");
+    let text = format!(
+        r#"
+[daemon]
+api_tokens_file = "{}"
+admin_group = "no-such-group-qd-test"
+bogus = 1
+
+[queues.a]
+executor = {{ kind = "http", url = "http://127.0.0.1:1/", headers = {{ "bad header" = "v" }} }}
+lease = "soon"
+"#,
+        tokens.display()
+    );
+    let path = dir.path().join("qd.toml");
+    std::fs::write(&path, &text).expect("write config");
+    let errors = Config::load_checked(&path).expect_err("invalid").errors;
+    let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+    for expected in [
+        "daemon.api_tokens_file",
+        "daemon.admin_group",
+        "daemon.bogus",
+        "queues.a.executor",
+        "queues.a.lease",
+    ] {
+        assert!(paths.contains(&expected), "{expected} in {errors:#?}");
+    }
+    assert!(
+        Config::load(&path).expect_err("still invalid").errors.len() < errors.len(),
+        "Config::load leaves the machine alone"
+    );
+}
+
+#[test]
+fn relative_paths_are_normalised() {
+    let config = Config::parse(
+        "[daemon]\ndata_dir = \"../var/./qd\"\n[queues.q]\nexecutor = { kind = \"external\" }\n",
+        Path::new("/etc/qd/conf/qd.toml"),
+    )
+    .expect("config");
+    assert_eq!(config.daemon.data_dir, Path::new("/etc/qd/var/qd"));
 }

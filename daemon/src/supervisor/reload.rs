@@ -1,6 +1,6 @@
 //! The Supervisor's half of a config reload: check, then apply a [`Plan`].
 //!
-//! Order: read and validate the file ([`reload::load_checked`], the checks of `qd
+//! Order: read and validate the file ([`Config::load_checked`], the checks of `qd
 //! check-config`), plan the changes ([`reload::plan`]), refuse the removal of a queue
 //! that still holds jobs, build the executors; only then swap the config in
 //! [`crate::limits::Limits`], the executors, the rate limiters and the API tokens,
@@ -87,10 +87,10 @@ impl SupervisorState {
         old: &Config,
     ) -> Result<(Arc<Config>, Plan, ExecutorMap, Tokens), ReloadError> {
         let path = old.source.clone();
-        let new = tokio::task::spawn_blocking(move || reload::load_checked(&path))
+        let new = tokio::task::spawn_blocking(move || Config::load_checked(&path))
             .await
             .map_err(|e| ReloadError::Unavailable(e.to_string()))?
-            .map_err(ReloadError::Invalid)?;
+            .map_err(|errors| ReloadError::Invalid(errors.to_string()))?;
         let plan = reload::plan(old, &new).map_err(ReloadError::Refused)?;
         self.check_removable(&plan.removed).await?;
         let executors = Executors::build(&new, Some((old, &self.daemon.executors)))
