@@ -557,7 +557,12 @@ fn a_shared_rate_limiter_holds_across_two_queues_and_sixteen_workers() {
     let busiest = |window_ms: i64| {
         leased
             .iter()
-            .map(|&t| leased.iter().filter(|&&l| l >= t && l < t + window_ms).count())
+            .map(|&t| {
+                leased
+                    .iter()
+                    .filter(|&&l| l >= t && l < t + window_ms)
+                    .count()
+            })
             .max()
             .expect("leases")
     };
@@ -571,7 +576,10 @@ fn a_shared_rate_limiter_holds_across_two_queues_and_sixteen_workers() {
     // At most 2 x 20 + burst 5 = 45 tokens in any 2 s. A stalled daemon can hand out
     // the leases of a stall together, so allow 10 more; without the limiter the 16
     // workers lease all 200 in well under 2 s.
-    assert!(two <= 55, "{two} jobs leased within two seconds (busiest second {one})");
+    assert!(
+        two <= 55,
+        "{two} jobs leased within two seconds (busiest second {one})"
+    );
 }
 
 #[test]

@@ -24,6 +24,9 @@ use crate::reload::{self, Plan, ReloadError};
 use crate::scheduler::{self, SchedulerMsg};
 use crate::worker_pool::{self, PoolMsg};
 
+/// The executors built for a reload, by queue, ready to swap in.
+type ExecutorMap = std::collections::HashMap<String, Arc<crate::executor::Executor>>;
+
 /// How long a stopping queue's actors get to finish.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
@@ -180,5 +183,3 @@ impl SupervisorState {
         }
     }
 }
-
-type ExecutorMap = std::collections::HashMap<String, Arc<crate::executor::Executor>>;
