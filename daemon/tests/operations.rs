@@ -410,3 +410,52 @@ fn check_config_lists_every_kind_of_problem_in_one_run() {
         );
     }
 }
+
+#[test]
+fn a_weight_changed_by_reload_changes_the_share_of_dispatched_jobs() {
+    let qd = Qd::start(
+        "[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"10m\"\n\n\
+         [tenants.heavy]\nweight = 1\n\n[tenants.light]\nweight = 1\n",
+    );
+    std::thread::scope(|s| {
+        for tenant in ["heavy", "light"] {
+            let qd = &qd;
+            s.spawn(move || {
+                for i in 0..300 {
+                    qd.enqueue_json(
+                        "ext",
+                        serde_json::json!({ "tenant": tenant, "payload": format!("{i}") }),
+                    );
+                }
+            });
+        }
+    });
+    let config = std::fs::read_to_string(&qd.config).expect("config");
+    let heavier = config.replacen("weight = 1", "weight = 3", 1);
+    assert_ne!(heavier, config);
+    std::fs::write(&qd.config, heavier).expect("write");
+    let out = qd.qctl(&["reload"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("tenants.heavy.weight: 1 -> 3"),
+        "{}",
+        text(&out)
+    );
+    // 200 dispatches at 3:1 take 150 heavy and 50 light: both stay backlogged.
+    let mut tenants = Vec::new();
+    while tenants.len() < 200 {
+        let (status, body) = qd.post(
+            "/v1/queues/ext/leases",
+            &serde_json::json!({ "worker_id": "test", "max_jobs": (200 - tenants.len()).min(100) }),
+        );
+        assert_eq!(status, 200, "lease: {body}");
+        let jobs = body["jobs"].as_array().expect("jobs");
+        assert!(!jobs.is_empty(), "ran dry after {}", tenants.len());
+        tenants.extend(jobs.iter().map(|j| j["tenant"] == "heavy"));
+    }
+    let heavy = tenants.iter().filter(|h| **h).count() as f64 / tenants.len() as f64;
+    assert!(
+        (heavy - 0.75).abs() <= 0.05,
+        "heavy share {heavy:.3} after the reload"
+    );
+}
