@@ -66,8 +66,10 @@ fn a_second_daemon_on_the_same_data_dir_is_refused_and_the_running_job_runs_once
         "slow.sh",
         &format!("echo run >> {}\nsleep 3", runs.display()),
     );
+    // A long lease: only a second daemon (which counts every stored lease as an
+    // earlier run's) could take the job, never an expiry on a slow machine.
     let body = format!(
-        "[queues.slow]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nworkers = {{ min = 1, max = 1 }}\nlease = \"2s\"\nheartbeat = \"500ms\"\n",
+        "[queues.slow]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nworkers = {{ min = 1, max = 1 }}\nlease = \"30s\"\nheartbeat = \"1s\"\n",
         job.display()
     );
     let qd = Qd::start(&body);
