@@ -3,10 +3,12 @@
 //!   same admin socket) exits 1 at once with one line, and the first daemon's running
 //!   job runs exactly once;
 //! - SIGHUP and `qctl reload`: a bad file (syntax, unknown key, invalid value,
-//!   unreadable) changes nothing and qd keeps serving; a good one adds a queue and
-//!   changes a weight live;
+//!   unreadable) changes nothing and qd keeps serving; a good one adds a queue,
+//!   changes weights (limits show, dispatch shares), the executor and max_depth live,
+//!   and runtime overrides keep precedence; restart-only changes are refused;
 //! - `qctl backup`: a snapshot taken under load, restored into a fresh `data_dir`,
-//!   holds every job accepted before it.
+//!   holds every job accepted before it;
+//! - `qd check-config` lists every kind of problem in one run.
 
 mod common;
 
@@ -460,4 +462,54 @@ fn a_weight_changed_by_reload_changes_the_share_of_dispatched_jobs() {
         (heavy - 0.75).abs() <= 0.05,
         "heavy share {heavy:.3} after the reload"
     );
+}
+
+#[test]
+fn a_reload_changes_the_executor_and_the_depth_limit_for_what_comes_next() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = tmp.path().join("out");
+    let one = script(
+        tmp.path(),
+        "one.sh",
+        &format!("echo one >> {}", out.display()),
+    );
+    let two = script(
+        tmp.path(),
+        "two.sh",
+        &format!("echo two >> {}", out.display()),
+    );
+    let qd = Qd::start(&format!(
+        "[queues.q]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nmax_depth = 1000\n",
+        one.display()
+    ));
+    let id = qd.enqueue("q", "first");
+    qd.wait_final(&id, LONG);
+    let config = std::fs::read_to_string(&qd.config).expect("config");
+    let changed = config
+        .replace(&one.display().to_string(), &two.display().to_string())
+        .replace("max_depth = 1000", "max_depth = 1");
+    std::fs::write(&qd.config, changed).expect("write");
+    let reloaded = qd.qctl(&["reload"]);
+    assert!(reloaded.status.success(), "{}", text(&reloaded));
+    assert!(
+        text(&reloaded).contains("queues.q.max_depth: 1000 -> 1"),
+        "{}",
+        text(&reloaded)
+    );
+    let id = qd.enqueue("q", "second");
+    assert_eq!(qd.wait_final(&id, LONG)["state"], "succeeded");
+    let ran = std::fs::read_to_string(&out).expect("out");
+    assert_eq!(
+        ran.lines().collect::<Vec<_>>(),
+        ["one", "two"],
+        "the next attempt runs the new program"
+    );
+    let paused = qd.qctl(&["queue", "pause", "q"]);
+    assert!(paused.status.success(), "{}", text(&paused));
+    qd.enqueue("q", "fills the queue");
+    let (status, body) = qd.post(
+        "/v1/queues/q/jobs",
+        &serde_json::json!({ "payload": "over" }),
+    );
+    assert_eq!(status, 429, "the reloaded max_depth applies: {body}");
 }
