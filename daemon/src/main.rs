@@ -61,14 +61,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Run { config } => {
-            let config = match load(&config) {
-                Ok(c) => Arc::new(c),
-                Err(problems) => {
-                    eprintln!("{problems}");
-                    return ExitCode::from(EX_CONFIG);
-                }
-            };
+        Command::Run { config: path } => {
+            // The runtime and the signal handlers come first, before the config is
+            // read (building HTTP executors takes a while): a SIGHUP from then on is
+            // queued for the supervisor instead of killing qd.
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -79,7 +75,22 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            runtime.block_on(run(config))
+            runtime.block_on(async {
+                let signals = match Signals::install() {
+                    Ok(signals) => signals,
+                    Err(e) => {
+                        eprintln!("qd: cannot install signal handlers: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                match load(&path) {
+                    Ok(config) => run(Arc::new(config), signals).await,
+                    Err(problems) => {
+                        eprintln!("{problems}");
+                        ExitCode::from(EX_CONFIG)
+                    }
+                }
+            })
         }
     }
 }
@@ -102,8 +113,8 @@ fn init_logging() {
         .init();
 }
 
-async fn run(config: Arc<Config>) -> ExitCode {
-    match start(config).await {
+async fn run(config: Arc<Config>, signals: Signals) -> ExitCode {
+    match start(config, signals).await {
         Ok(code) => code,
         Err(Failure::Config(msg)) => {
             error!("{msg}");
@@ -121,9 +132,7 @@ enum Failure {
     Runtime(String),
 }
 
-async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
-    let signals = Signals::install()
-        .map_err(|e| Failure::Runtime(format!("cannot install signal handlers: {e}")))?;
+async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failure> {
     let data_dir = &config.daemon.data_dir;
     std::fs::create_dir_all(data_dir).map_err(|e| {
         Failure::Runtime(format!(
@@ -206,8 +215,9 @@ fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
     msg
 }
 
-/// The signals qd handles, installed first thing, so a SIGHUP that arrives while qd
-/// starts is queued for the supervisor instead of killing the process.
+/// The signals qd handles, installed as soon as the runtime exists, so a SIGHUP that
+/// arrives while qd starts is queued for the supervisor instead of killing the
+/// process (its default action).
 struct Signals {
     term: Signal,
     int: Signal,
