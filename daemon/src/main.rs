@@ -4,7 +4,6 @@
 //! intensity exceeded), 64 (EX_USAGE) on a config error (including an unusable
 //! `daemon.api_tokens_file`: unreadable, group/other-readable, or invalid).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -172,7 +171,7 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
         store: store.clone(),
         test_hooks: std::env::var("QD_TEST_HOOKS").is_ok_and(|v| v == "1"),
         started: tokio::time::Instant::now(),
-        restarts: Arc::new(Mutex::new(HashMap::new())),
+        restarts: Default::default(),
         failure: Arc::new(Mutex::new(None)),
     };
     let failure = daemon.failure.clone();

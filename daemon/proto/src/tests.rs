@@ -196,6 +196,7 @@ fn response_frames_round_trip_with_the_spec_shape() {
             max_attempts: 3,
             created_at: 1,
             updated_at: 2,
+            ready_at: None,
             last_error: Some("boom".into()),
         },
         idempotency_key: None,
@@ -203,7 +204,7 @@ fn response_frames_round_trip_with_the_spec_shape() {
         payload_bytes: 2,
         history: vec![],
     };
-    let frame = ResponseFrame::ok(9, Response::Job(detail));
+    let frame = ResponseFrame::ok(9, Response::Job(Box::new(detail)));
     let line = encode_response(&frame);
     let value: serde_json::Value = serde_json::from_slice(&line).expect("json");
     assert_eq!(value["v"], 1);
