@@ -154,8 +154,8 @@ pub fn dead_jobs(js: &[JobSummary], now_ms: i64) -> String {
     finish(&t)
 }
 
-/// `qctl jobs show` and `qctl dlq show`: fields, payload, then every attempt with
-/// its full error.
+/// `qctl jobs show` and `qctl dlq show`: fields, payload, then every kept attempt
+/// with its stored error, and a line where the history cap elided entries.
 pub fn job(d: &JobDetail) -> String {
     let j = &d.summary;
     let mut out = String::new();
@@ -184,7 +184,10 @@ pub fn job(d: &JobDetail) -> String {
     };
     let _ = writeln!(out, "\npayload preview{more}:\n{}\n", d.payload_preview);
     let mut t = table(&["#", "OUTCOME", "WORKER", "STARTED", "ENDED", "ERROR"]);
-    for h in &d.history {
+    for (n, h) in d.history.iter().enumerate() {
+        if d.history_elided > 0 && n as u64 == d.history_elided_at {
+            t.add_row(elided_row(d.history_elided));
+        }
         t.add_row(vec![
             h.attempt.to_string(),
             h.outcome.clone(),
@@ -194,7 +197,18 @@ pub fn job(d: &JobDetail) -> String {
             h.error.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
+    if d.history_elided > 0 && d.history_elided_at >= d.history.len() as u64 {
+        t.add_row(elided_row(d.history_elided));
+    }
     out + &finish(&t)
+}
+
+/// The history table's line standing for `n` entries the daemon did not keep.
+fn elided_row(n: u64) -> Vec<String> {
+    let entries = if n == 1 { "entry" } else { "entries" };
+    let mut row = vec!["...".to_string(); 5];
+    row.push(format!("{n} {entries} elided (history cap)"));
+    row
 }
 
 fn refusals(out: &mut String, refused: &[Refusal]) {

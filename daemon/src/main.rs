@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use qd::config::Config;
 use qd::executor::Executor;
 use qd::limits::Limits;
-use qd::store::Store;
+use qd::store::{SqliteOptions, Store};
 use qd::supervisor::{self, Daemon, Supervisor, SupervisorMsg};
 use ractor::{Actor, ActorRef};
 use tracing::{error, info};
@@ -132,7 +132,11 @@ async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
             data_dir.display()
         ))
     })?;
-    let store = Store::open_sqlite(&config.db_path())
+    let options = SqliteOptions {
+        history: config.daemon.history,
+        ..SqliteOptions::default()
+    };
+    let store = Store::open_sqlite_with(&config.db_path(), &options)
         .map_err(|e| Failure::Runtime(format!("cannot open the store: {e}")))?;
     let overrides = store
         .run(|b| b.overrides())

@@ -15,13 +15,14 @@ use crate::supervisor::Daemon;
 use crate::worker_pool::PoolStats;
 
 /// The actor kinds `qctl status` reports, in tree order.
-const ACTORS: [&str; 9] = [
+const ACTORS: [&str; 10] = [
     "broker",
     "scheduler",
     "lease_reaper",
     "dlq",
     "worker_pool",
     "worker",
+    "pruner",
     "gauges",
     "api",
     "admin",
@@ -89,6 +90,8 @@ pub fn detail(d: &StoredJob) -> JobDetail {
                 error: h.error.clone(),
             })
             .collect(),
+        history_elided: d.history_elided,
+        history_elided_at: d.history_elided_at as u64,
     }
 }
 

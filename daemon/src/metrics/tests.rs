@@ -35,6 +35,8 @@ fn every_event(tenants: &TenantLabels) {
     set_oldest_ready_age("email", Duration::from_secs(12));
     set_dlq("email", 3, Duration::from_secs(90));
     set_workers("email", 2, 1, 4);
+    jobs_pruned("email", 1_000);
+    set_prune_backlog_age("email", Duration::from_secs(3));
 }
 
 #[derive(Debug, PartialEq)]
@@ -72,6 +74,8 @@ fn every_metric_name_is_exported_with_its_type_and_help() {
         ("qd_actor_restarts_total", Kind::Counter),
         ("qd_rate_limiter_throttled_total", Kind::Counter),
         ("qd_build_info", Kind::Gauge),
+        ("qd_jobs_pruned_total", Kind::Counter),
+        ("qd_prune_backlog_age_seconds", Kind::Gauge),
     ]);
     assert_eq!(
         METRIC_NAMES.len(),
@@ -196,6 +200,7 @@ fn registration_creates_every_bounded_counter_at_zero() {
     outcomes.sort();
     assert_eq!(zero_labels(JOB_ATTEMPTS, "outcome"), outcomes);
     assert_eq!(zero_labels(LEASES_EXPIRED, "queue"), ["email"]);
+    assert_eq!(zero_labels(JOBS_PRUNED, "queue"), ["email"]);
     assert_eq!(zero_labels(ACTOR_RESTARTS, "actor"), ["broker"]);
 }
 
