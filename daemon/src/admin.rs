@@ -140,7 +140,9 @@ impl AdminHandler for Handler {
                     jobs: jobs.iter().map(views::summary).collect(),
                 })
             }
-            Request::JobsShow { id } => Ok(Response::Job(views::detail(&self.stored(&id).await?))),
+            Request::JobsShow { id } => Ok(Response::Job(Box::new(views::detail(
+                &self.stored(&id).await?,
+            )))),
             Request::DlqShow { id } => {
                 let detail = self.stored(&id).await?;
                 if detail.job.state != State::Dead {
@@ -152,7 +154,7 @@ impl AdminHandler for Handler {
                         ),
                     ));
                 }
-                Ok(Response::Job(views::detail(&detail)))
+                Ok(Response::Job(Box::new(views::detail(&detail))))
             }
             Request::JobsCancel { id } => {
                 let id = parse_id(&id)?;

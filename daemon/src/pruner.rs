@@ -227,7 +227,10 @@ mod tests {
         jobs.extend((0..5).map(|n| finished(1_000_000 + n, "long", now - 5_000)));
         jobs.extend((0..3).map(|n| finished(2_000_000 + n, "gone", now - 7_200_000)));
         store
-            .run(move |b| jobs.iter().try_for_each(|j| b.insert_job(j, b"x").map(drop)))
+            .run(move |b| {
+                jobs.iter()
+                    .try_for_each(|j| b.insert_job(j, b"x").map(drop))
+            })
             .await
             .expect("insert");
         let pruned = pass(&config(), &store, now).await.expect("pass");

@@ -83,9 +83,15 @@ fn each_queue_is_pruned_at_its_own_retention_and_its_keys_are_freed() {
     assert_eq!((status, &dup["id"]), (200, &json!(ids[1])), "{dup}");
 
     let text = qd.scrape();
-    assert_eq!(metric(&text, "qd_jobs_pruned_total", "queue=\"short\""), 1.0);
+    assert_eq!(
+        metric(&text, "qd_jobs_pruned_total", "queue=\"short\""),
+        1.0
+    );
     assert_eq!(metric(&text, "qd_jobs_pruned_total", "queue=\"long\""), 0.0);
-    assert!(text.contains("qd_prune_backlog_age_seconds{queue=\"short\"}"), "{text}");
+    assert!(
+        text.contains("qd_prune_backlog_age_seconds{queue=\"short\"}"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -167,11 +173,16 @@ fn sustained_load_keeps_finished_rows_bounded_and_enqueue_latency_flat() {
         "{finished} finished, {pruned} pruned: more than {bound} kept"
     );
     let first = &samples[0].2;
-    assert_eq!(qd.get(&format!("/v1/jobs/{first}")).0, 404, "pruned at retention");
+    assert_eq!(
+        qd.get(&format!("/v1/jobs/{first}")).0,
+        404,
+        "pruned at retention"
+    );
 
     let db = qd.dir.path().join("data/qd.db");
-    let conn = rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .expect("open the store read-only");
+    let conn =
+        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .expect("open the store read-only");
     let stored: f64 = conn
         .query_row(
             "SELECT COUNT(*) FROM jobs WHERE queue = 'work' AND state = 'succeeded'",
@@ -198,7 +209,10 @@ fn a_thousand_attempt_poison_job_answers_a_small_history_quickly() {
     let (status, job) = qd.get(&format!("/v1/jobs/{id}"));
     let took = started.elapsed();
     assert_eq!(status, 200);
-    assert_eq!((job["state"].as_str(), job["attempts"].as_u64()), (Some("dead"), Some(1000)));
+    assert_eq!(
+        (job["state"].as_str(), job["attempts"].as_u64()),
+        (Some("dead"), Some(1000))
+    );
     let text = serde_json::to_string(&job).expect("json");
     assert!(text.len() < 100_000, "GET answered {} bytes", text.len());
     assert!(took < Duration::from_secs(2), "GET took {took:?}");
@@ -224,7 +238,11 @@ fn a_thousand_attempt_poison_job_answers_a_small_history_quickly() {
     assert!(out.contains("975 entries elided"), "{out}");
     let json = qd.qctl(&["dlq", "show", "--json", &id]);
     assert!(json.status.success(), "{json:?}");
-    assert!(started.elapsed() < Duration::from_secs(4), "qctl took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "qctl took {:?}",
+        started.elapsed()
+    );
     assert!(json.stdout.len() < 100_000, "{} bytes", json.stdout.len());
     let parsed: Value = serde_json::from_slice(&json.stdout).expect("qctl json");
     assert_eq!(parsed["history_elided"], 975, "{parsed}");

@@ -27,8 +27,8 @@ pub enum Response {
         /// The matching jobs, at most `limit`.
         jobs: Vec<JobSummary>,
     },
-    /// Answer to `jobs_show` and `dlq_show`.
-    Job(JobDetail),
+    /// Answer to `jobs_show` and `dlq_show` (boxed: by far the largest answer).
+    Job(Box<JobDetail>),
     /// Answer to `jobs_cancel`.
     Cancelled {
         /// The cancelled job.

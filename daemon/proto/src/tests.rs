@@ -200,7 +200,7 @@ fn response_frames_round_trip_with_the_spec_shape() {
         history_elided: 0,
         history_elided_at: 0,
     };
-    let frame = ResponseFrame::ok(9, Response::Job(detail));
+    let frame = ResponseFrame::ok(9, Response::Job(Box::new(detail)));
     let line = encode_response(&frame);
     let value: serde_json::Value = serde_json::from_slice(&line).expect("json");
     assert_eq!(value["v"], 1);

@@ -14,8 +14,8 @@ use toml::de::{DeTable, DeValue};
 use super::diag::{self, Diagnostics, KeyPath};
 use super::raw::{self, Named, RawDaemon, RawRateLimiter, RawTenant};
 use super::units::{is_valid_name, parse_mode};
-use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
 use super::{Config, ConfigError, DaemonConfig, RateLimiterConfig, RestartIntensity, TenantConfig};
+use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
 
 mod executor;
 mod queue;
@@ -178,7 +178,9 @@ fn compile_history(diag: &mut Diagnostics<'_>, raw: &RawDaemon) -> HistoryLimits
         );
     }
     HistoryLimits {
-        keep_first: given.and_then(|h| h.keep_first).unwrap_or(default.keep_first),
+        keep_first: given
+            .and_then(|h| h.keep_first)
+            .unwrap_or(default.keep_first),
         keep_last: keep_last.max(1),
         max_error: usize::try_from(max_error).unwrap_or(usize::MAX),
     }

@@ -78,7 +78,11 @@ pub fn bound_error(text: &str, max: usize) -> Cow<'_, str> {
 
 /// `entry` with its error text bounded by `limits.max_error`.
 pub fn bounded<'a>(entry: &'a HistoryEntry, limits: &HistoryLimits) -> Cow<'a, HistoryEntry> {
-    match entry.error.as_deref().map(|e| bound_error(e, limits.max_error)) {
+    match entry
+        .error
+        .as_deref()
+        .map(|e| bound_error(e, limits.max_error))
+    {
         Some(Cow::Owned(error)) => Cow::Owned(HistoryEntry {
             error: Some(error),
             ..entry.clone()

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{
-    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, Override,
-    PruneScope, StoreError, history, prune, sort_counts,
+    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, Override, PruneScope,
+    StoreError, history, prune, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
 

@@ -82,7 +82,10 @@ pub fn prune_finished(
 }
 
 /// The oldest `updated_at` of a finished job of `scope`; see `Backend::oldest_finished`.
-pub fn oldest_finished(conn: &Connection, scope: &PruneScope) -> rusqlite::Result<Option<UnixMillis>> {
+pub fn oldest_finished(
+    conn: &Connection,
+    scope: &PruneScope,
+) -> rusqlite::Result<Option<UnixMillis>> {
     let (clause, names) = scope.clause(2);
     let sql = format!("SELECT MIN(updated_at) FROM jobs WHERE state = ?1 AND {clause}");
     let mut stmt = conn.prepare_cached(&sql)?;

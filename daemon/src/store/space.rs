@@ -31,8 +31,7 @@ pub fn adopt(conn: &Connection, path: &Path) -> rusqlite::Result<()> {
     if mode == INCREMENTAL {
         return Ok(());
     }
-    let tables: i64 =
-        conn.query_row("SELECT COUNT(*) FROM sqlite_schema", [], |r| r.get(0))?;
+    let tables: i64 = conn.query_row("SELECT COUNT(*) FROM sqlite_schema", [], |r| r.get(0))?;
     conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     if tables > 0 {
         tracing::info!(path = %path.display(), "Converting the store to incremental auto-vacuum; the file is rewritten once.");

@@ -13,8 +13,8 @@ use rusqlite::{
 use uuid::Uuid;
 
 use super::{
-    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, Override,
-    PruneScope, SqliteOptions, StoreError, history, prune, sort_counts, space,
+    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, Override, PruneScope,
+    SqliteOptions, StoreError, history, prune, sort_counts, space,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
 
@@ -428,7 +428,8 @@ impl Backend for SqliteBackend {
                 return Ok(None);
             };
             let history = self.history_of(id)?;
-            let (history_elided, history_elided_at) = history::elided_of(&self.conn, &id_bytes(id))?;
+            let (history_elided, history_elided_at) =
+                history::elided_of(&self.conn, &id_bytes(id))?;
             Ok(Some(JobDetail {
                 job,
                 payload,

@@ -15,20 +15,28 @@ fn pruning_takes_each_queue_at_its_own_cutoff_in_bounded_batches() {
     let store = open(&path);
     let mut jobs = Vec::new();
     for n in 0..2_500u128 {
-        let state = if n % 5 == 0 { State::Cancelled } else { State::Succeeded };
+        let state = if n % 5 == 0 {
+            State::Cancelled
+        } else {
+            State::Succeeded
+        };
         jobs.push(finished(n, "short", state, 1_000 + n as i64));
     }
     jobs.extend((0..10u128).map(|n| finished(10_000 + n, "long", State::Succeeded, 1_000)));
     jobs.extend((0..7u128).map(|n| finished(20_000 + n, "removed", State::Succeeded, 1_000)));
     jobs.push(job(30_000, "short", None));
     block(&store, move |b| {
-        jobs.iter().try_for_each(|j| b.insert_job(j, b"x").map(drop))
+        jobs.iter()
+            .try_for_each(|j| b.insert_job(j, b"x").map(drop))
     })
     .expect("insert");
 
     let short = PruneScope::Queue("short".into());
     let scope = short.clone();
-    assert_eq!(block(&store, move |b| b.oldest_finished(&scope)), Ok(Some(1_000)));
+    assert_eq!(
+        block(&store, move |b| b.oldest_finished(&scope)),
+        Ok(Some(1_000))
+    );
     let mut batches = Vec::new();
     loop {
         let scope = short.clone();
@@ -44,7 +52,10 @@ fn pruning_takes_each_queue_at_its_own_cutoff_in_bounded_batches() {
 
     let configured = PruneScope::Unconfigured(vec!["short".into(), "long".into()]);
     let scope = configured.clone();
-    assert_eq!(block(&store, move |b| b.prune_finished(&scope, 100_000, 1_000)), Ok(7));
+    assert_eq!(
+        block(&store, move |b| b.prune_finished(&scope, 100_000, 1_000)),
+        Ok(7)
+    );
     let counts = block(&store, |b| b.counts()).expect("counts");
     assert_eq!(
         counts,
@@ -55,7 +66,10 @@ fn pruning_takes_each_queue_at_its_own_cutoff_in_bounded_batches() {
     );
     // The keys of pruned jobs are free again.
     let again = finished(40_000, "short", State::Ready, 200_000);
-    assert_eq!(block(&store, move |b| b.insert_job(&again, b"y")), Ok(Inserted::New));
+    assert_eq!(
+        block(&store, move |b| b.insert_job(&again, b"y")),
+        Ok(Inserted::New)
+    );
     // A fresh file is incremental: the pruned pages can be given back.
     let released = block(&store, |b| b.release_space(0, 10_000)).expect("release");
     assert!(released > 0, "pruned pages were given back");
@@ -96,7 +110,10 @@ fn history_is_capped_and_counted_alike_by_both_engines() {
         let read = block(store, |b| b.job(JobId(Uuid::from_u128(1)))).expect("read");
         detail.push(read.expect("stored"));
     }
-    assert_eq!(detail[0], detail[1], "SQLite and memory keep the same entries");
+    assert_eq!(
+        detail[0], detail[1],
+        "SQLite and memory keep the same entries"
+    );
     let d = &detail[0];
     let attempts: Vec<u32> = d.history.iter().map(|h| h.attempt).collect();
     assert_eq!(attempts, [1, 2, 38, 39, 40]);
@@ -104,6 +121,9 @@ fn history_is_capped_and_counted_alike_by_both_engines() {
     for h in &d.history {
         let error = h.error.as_deref().expect("error");
         assert!(error.len() <= 100, "{} bytes", error.len());
-        assert!(error.starts_with(&format!("attempt {}", h.attempt)), "{error}");
+        assert!(
+            error.starts_with(&format!("attempt {}", h.attempt)),
+            "{error}"
+        );
     }
 }
