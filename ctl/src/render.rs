@@ -345,6 +345,33 @@ mod tests {
     }
 
     #[test]
+    fn a_capped_history_shows_where_and_how_many_entries_were_elided() {
+        let item = |attempt: u32| qd_proto::HistoryItem {
+            attempt,
+            outcome: "failed".into(),
+            worker: Some("email/0".into()),
+            started_at: Some(0),
+            ended_at: 1_000,
+            error: Some(format!("attempt {attempt}")),
+        };
+        let detail = JobDetail {
+            summary: summary("a", Some("boom")),
+            idempotency_key: None,
+            payload_preview: "p".into(),
+            payload_bytes: 1,
+            history: [1, 2, 999, 1000].into_iter().map(item).collect(),
+            history_elided: 996,
+            history_elided_at: 2,
+        };
+        let out = job(&detail);
+        let rows: Vec<&str> = out.lines().skip_while(|l| !l.starts_with('#')).collect();
+        assert_eq!(rows.len(), 6, "{out}");
+        assert!(rows[2].starts_with("2 "), "{out}");
+        assert!(rows[3].ends_with("996 entries elided (history cap)"), "{out}");
+        assert!(rows[4].starts_with("999 "), "{out}");
+    }
+
+    #[test]
     fn redrive_prints_exactly_how_many_moved_and_each_refusal() {
         let r = RedriveResult {
             matched: 3,
