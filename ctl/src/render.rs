@@ -367,7 +367,10 @@ mod tests {
         let rows: Vec<&str> = out.lines().skip_while(|l| !l.starts_with('#')).collect();
         assert_eq!(rows.len(), 6, "{out}");
         assert!(rows[2].starts_with("2 "), "{out}");
-        assert!(rows[3].ends_with("996 entries elided (history cap)"), "{out}");
+        assert!(
+            rows[3].ends_with("996 entries elided (history cap)"),
+            "{out}"
+        );
         assert!(rows[4].starts_with("999 "), "{out}");
     }
 

@@ -128,7 +128,9 @@ fn main() {
         let producers = produce(&store, Arc::clone(&stop), 2 * BACKLOG);
         let pass = async {
             let start = Instant::now();
-            let pruned = pruner::pass(&config, &store, wall_ms()).await.expect("pass");
+            let pruned = pruner::pass(&config, &store, wall_ms())
+                .await
+                .expect("pass");
             let took = start.elapsed();
             stop.store(true, Ordering::SeqCst);
             (pruned, took)

@@ -31,7 +31,7 @@
 //! - Finished jobs are pruned per queue by the Pruner in bounded batches
 //!   ([`prune`]); the file gives free pages back in bounded steps (`auto_vacuum =
 //!   INCREMENTAL`, converted once at open) and the WAL is truncated back to
-//!   `journal_size_limit` (64 MiB) after checkpoints ([`space`]).
+//!   `journal_size_limit` (64 MiB) after checkpoints (`store/space.rs`).
 //! - Ids are UUIDv7 stored as 16 big-endian bytes, so byte order is creation order and
 //!   "ordered by id" means "oldest first".
 //!
@@ -52,7 +52,9 @@
 //!                                               PK (scope, name, key) STRICT, WITHOUT ROWID
 //! ```
 //! Pragmas on every open: `journal_mode=WAL`, `synchronous=FULL`, `foreign_keys=ON`,
-//! `busy_timeout=5s`. Schema changes are migrations appended to one list in
+//! `busy_timeout=5s`, `journal_size_limit=64MiB`, `wal_autocheckpoint=1000`, and
+//! `auto_vacuum=INCREMENTAL` (set by a one-time `VACUUM` at open, see
+//! `store/space.rs`). Schema changes are migrations appended to one list in
 //! `store/sqlite.rs`, applied in order, each in its own transaction that also bumps
 //! `user_version`; a database with a newer version than this build knows is refused
 //! ([`StoreError::TooNew`]) rather than misread.
@@ -93,7 +95,9 @@ pub trait Backend: Send {
     fn insert_job(&mut self, job: &Job, payload: &[u8]) -> Result<Inserted, StoreError>;
 
     /// Overwrites every column of the stored job but its payload with `job`'s fields
-    /// (absolute assignment, not a delta) and appends `entry` to its history.
+    /// (absolute assignment, not a delta) and appends `entry` to its history, then
+    /// applies the history cap (see [`history`]): the entry's error text is cut to
+    /// `max_error` and entries between the first and last ones kept are deleted.
     /// Errors: an unknown id, or a key already held by another job of the queue, is
     /// [`StoreError::Other`].
     fn update_job(&mut self, job: &Job, entry: Option<&HistoryEntry>) -> Result<(), StoreError>;
