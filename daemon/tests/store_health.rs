@@ -6,27 +6,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Qd, lease_one, wait_for};
+use common::{Qd, ack, lease_one, metric, percentile, wait_for};
 use serde_json::{Value, json};
 
 const LONG: Duration = Duration::from_secs(60);
-
-/// The value of the sample `name{labels}` (labels as written, e.g. `queue="work"`).
-fn metric(text: &str, name: &str, labels: &str) -> f64 {
-    let prefix = format!("{name}{{{labels}}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .map_or(0.0, |v| v.trim().parse().expect("sample value"))
-}
-
-fn ack(qd: &Qd, job: &Value) {
-    let id = job["id"].as_str().expect("id");
-    let (status, body) = qd.post(
-        &format!("/v1/jobs/{id}/ack"),
-        &json!({ "token": job["token"] }),
-    );
-    assert_eq!(status, 200, "ack {id}: {body}");
-}
 
 /// Leases and acks jobs of `queue` until `stop` is set and nothing is left.
 fn finish_until(qd: &Qd, queue: &str, worker: &str, stop: &std::sync::atomic::AtomicBool) {
@@ -46,10 +29,11 @@ fn finish_until(qd: &Qd, queue: &str, worker: &str, stop: &std::sync::atomic::At
     }
 }
 
-fn p99(mut latencies: Vec<Duration>) -> Duration {
+/// The 99th percentile of `latencies`.
+fn p99(latencies: &[Duration]) -> Duration {
     assert!(!latencies.is_empty(), "no samples");
-    latencies.sort();
-    latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)]
+    let secs: Vec<f64> = latencies.iter().map(Duration::as_secs_f64).collect();
+    Duration::from_secs_f64(percentile(&secs, 0.99))
 }
 
 #[test]
@@ -84,10 +68,13 @@ fn each_queue_is_pruned_at_its_own_retention_and_its_keys_are_freed() {
 
     let text = qd.scrape();
     assert_eq!(
-        metric(&text, "qd_jobs_pruned_total", "queue=\"short\""),
+        metric(&text, "qd_jobs_pruned_total", &[("queue", "short")]),
         1.0
     );
-    assert_eq!(metric(&text, "qd_jobs_pruned_total", "queue=\"long\""), 0.0);
+    assert_eq!(
+        metric(&text, "qd_jobs_pruned_total", &[("queue", "long")]),
+        0.0
+    );
     assert!(
         text.contains("qd_prune_backlog_age_seconds{queue=\"short\"}"),
         "{text}"
@@ -123,7 +110,8 @@ fn sustained_load_keeps_finished_rows_bounded_and_enqueue_latency_flat() {
             }
             if pruned_while_quiet.is_none() && start.elapsed() >= QUIET_UNTIL {
                 let text = qd.scrape();
-                pruned_while_quiet = Some(metric(&text, "qd_jobs_pruned_total", "queue=\"work\""));
+                pruned_while_quiet =
+                    Some(metric(&text, "qd_jobs_pruned_total", &[("queue", "work")]));
             }
             let sent = Instant::now();
             let id = qd.enqueue("work", "steady");
@@ -146,8 +134,8 @@ fn sustained_load_keeps_finished_rows_bounded_and_enqueue_latency_flat() {
             .map(|(_, latency, _)| *latency)
             .collect()
     };
-    let before = p99(window(Duration::from_millis(300), QUIET_UNTIL));
-    let during = p99(window(RETENTION + Duration::from_secs(1), RUN));
+    let before = p99(&window(Duration::from_millis(300), QUIET_UNTIL));
+    let during = p99(&window(RETENTION + Duration::from_secs(1), RUN));
     eprintln!(
         "enqueue p99 before pruning {before:?}, during pruning {during:?} ({} jobs at {RATE}/s)",
         samples.len()
@@ -161,9 +149,9 @@ fn sustained_load_keeps_finished_rows_bounded_and_enqueue_latency_flat() {
     let finished = metric(
         &text,
         "qd_jobs_completed_total",
-        "queue=\"work\",tenant=\"default\",outcome=\"succeeded\"",
+        &[("queue", "work"), ("outcome", "succeeded")],
     );
-    let pruned = metric(&text, "qd_jobs_pruned_total", "queue=\"work\"");
+    let pruned = metric(&text, "qd_jobs_pruned_total", &[("queue", "work")]);
     assert_eq!(finished, samples.len() as f64, "every job was finished");
     // What is left is at most the last retention (plus a pass and the finishers' lag)
     // of finished jobs, not everything.
