@@ -141,7 +141,7 @@ fn sustained_load_keeps_finished_rows_bounded_and_enqueue_latency_flat() {
         samples.len()
     );
     assert!(
-        during <= before * 5 + Duration::from_millis(50),
+        during <= before * 5 + Duration::from_millis(200),
         "enqueue p99 went from {before:?} before pruning to {during:?} during pruning"
     );
 
