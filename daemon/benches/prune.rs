@@ -128,7 +128,8 @@ fn main() {
         let producers = produce(&store, Arc::clone(&stop), 2 * BACKLOG);
         let pass = async {
             let start = Instant::now();
-            let pruned = pruner::pass(&config, &store, wall_ms())
+            let mut batch = pruner::BatchSize::default();
+            let pruned = pruner::pass(&config, &store, wall_ms(), &mut batch)
                 .await
                 .expect("pass");
             let took = start.elapsed();
@@ -138,9 +139,9 @@ fn main() {
         tokio::join!(producers, pass)
     });
     println!(
-        "pruned {pruned} jobs in {took:.2?}: {:.0} jobs/s, batches of {}",
+        "pruned {pruned} jobs in {took:.2?}: {:.0} jobs/s, batches sized to take {:?}",
         pruned as f64 / took.as_secs_f64(),
-        pruner::BATCH
+        pruner::BATCH_TIME
     );
     for (name, sorted) in [("no pruning    ", &quiet), ("during pruning", &busy)] {
         println!(
