@@ -123,7 +123,7 @@ pub trait Backend: Send {
     /// Deletes at most `limit` succeeded or cancelled jobs of `scope` whose
     /// `updated_at` is before `finished_before` (Unix ms), with their history,
     /// freeing their idempotency keys: succeeded jobs first, each state oldest first
-    /// (`updated_at`, then id). Returns how many were deleted; fewer than `limit`
+    /// (`updated_at`, then insertion order). Returns how many were deleted; fewer than `limit`
     /// means none is left.
     fn prune_finished(
         &mut self,

@@ -24,10 +24,14 @@ pub struct MemoryBackend {
     savepoints: Vec<usize>,
     in_transaction: bool,
     history_limits: HistoryLimits,
+    /// The insertion number of the next job (SQLite's rowid order).
+    next_rowid: u64,
 }
 
 #[derive(Clone)]
 struct Row {
+    /// Insertion order, as SQLite's rowid orders rows: pruning breaks ties with it.
+    rowid: u64,
     job: Job,
     payload: Vec<u8>,
     /// `(seq, entry)`, numbered and capped as SQLite does.
@@ -131,7 +135,9 @@ impl Backend for MemoryBackend {
         if self.jobs.contains_key(&job.id) {
             return Err(StoreError::Other(format!("job {} already stored", job.id)));
         }
+        self.next_rowid += 1;
         let row = Row {
+            rowid: self.next_rowid,
             job: job.clone(),
             payload: payload.to_vec(),
             history: Vec::new(),
@@ -247,20 +253,20 @@ impl Backend for MemoryBackend {
         finished_before: UnixMillis,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        // Succeeded first, then cancelled; each oldest first, as the SQL does.
-        let mut doomed: Vec<(usize, UnixMillis, JobId)> = self
+        // Succeeded first, then cancelled; each oldest first, ties in insertion
+        // order, as the SQL does.
+        let mut doomed: Vec<(usize, UnixMillis, u64, JobId)> = self
             .jobs
             .values()
-            .map(|row| &row.job)
-            .filter(|job| scope.covers(job) && job.updated_at < finished_before)
-            .filter_map(|job| {
-                let rank = prune::FINISHED.iter().position(|s| *s == job.state)?;
-                Some((rank, job.updated_at, job.id))
+            .filter(|row| scope.covers(&row.job) && row.job.updated_at < finished_before)
+            .filter_map(|row| {
+                let rank = prune::FINISHED.iter().position(|s| *s == row.job.state)?;
+                Some((rank, row.job.updated_at, row.rowid, row.job.id))
             })
             .collect();
         doomed.sort_unstable();
         doomed.truncate(limit as usize);
-        for (_, _, id) in &doomed {
+        for (_, _, _, id) in &doomed {
             self.write_job(*id, None);
         }
         Ok(doomed.len() as u64)
