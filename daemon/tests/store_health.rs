@@ -204,6 +204,7 @@ fn a_thousand_attempt_poison_job_answers_a_small_history_quickly() {
     let text = serde_json::to_string(&job).expect("json");
     assert!(text.len() < 100_000, "GET answered {} bytes", text.len());
     assert!(took < Duration::from_secs(2), "GET took {took:?}");
+    eprintln!("poison job: GET answered {} bytes in {took:?}", text.len());
     let attempts: Vec<u64> = job["history"]
         .as_array()
         .expect("history")
