@@ -125,7 +125,7 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
         Response::Queues { queues } => render::queues(queues),
         Response::Jobs { jobs } if is_dlq => render::dead_jobs(jobs, now_ms()),
         Response::Jobs { jobs } => render::jobs(jobs, now_ms()),
-        Response::Job(d) => render::job(d),
+        Response::Job(d) => render::job(d, now_ms()),
         Response::Cancelled { id, previous_state } => {
             format!("cancelled {id} (was {previous_state})\n")
         }

@@ -107,7 +107,7 @@ pub fn jobs(js: &[JobSummary], now_ms: i64) -> String {
             j.id.clone(),
             j.queue.clone(),
             j.tenant.clone(),
-            j.state.clone(),
+            state(j, now_ms),
             attempts(j),
             age(secs_since(j.created_at, now_ms)),
             time(j.updated_at),
@@ -115,6 +115,14 @@ pub fn jobs(js: &[JobSummary], now_ms: i64) -> String {
         ]);
     }
     finish(&t)
+}
+
+/// The state, and for a delayed job when it becomes ready: `delayed (ready in 29s)`.
+fn state(j: &JobSummary, now_ms: i64) -> String {
+    match j.ready_at {
+        Some(at) => format!("{} (ready in {})", j.state, age(secs_since(now_ms, at))),
+        None => j.state.clone(),
+    }
 }
 
 /// Attempts as budget spent of budget, e.g. `2/3`, or `1/3 (4 total)` after a redrive.
@@ -156,14 +164,14 @@ pub fn dead_jobs(js: &[JobSummary], now_ms: i64) -> String {
 
 /// `qctl jobs show` and `qctl dlq show`: fields, payload, then every kept attempt
 /// with its stored error, and a line where the history cap elided entries.
-pub fn job(d: &JobDetail) -> String {
+pub fn job(d: &JobDetail, now_ms: i64) -> String {
     let j = &d.summary;
     let mut out = String::new();
     let fields = [
         ("id", j.id.clone()),
         ("queue", j.queue.clone()),
         ("tenant", j.tenant.clone()),
-        ("state", j.state.clone()),
+        ("state", state(j, now_ms)),
         ("attempts", attempts(j)),
         (
             "key",
@@ -322,8 +330,22 @@ mod tests {
             max_attempts: 3,
             created_at: 0,
             updated_at: 1_000,
+            ready_at: None,
             last_error: err.map(Into::into),
         }
+    }
+
+    #[test]
+    fn a_delayed_job_says_when_it_becomes_ready() {
+        let delayed = JobSummary {
+            state: "delayed".into(),
+            ready_at: Some(61_000),
+            ..summary("d", None)
+        };
+        let list = jobs(std::slice::from_ref(&delayed), 31_500);
+        assert!(list.contains("delayed (ready in 29s)"), "{list}");
+        let ready = jobs(&[summary("r", None)], 31_500);
+        assert!(!ready.contains("ready in"), "{ready}");
     }
 
     #[test]
@@ -363,7 +385,7 @@ mod tests {
             history_elided: 996,
             history_elided_at: 2,
         };
-        let out = job(&detail);
+        let out = job(&detail, 1_000);
         let rows: Vec<&str> = out.lines().skip_while(|l| !l.starts_with('#')).collect();
         assert_eq!(rows.len(), 6, "{out}");
         assert!(rows[2].starts_with("2 "), "{out}");

@@ -91,11 +91,28 @@ impl Actor for Api {
     }
 }
 
+/// Bytes a JSON string may spend on one payload byte: `\u0001` (any control
+/// character, or a client that escapes everything) is 6 bytes for 1. Base64
+/// (`payload_b64`) spends 4 for 3, so this bounds it too.
+const WORST_ESCAPE: usize = 6;
+
+/// Room for the JSON envelope around the payload (tenant, key, delay, ...).
+const ENVELOPE: usize = 64 * 1024;
+
+/// The largest request body accepted (bytes): a payload of `max_payload` decoded
+/// bytes fits however its JSON is escaped. The payload limit itself is checked on
+/// the decoded bytes (`broker::validate`).
+pub fn body_limit(max_payload: usize) -> usize {
+    max_payload
+        .saturating_mul(WORST_ESCAPE)
+        .saturating_add(ENVELOPE)
+}
+
 /// The route table. Every `/v1` route goes through [`auth::authenticate`] with
-/// `tokens`; `/healthz` is open. Body size is bounded at the transport: base64 of
-/// `max_payload` plus room for the JSON envelope.
+/// `tokens`; `/healthz` is open. Body size is bounded at the transport by
+/// [`body_limit`].
 pub fn router(args: ApiArgs, tokens: Tokens) -> Router {
-    let body_limit = args.config.daemon.max_payload / 3 * 4 + 64 * 1024;
+    let body_limit = body_limit(args.config.daemon.max_payload);
     Router::new()
         .route("/v1/queues/{queue}/jobs", post(producer::enqueue))
         .route("/v1/jobs/{id}", get(producer::job))
@@ -109,7 +126,10 @@ pub fn router(args: ApiArgs, tokens: Tokens) -> Router {
         ))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(middleware::from_fn_with_state(body_limit, refuse_oversized))
+        .layer(middleware::from_fn_with_state(
+            (body_limit, args.config.daemon.max_payload),
+            refuse_oversized,
+        ))
         .with_state(Arc::new(args))
 }
 
@@ -117,7 +137,7 @@ pub fn router(args: ApiArgs, tokens: Tokens) -> Router {
 /// instead of reading up to the limit first; bodies without a length are still
 /// bounded while they are read ([`DefaultBodyLimit`]).
 async fn refuse_oversized(
-    axum::extract::State(limit): axum::extract::State<usize>,
+    axum::extract::State((limit, max_payload)): axum::extract::State<(usize, usize)>,
     req: axum::extract::Request,
     next: middleware::Next,
 ) -> axum::response::Response {
@@ -129,7 +149,8 @@ async fn refuse_oversized(
     match declared {
         Some(len) if len > limit as u64 => {
             let message = format!(
-                "request body of {len} bytes is over the limit of {limit} bytes (max_payload, encoded)"
+                "request body of {len} bytes is over the limit of {limit} bytes \
+                 (room for a payload of max_payload = {max_payload} bytes however it is escaped)"
             );
             let err = ApiError::new(
                 axum::http::StatusCode::PAYLOAD_TOO_LARGE,

@@ -162,7 +162,7 @@ async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
         store: store.clone(),
         test_hooks: std::env::var("QD_TEST_HOOKS").is_ok_and(|v| v == "1"),
         started: tokio::time::Instant::now(),
-        restarts: Arc::new(Mutex::new(HashMap::new())),
+        restarts: Default::default(),
         failure: Arc::new(Mutex::new(None)),
         config,
     };

@@ -15,8 +15,9 @@
 //! `_total`. The exporter is `metrics-exporter-prometheus` with an HTTP listener
 //! that runs as a task on the daemon's tokio runtime.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics::{
@@ -335,10 +336,30 @@ pub fn lease_expired(queue: &str) {
     counter!(LEASES_EXPIRED, "queue" => queue.to_owned()).increment(1);
 }
 
-/// The supervisor restarted `actor`: `qd_actor_restarts_total{actor} += 1`.
-/// `actor` is `'static` so it is always a name written in the code, never input.
-pub fn actor_restarted(actor: &'static str) {
-    counter!(ACTOR_RESTARTS, "actor" => actor).increment(1);
+/// Restarts per actor kind since the daemon started: the one record behind both
+/// `qd_actor_restarts_total{actor}` and `qctl status`, so the two always agree.
+/// Cloned into every supervisor (the Supervisor, each WorkerPool).
+#[derive(Clone, Debug, Default)]
+pub struct Restarts(Arc<Mutex<HashMap<&'static str, u64>>>);
+
+impl Restarts {
+    /// A supervisor restarts `actor`: counts it and `qd_actor_restarts_total{actor} += 1`.
+    /// `actor` is `'static` so it is always a name written in the code, never input.
+    pub fn record(&self, actor: &'static str) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(actor)
+            .or_default() += 1;
+        counter!(ACTOR_RESTARTS, "actor" => actor).increment(1);
+    }
+
+    /// Restarts of `actor` so far (0 for a kind never restarted).
+    pub fn count(&self, actor: &str) -> u64 {
+        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        counts.get(actor).copied().unwrap_or(0)
+    }
 }
 
 /// Rate limiter `limiter` (a configured `[rate_limiters.*]` name) made a worker

@@ -55,8 +55,8 @@ pub struct Daemon {
     pub test_hooks: bool,
     /// When the daemon started (for `qctl status`).
     pub started: Instant,
-    /// Restart count per actor kind (for `qctl status`).
-    pub restarts: Arc<Mutex<HashMap<String, u64>>>,
+    /// Restart count per actor kind (`qctl status`, `qd_actor_restarts_total`).
+    pub restarts: metrics::Restarts,
     /// Set when the supervisor gives up: why the daemon must exit non-zero.
     pub failure: Arc<Mutex<Option<String>>>,
 }
@@ -274,6 +274,7 @@ impl SupervisorState {
                     heartbeat: qcfg.heartbeat,
                     limits: d.limits.clone(),
                     test_hooks: d.test_hooks,
+                    restarts: d.restarts.clone(),
                 };
                 Actor::spawn_linked(Some(worker_pool::name(q)), WorkerPool, args, sup)
                     .await?
@@ -323,14 +324,7 @@ impl SupervisorState {
     fn failed(&mut self, myself: &ActorRef<SupervisorMsg>, child: Child, why: &str) {
         let kind = child.kind();
         error!(actor = kind, error = why, "Actor failed; restarting it.");
-        metrics::actor_restarted(kind);
-        *self
-            .daemon
-            .restarts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(kind.to_string())
-            .or_default() += 1;
+        self.daemon.restarts.record(kind);
         let limit = &self.daemon.config.daemon.restart;
         let now = Instant::now();
         self.recent.push_back(now);

@@ -88,6 +88,8 @@ pub struct PoolArgs {
     pub limits: Arc<Limits>,
     /// Enables the worker panic test hook.
     pub test_hooks: bool,
+    /// Where worker restarts are counted (shared with the Supervisor's).
+    pub restarts: metrics::Restarts,
 }
 
 struct Slot {
@@ -336,7 +338,7 @@ impl PoolState {
         let delay =
             Duration::from_millis(100 * 2u64.pow(slot.crashes.min(7))).min(Duration::from_secs(10));
         warn!(queue = %self.args.queue, worker = %slot.id, error, restart_in = ?delay, "Worker crashed; its job goes back through the retry policy.");
-        metrics::actor_restarted("worker");
+        self.args.restarts.record("worker");
         broker::cast(BrokerMsg::WorkerLost(slot.id.clone(), error.to_string()));
         myself.send_after(delay, move || PoolMsg::Respawn(n));
     }

@@ -72,7 +72,7 @@ fn assert_keys(v: &Value, expected: &[&str]) {
     );
 }
 
-const SUMMARY: [&str; 10] = [
+const SUMMARY: [&str; 11] = [
     "id",
     "queue",
     "tenant",
@@ -82,6 +82,7 @@ const SUMMARY: [&str; 10] = [
     "max_attempts",
     "created_at",
     "updated_at",
+    "ready_at",
     "last_error",
 ];
 
@@ -742,4 +743,83 @@ fn an_unreachable_daemon_is_reported_with_the_socket_path_and_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&*missing.to_string_lossy()), "{err}");
     assert!(err.contains("no such file"), "{err}");
+}
+
+#[test]
+fn qctl_says_when_a_delayed_job_becomes_ready() {
+    let qd = Qd::start(EXTERNAL);
+    let (status, answer) = qd.post(
+        "/v1/queues/ext/jobs",
+        &json!({ "payload": "later", "delay": "30s" }),
+    );
+    assert_eq!(status, 202, "{answer}");
+    let id = answer["id"].as_str().expect("id");
+    let ready = qd.enqueue("ext", "now");
+    let in_secs = |text: &str| -> u64 {
+        let at = text.find("ready in ").expect("a ready-in note") + "ready in ".len();
+        let digits: String = text[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().expect("seconds")
+    };
+    let list = ok(&qd, &["jobs", "list"]);
+    let line = list
+        .lines()
+        .find(|l| l.starts_with(id))
+        .expect("delayed job listed");
+    assert!(line.contains("delayed (ready in "), "{list}");
+    assert!((15..=30).contains(&in_secs(line)), "{line}");
+    let other = list
+        .lines()
+        .find(|l| l.starts_with(&ready))
+        .expect("ready job listed");
+    assert!(!other.contains("ready in"), "{other}");
+    let show = ok(&qd, &["jobs", "show", id]);
+    assert!((15..=30).contains(&in_secs(&show)), "{show}");
+    let detail = json_of(&qd, &["jobs", "show", id]);
+    assert_eq!(detail["ready_at"], qd.job(id)["ready_at"], "{detail}");
+    assert_eq!(
+        json_of(&qd, &["jobs", "show", &ready])["ready_at"],
+        Value::Null
+    );
+}
+
+#[test]
+fn qctl_status_counts_worker_restarts_as_the_metric_does() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let prog = script(work.path(), "ok.sh", "cat > /dev/null");
+    let config = format!(
+        "[queues.q]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\nworkers = {{ min = 1, max = 1 }}\n",
+        prog.display()
+    );
+    let qd = Qd::start_with(&config, &[("QD_TEST_HOOKS", "1")]);
+    let ids: Vec<String> = (0..3)
+        .map(|_| qd.enqueue("q", "qd-test:panic-on-attempt:1"))
+        .collect();
+    for id in &ids {
+        assert_eq!(qd.wait_final(id, LONG)["state"], "succeeded");
+    }
+    let status = json_of(&qd, &["status"]);
+    let worker = status["actors"]
+        .as_array()
+        .expect("actors")
+        .iter()
+        .find(|a| a["name"] == "worker")
+        .expect("a worker row");
+    assert_eq!(worker["restarts"], 3, "{status}");
+    let metric = qd
+        .scrape()
+        .lines()
+        .find(|l| l.starts_with("qd_actor_restarts_total{") && l.contains("actor=\"worker\""))
+        .map(str::to_string)
+        .expect("the worker restart counter");
+    assert!(metric.ends_with(" 3"), "{metric}");
+    let human = ok(&qd, &["status"]);
+    assert!(
+        human
+            .lines()
+            .any(|l| l.split_whitespace().eq(["worker", "3"])),
+        "{human}"
+    );
 }

@@ -328,6 +328,44 @@ fn bad_requests_get_clear_errors_and_change_nothing() {
 }
 
 #[test]
+fn escaped_payloads_count_decoded_bytes_at_the_max_payload_boundary() {
+    const MAX: usize = 64 * 1024;
+    let qd = Qd::start("max_payload = \"64KiB\"\n[queues.q]\nexecutor = { kind = \"external\" }\n");
+    // Each case: a JSON payload field of `n` decoded bytes, escaped as Python's
+    // json.dumps does (`\u00e9`: 6 bytes for 2) or at worst (`\u0001`: 6 for 1).
+    let e_acute = |n: usize| format!("\"{}\"", "\\u00e9".repeat(n / 2) + &"a".repeat(n % 2));
+    let control = |n: usize| format!("\"{}\"", "\\u0001".repeat(n));
+    let base64 = |n: usize| {
+        use base64::Engine as _;
+        format!(
+            "\"{}\"",
+            base64::engine::general_purpose::STANDARD.encode(vec![0xffu8; n])
+        )
+    };
+    let cases: [(&str, &dyn Fn(usize) -> String); 3] = [
+        ("payload", &e_acute),
+        ("payload", &control),
+        ("payload_b64", &base64),
+    ];
+    for (field, encode) in cases {
+        let body = format!("{{\"{field}\":{}}}", encode(MAX));
+        let (status, answer) = qd.post_raw("/v1/queues/q/jobs", body.as_bytes());
+        assert_eq!(status, 202, "{} body bytes: {answer}", body.len());
+        let id = answer["id"].as_str().expect("id");
+        assert_eq!(qd.job(id)["payload_bytes"], MAX, "decoded size kept");
+
+        let body = format!("{{\"{field}\":{}}}", encode(MAX + 1));
+        let (status, answer) = qd.post_raw("/v1/queues/q/jobs", body.as_bytes());
+        assert_eq!(status, 413, "{answer}");
+        let message = answer["error"]["message"].as_str().expect("message");
+        assert!(
+            message.contains(&(MAX + 1).to_string()) && message.contains(&MAX.to_string()),
+            "names the payload size and max_payload: {message}"
+        );
+    }
+}
+
+#[test]
 fn broken_configs_are_refused_by_check_config_and_by_run() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/config");
     let mut checked = 0;

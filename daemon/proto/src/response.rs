@@ -139,6 +139,10 @@ pub struct JobSummary {
     pub created_at: i64,
     /// Last state change, Unix ms (for a dead job: when it died).
     pub updated_at: i64,
+    /// When a delayed job (a `delay` or a retry's backoff) becomes ready, Unix ms;
+    /// `None` in every other state. Absent from older servers, read as `None`.
+    #[serde(default)]
+    pub ready_at: Option<i64>,
     /// Error of the latest failed attempt, if any.
     pub last_error: Option<String>,
 }

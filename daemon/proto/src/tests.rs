@@ -191,6 +191,7 @@ fn response_frames_round_trip_with_the_spec_shape() {
             max_attempts: 3,
             created_at: 1,
             updated_at: 2,
+            ready_at: None,
             last_error: Some("boom".into()),
         },
         idempotency_key: None,

@@ -30,7 +30,6 @@ const ACTORS: [&str; 10] = [
 
 /// `qctl status`.
 pub fn status(d: &Daemon) -> StatusInfo {
-    let restarts = d.restarts.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let stats = d.store.stats();
     StatusInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -41,7 +40,7 @@ pub fn status(d: &Daemon) -> StatusInfo {
             .iter()
             .map(|name| ActorInfo {
                 name: (*name).to_string(),
-                restarts: restarts.get(*name).copied().unwrap_or(0),
+                restarts: d.restarts.count(name),
             })
             .collect(),
     }
@@ -57,16 +56,18 @@ fn shown_state(job: &Job, now: i64) -> State {
 
 /// One line of `jobs list` / `dlq list`.
 pub fn summary(job: &Job) -> JobSummary {
+    let state = shown_state(job, wall_ms());
     JobSummary {
         id: job.id.to_string(),
         queue: job.queue.to_string(),
         tenant: job.tenant.to_string(),
-        state: shown_state(job, wall_ms()).to_string(),
+        state: state.to_string(),
         attempts: job.attempts,
         budget_used: job.attempts_in_budget(),
         max_attempts: job.max_attempts,
         created_at: job.created_at,
         updated_at: job.updated_at,
+        ready_at: (state == State::Delayed).then_some(job.ready_at),
         last_error: job.last_error.clone(),
     }
 }

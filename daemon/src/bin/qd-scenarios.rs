@@ -14,6 +14,8 @@ mod daemon;
 mod fairness;
 #[path = "qd-scenarios/poison.rs"]
 mod poison;
+#[path = "shared/scratch.rs"]
+mod scratch;
 #[path = "qd-scenarios/storm.rs"]
 mod storm;
 

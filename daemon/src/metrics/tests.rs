@@ -29,7 +29,7 @@ fn every_event(tenants: &TenantLabels) {
     job_completed(tenants, "email", "acme", Completion::Dead);
     job_waited("email", Duration::from_secs(2));
     lease_expired("email");
-    actor_restarted("broker");
+    Restarts::default().record("broker");
     limiter_throttled("smtp");
     set_queue_depth("email", DepthState::Ready, 7);
     set_oldest_ready_age("email", Duration::from_secs(12));
@@ -277,5 +277,26 @@ async fn install_serves_described_metrics_over_http() {
     assert!(
         body.contains("qd_leases_expired_total{queue=\"install-test\"} 1"),
         "{body}"
+    );
+}
+
+#[test]
+fn restart_counts_and_the_restart_counter_move_together() {
+    let restarts = Restarts::default();
+    let clone = restarts.clone();
+    let (scrape, _) = scrape(|| {
+        restarts.record("worker");
+        clone.record("worker");
+        restarts.record("broker");
+    });
+    assert_eq!((restarts.count("worker"), clone.count("broker")), (2, 1));
+    assert_eq!(restarts.count("dlq"), 0);
+    let worker = samples(&scrape, "qd_actor_restarts_total")
+        .into_iter()
+        .find(|s| s.labels.get("actor") == Some("worker"))
+        .map(|s| s.value.clone());
+    assert!(
+        matches!(worker, Some(Value::Counter(n)) if n == 2.0),
+        "{worker:?}"
     );
 }

@@ -19,7 +19,8 @@ use anyhow::{Context, Result};
 use serde_json::json;
 
 use crate::Row;
-use crate::daemon::{Api, Daemon, Scratch};
+use crate::daemon::{Api, Daemon};
+use crate::scratch::Scratch;
 
 const JOBS: usize = 2_000;
 

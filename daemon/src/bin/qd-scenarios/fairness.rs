@@ -10,7 +10,8 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use crate::Row;
-use crate::daemon::{Daemon, Scratch, first_start_ms, last_end_ms, percentile};
+use crate::daemon::{Daemon, first_start_ms, last_end_ms, percentile};
+use crate::scratch::Scratch;
 
 /// Notes printed under the table.
 pub const NOTE: &str = "Fairness: time scale 1:10 (100 ms jobs, B 100 ms after A), 5 workers; wait = first start - enqueue, \

@@ -10,7 +10,8 @@ use anyhow::Result;
 use serde_json::json;
 
 use crate::Row;
-use crate::daemon::{Daemon, Scratch};
+use crate::daemon::Daemon;
+use crate::scratch::Scratch;
 
 /// Notes printed under the table.
 pub const NOTE: &str = "Poison: time scale 1:10 (good jobs 100 ms for the seed's 1 s, backoff 100 ms..1 s), 2 workers; \

@@ -25,7 +25,8 @@ use axum::routing::post;
 use serde_json::json;
 
 use crate::Row;
-use crate::daemon::{Daemon, Scratch};
+use crate::daemon::Daemon;
+use crate::scratch::Scratch;
 
 const JOBS: usize = 1_000;
 const SCALE: f64 = 4.0;

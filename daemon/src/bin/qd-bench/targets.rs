@@ -1,0 +1,104 @@
+//! The hot path's targets (issue 10, "Targets"), checked against a report: each
+//! line says the target, what was measured and whether it is met. A target whose
+//! figures this run did not measure (a mode not run, beanstalkd missing) is left
+//! out of the text and is `null` in the JSON.
+
+use serde::Serialize;
+
+use crate::report::{Report, SERVERS};
+
+/// One target: its text and, when measured, the measured figure and the verdict.
+#[derive(Debug, Serialize)]
+pub struct Check {
+    /// What the target asks.
+    pub target: &'static str,
+    /// (what was measured, met?) or `None` when this run did not measure it.
+    pub measured: Option<(String, bool)>,
+}
+
+/// The targets, checked against `report`; `rate` is the paced mode's rate (jobs/s).
+pub fn check(report: &Report, rate: f64) -> Vec<Check> {
+    let qd = |mode, metric| report.value(mode, metric, SERVERS[0]);
+    let f0 = |mode, metric| report.value(mode, metric, SERVERS[1]);
+    let default = |mode, metric| report.value(mode, metric, SERVERS[2]);
+    let xargs = report
+        .measurements
+        .iter()
+        .find(|m| m.mode == "executor" && m.server.starts_with("xargs"))
+        .map(|m| m.value);
+    let end = "end to end";
+    vec![
+        Check {
+            target: "request/reply end to end ≥ 2× beanstalkd -f 0",
+            measured: qd("single", end)
+                .zip(f0("single", end))
+                .map(|(q, b)| (format!("{:.2}×", q / b), q >= 2.0 * b)),
+        },
+        Check {
+            target: "request/reply server CPU ≤ 150 µs per job",
+            measured: qd("single", "server CPU").map(|c| (format!("{c:.0} µs"), c <= 150.0)),
+        },
+        Check {
+            target: "paced: keeps up, p99 enqueue→ack ≤ 25 ms",
+            measured: qd("paced", "done")
+                .zip(qd("paced", "enqueue→ack p99"))
+                .map(|(d, p99)| {
+                    (
+                        format!("{d:.0} of {rate:.0} jobs/s, p99 {p99:.1} ms"),
+                        d >= 0.95 * rate && p99 <= 25.0,
+                    )
+                }),
+        },
+        Check {
+            target: "batch end to end ≥ beanstalkd default (aim ≥ 35,000 jobs/s)",
+            measured: qd("batch", end)
+                .zip(default("single", end))
+                .map(|(q, b)| (format!("{q:.0} vs {b:.0} jobs/s"), q >= b)),
+        },
+        Check {
+            target: "command executor at the spawn limit (≥ 0.9× xargs -P N)",
+            measured: qd("executor", "command jobs")
+                .zip(xargs)
+                .map(|(q, x)| (format!("{q:.0} vs {x:.0} jobs/s"), q >= 0.9 * x)),
+        },
+    ]
+}
+
+/// The measured checks as text, one line each; empty when none was measured.
+pub fn text(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for c in checks {
+        let verdict = match &c.measured {
+            Some((figure, true)) => format!("met ({figure})"),
+            Some((figure, false)) => format!("MISSED ({figure})"),
+            None => continue,
+        };
+        out += &format!("  {}: {verdict}\n", c.target);
+    }
+    if out.is_empty() {
+        return out;
+    }
+    format!("\ntargets (issue 10):\n{out}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_met_missed_or_unmeasured() {
+        let mut r = Report::default();
+        r.add("single", SERVERS[0], "end to end", "jobs/s", 6000.0);
+        r.add("single", SERVERS[1], "end to end", "jobs/s", 2800.0);
+        r.add("single", SERVERS[0], "server CPU", "µs/job", 200.0);
+        let checks = check(&r, 2000.0);
+        assert_eq!(checks[0].measured, Some(("2.14×".to_string(), true)));
+        assert_eq!(checks[1].measured, Some(("200 µs".to_string(), false)));
+        assert!(checks[2..].iter().all(|c| c.measured.is_none()));
+        let t = text(&checks);
+        assert!(
+            t.contains("met (2.14×)") && t.contains("MISSED (200 µs)"),
+            "{t}"
+        );
+    }
+}

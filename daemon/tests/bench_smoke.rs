@@ -1,0 +1,98 @@
+//! `qd-bench --smoke` against the qd built for the tests: it completes jobs end to
+//! end and prints the side-by-side table, with beanstalkd's columns filled when
+//! beanstalkd is installed (required under `CI=true`; a visible skip elsewhere).
+
+use std::process::Command;
+use std::time::Instant;
+
+/// The table's cells: columns are separated by two or more spaces.
+fn cells(line: &str) -> Vec<&str> {
+    line.split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// A figure as the table prints it (`12,345`, `0.64`).
+fn figure(cell: &str) -> f64 {
+    cell.replace(',', "")
+        .parse()
+        .unwrap_or_else(|_| panic!("{cell:?} is not a figure"))
+}
+
+fn beanstalkd_installed() -> bool {
+    Command::new("sh")
+        .args(["-c", "command -v beanstalkd"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn smoke_run_completes_jobs_and_prints_the_side_by_side_table() {
+    let beanstalkd = beanstalkd_installed();
+    if !beanstalkd {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "beanstalkd is not installed; .ci/run installs it (apt-get install beanstalkd)"
+        );
+        eprintln!(
+            "SKIP beanstalkd columns: beanstalkd is not installed (apt-get install beanstalkd)"
+        );
+    }
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_qd-bench"))
+        .args(["--smoke", "--qd", env!("CARGO_BIN_EXE_qd")])
+        .output()
+        .expect("run qd-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "qd-bench failed:\n{stdout}\n{stderr}");
+    eprintln!("qd-bench --smoke took {:?}:\n{stdout}", start.elapsed());
+
+    let header = stdout
+        .lines()
+        .find(|l| l.starts_with("mode"))
+        .expect("a table header");
+    assert_eq!(
+        cells(header),
+        [
+            "mode",
+            "metric",
+            "qd",
+            "beanstalkd -f 0",
+            "beanstalkd default",
+            "qd ÷ -f 0",
+            "qd ÷ default"
+        ]
+    );
+    let row = |metric: &str| -> Vec<String> {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("single") && l.contains(metric))
+            .unwrap_or_else(|| panic!("no single {metric} row:\n{stdout}"));
+        cells(line).into_iter().map(str::to_string).collect()
+    };
+    let end_to_end = row("end to end (jobs/s)");
+    assert!(
+        figure(&end_to_end[2]) > 0.0,
+        "qd completed no job: {end_to_end:?}"
+    );
+    let cpu = row("server CPU (µs/job)");
+    assert!(figure(&cpu[2]) > 0.0, "qd used no CPU: {cpu:?}");
+    if beanstalkd {
+        assert!(
+            figure(&end_to_end[3]) > 0.0 && figure(&end_to_end[4]) > 0.0,
+            "{end_to_end:?}"
+        );
+        assert!(
+            end_to_end[5].ends_with('×') && end_to_end[6].ends_with('×'),
+            "ratios: {end_to_end:?}"
+        );
+        // A small run may cost beanstalkd less than one clock tick (10 ms): 0 is fine.
+        assert!(figure(&cpu[3]) >= 0.0 && figure(&cpu[4]) >= 0.0, "{cpu:?}");
+    }
+    assert!(
+        stdout.contains("\nsoak:\n") && stdout.contains("executor: xargs -P"),
+        "every mode reported:\n{stdout}"
+    );
+}
