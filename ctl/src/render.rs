@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use comfy_table::{ContentArrangement, Table, presets};
 use qd_proto::{
-    JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo, RedriveResult, Refusal, StatusInfo,
-    Valued,
+    JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo, RedriveResult, Refusal, Request,
+    StatusInfo, Valued,
 };
 
 use crate::format::{age, bytes, one_line, secs_since, time};
@@ -217,6 +217,23 @@ fn elided_row(n: u64) -> Vec<String> {
     let mut row = vec!["...".to_string(); 5];
     row.push(format!("{n} {entries} elided (history cap)"));
     row
+}
+
+/// The cursor line after a page that has a successor: `next page: --after ID`.
+pub fn next_page(next_after: Option<&str>) -> String {
+    next_after.map_or(String::new(), |id| format!("next page: --after {id}\n"))
+}
+
+/// The one line a change prints instead of the view it answers with, if it has one
+/// (`queue pause` / `queue resume`).
+pub fn confirmation(req: &Request) -> Option<String> {
+    match req {
+        Request::QueuePause { queue } => Some(format!(
+            "paused queue {queue}: nothing is leased from it until `qctl queue resume {queue}`; enqueues are still accepted\n"
+        )),
+        Request::QueueResume { queue } => Some(format!("resumed queue {queue}\n")),
+        _ => None,
+    }
 }
 
 fn refusals(out: &mut String, refused: &[Refusal]) {

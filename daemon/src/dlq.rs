@@ -8,7 +8,7 @@
 //! request moves a dead job.
 //!
 //! Messages ([`DlqMsg`]): `Dead`, `Removed`, `Reset` (from the Broker); `Stats`,
-//! `Select`, `Redrive`, `Purge` (from the admin server). Supervised by the Supervisor.
+//! `Redrive`, `Purge` (from the admin server; DLQ listings read the store directly). Supervised by the Supervisor.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -64,8 +64,6 @@ pub struct Selection {
     pub since: Option<UnixMillis>,
     /// Select every dead job the filters allow, even with no filter.
     pub all: bool,
-    /// At most this many (default and cap: [`MAX_SELECTION`]).
-    pub limit: Option<u32>,
 }
 
 impl Selection {
@@ -88,8 +86,6 @@ pub enum DlqMsg {
     Reset(Vec<DeadEntry>),
     /// Depth and oldest death per queue.
     Stats(RpcReplyPort<HashMap<Arc<str>, DlqStats>>),
-    /// The dead jobs a selection matches, oldest id first.
-    Select(Selection, RpcReplyPort<Result<Vec<Job>, BrokerError>>),
     /// Redrive what a selection matches, as `by`; with `dry_run` only report it.
     Redrive(
         Selection,
@@ -150,9 +146,6 @@ impl Actor for Dlq {
             DlqMsg::Stats(reply) => {
                 let _ = reply.send(state.stats());
             }
-            DlqMsg::Select(sel, reply) => {
-                let _ = reply.send(state.select(&sel).await);
-            }
             DlqMsg::Redrive(sel, by, dry_run, reply) => {
                 let result = state
                     .apply(&sel, dry_run, |ids, tx| BrokerMsg::Redrive(ids, by, tx))
@@ -205,7 +198,6 @@ impl DlqState {
     /// Resolves a selection to dead jobs, reading the store for the filters; filtered
     /// selections come most recently dead first.
     async fn select(&self, sel: &Selection) -> Result<Vec<Job>, BrokerError> {
-        let limit = sel.limit.unwrap_or(MAX_SELECTION).min(MAX_SELECTION);
         if !sel.ids.is_empty() {
             let ids = sel.ids.clone();
             let jobs = self
@@ -233,7 +225,7 @@ impl DlqState {
             updated_since: sel.since,
             after: None,
             order: JobOrder::RecentlyUpdated,
-            limit,
+            limit: MAX_SELECTION,
         };
         Ok(self.store.run(move |b| b.list_jobs(&filter)).await?)
     }

@@ -323,6 +323,22 @@ impl Backend for MemoryBackend {
         sort_counts(&mut counts);
         Ok(counts)
     }
+
+    fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let mut tally: HashMap<(&str, State), u64> = HashMap::new();
+        let unfinished = [State::Delayed, State::Ready, State::Leased, State::Dead];
+        for job in self.jobs.values().map(|row| &row.job) {
+            if &*job.queue == queue && unfinished.contains(&job.state) {
+                *tally.entry((&job.tenant, job.state)).or_default() += 1;
+            }
+        }
+        let mut counts: Vec<_> = tally
+            .into_iter()
+            .map(|((tenant, state), n)| (tenant.to_owned(), state, n))
+            .collect();
+        sort_counts(&mut counts);
+        Ok(counts)
+    }
 }
 
 impl Engine for MemoryBackend {

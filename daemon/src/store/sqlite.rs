@@ -550,19 +550,32 @@ impl Backend for SqliteBackend {
     }
 
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
-        let read = || {
-            let mut stmt = self
-                .conn
-                .prepare_cached("SELECT queue, state, COUNT(*) FROM jobs GROUP BY queue, state")?;
-            stmt.query_map([], |r| {
-                Ok((r.get(0)?, parse(r, 1)?, r.get::<_, i64>(2)? as u64))
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()
-        };
-        let mut counts = read().map_err(|e| self.err(e))?;
-        sort_counts(&mut counts);
-        Ok(counts)
+        let sql = "SELECT queue, state, COUNT(*) FROM jobs GROUP BY queue, state";
+        count_rows(&self.conn, sql, []).map_err(|e| self.err(e))
     }
+
+    fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let sql = "SELECT tenant, state, COUNT(*) FROM jobs WHERE queue = ?1 \
+                   AND state IN ('delayed', 'ready', 'leased', 'dead') GROUP BY tenant, state";
+        count_rows(&self.conn, sql, [queue]).map_err(|e| self.err(e))
+    }
+}
+
+/// Runs a `SELECT name, state, COUNT(*) ... GROUP BY name, state` query; the rows
+/// come ordered as [`sort_counts`] orders them.
+fn count_rows(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<Vec<(String, State, u64)>> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut counts = stmt
+        .query_map(params, |r| {
+            Ok((r.get(0)?, parse(r, 1)?, r.get::<_, i64>(2)? as u64))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    sort_counts(&mut counts);
+    Ok(counts)
 }
 
 impl Engine for SqliteBackend {
