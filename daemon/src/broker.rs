@@ -245,8 +245,6 @@ pub enum BrokerMsg {
     StopIntake,
     /// Answer once every write queued so far is durable.
     Flush(RpcReplyPort<()>),
-    /// Timer: prune finished jobs past retention.
-    Prune,
 }
 
 /// What the broker is started with.
@@ -352,9 +350,6 @@ pub fn cast(msg: BrokerMsg) {
 /// The broker actor (stateless handle; its state is [`BrokerState`]).
 pub struct Broker;
 
-/// How often finished jobs past retention are pruned.
-const PRUNE_EVERY: Duration = Duration::from_secs(60);
-
 impl Actor for Broker {
     type Msg = BrokerMsg;
     type State = BrokerState;
@@ -370,7 +365,6 @@ impl Actor for Broker {
         let mut state = BrokerState::new(args, StdRng::from_os_rng(), myself.clone());
         state.recover(jobs, wall_ms(), keep_leases);
         state.push_all();
-        myself.send_interval(PRUNE_EVERY, || BrokerMsg::Prune);
         Ok(state)
     }
 
@@ -415,7 +409,6 @@ impl Actor for Broker {
                     let _ = reply.send(());
                 },
             ),
-            BrokerMsg::Prune => state.prune(now),
         }
         Ok(())
     }

@@ -64,6 +64,9 @@ pub struct DaemonConfig {
     pub api_tokens_file: Option<PathBuf>,
     /// Supervisor restart intensity (default 10 restarts in 60 s).
     pub restart: RestartIntensity,
+    /// The history cap: entries kept per job and error bytes per entry (default
+    /// the first 5 and the last 20 entries, 2 KiB each).
+    pub history: crate::store::HistoryLimits,
 }
 
 /// Restart intensity, as in Erlang/OTP supervisors: more than `max_restarts`

@@ -2,7 +2,7 @@
 //!
 //! The pure core ([`job`], [`backoff`], [`scheduler::fair`]) holds the job life
 //! cycle and the fair-share decision; the actors ([`supervisor`], [`broker`],
-//! [`scheduler`], [`lease_reaper`], [`dlq`], [`worker_pool`]) translate between that
+//! [`scheduler`], [`lease_reaper`], [`dlq`], [`worker_pool`], [`pruner`]) translate between that
 //! core, the durable [`store`] and the outside world ([`api`], [`admin`]).
 
 pub mod admin;
@@ -22,6 +22,7 @@ pub mod lease_reaper;
 pub mod limits;
 pub mod metrics;
 pub mod notify;
+pub mod pruner;
 pub mod rate_limit;
 pub mod reload;
 pub mod scheduler;

@@ -15,7 +15,7 @@ use qd::data_lock::DataDirLock;
 use qd::executor::Executors;
 use qd::limits::Limits;
 use qd::rate_limit::Limiters;
-use qd::store::Store;
+use qd::store::{SqliteOptions, Store};
 use qd::supervisor::{self, Daemon, Supervisor, SupervisorMsg};
 use ractor::{Actor, ActorRef};
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -144,7 +144,11 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
     qd::admin_server::ensure_not_served(&config.daemon.admin_socket)
         .await
         .map_err(|e| Failure::Runtime(e.to_string()))?;
-    let store = Store::open_sqlite(&config.db_path())
+    let options = SqliteOptions {
+        history: config.daemon.history,
+        ..SqliteOptions::default()
+    };
+    let store = Store::open_sqlite_with(&config.db_path(), &options)
         .map_err(|e| Failure::Runtime(format!("cannot open the store: {e}")))?;
     let overrides = store
         .run(|b| b.overrides())

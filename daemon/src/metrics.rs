@@ -64,6 +64,11 @@ pub const CONFIG_RELOADS: &str = "qd_config_reloads_total";
 /// Gauge, Unix seconds: when the config in force was last loaded successfully
 /// (start-up or reload), as Prometheus' own `..._last_reload_success_timestamp_seconds`.
 pub const CONFIG_LAST_RELOAD_SUCCESS: &str = "qd_config_last_reload_success_timestamp_seconds";
+/// Counter `{queue}`: finished jobs deleted after their queue's retention.
+pub const JOBS_PRUNED: &str = "qd_jobs_pruned_total";
+/// Gauge `{queue}`, seconds: how long the oldest finished job not yet pruned has been
+/// past its queue's retention, at the start of a prune pass (0 when none is).
+pub const PRUNE_BACKLOG_AGE: &str = "qd_prune_backlog_age_seconds";
 
 /// Every exported series name (for histograms the base name, without
 /// `_bucket`/`_sum`/`_count`). Dashboards and alert rules may use only these;
@@ -87,6 +92,8 @@ pub const METRIC_NAMES: &[&str] = &[
     BUILD_INFO,
     CONFIG_RELOADS,
     CONFIG_LAST_RELOAD_SUCCESS,
+    JOBS_PRUNED,
+    PRUNE_BACKLOG_AGE,
 ];
 
 /// Histogram bucket upper bounds in seconds, 1 ms to 1 h, roughly 1-2.5-5 steps:
@@ -99,7 +106,9 @@ pub const SECONDS_BUCKETS: &[f64] = &[
 /// The `tenant` label value for any tenant that is not configured.
 pub const OTHER_TENANT: &str = "other";
 
-/// The `queue` label value of a rejected enqueue whose request named no configured queue.
+/// The `queue` label value for a queue that is not configured: a rejected enqueue
+/// whose request named no configured queue, or jobs pruned from a queue removed
+/// from the config.
 pub const UNKNOWN_QUEUE: &str = "unknown";
 
 /// Why the exporter could not start.
@@ -235,6 +244,16 @@ pub fn describe() {
     describe_gauge!(
         BUILD_INFO,
         "Always 1; the version label names the running build."
+    );
+    describe_counter!(
+        JOBS_PRUNED,
+        Unit::Count,
+        "Finished jobs deleted after their queue's retention."
+    );
+    describe_gauge!(
+        PRUNE_BACKLOG_AGE,
+        Unit::Seconds,
+        "How long the oldest finished job not yet pruned has been past retention; 0 when pruning keeps up."
     );
     describe_counter!(
         CONFIG_RELOADS,
@@ -420,6 +439,18 @@ pub fn set_workers(queue: &str, busy: u32, idle: u32, desired: u32) {
     gauge!(WORKERS_DESIRED, "queue" => queue.to_owned()).set(desired);
 }
 
+/// `jobs` finished jobs of `queue` were pruned: `qd_jobs_pruned_total{queue} += jobs`.
+/// `queue` is a configured queue or [`UNKNOWN_QUEUE`].
+pub fn jobs_pruned(queue: &str, jobs: u64) {
+    counter!(JOBS_PRUNED, "queue" => queue.to_owned()).increment(jobs);
+}
+
+/// Sets `qd_prune_backlog_age_seconds{queue}`; `Duration::ZERO` when nothing is past
+/// retention.
+pub fn set_prune_backlog_age(queue: &str, age: Duration) {
+    gauge!(PRUNE_BACKLOG_AGE, "queue" => queue.to_owned()).set(age);
+}
+
 /// Creates `queue`'s counters at 0 for every bounded label value (attempt outcomes,
 /// rejection reasons, expired leases). Call once per configured queue at start-up.
 ///
@@ -435,6 +466,7 @@ pub fn register_queue(queue: &str) {
             .increment(0);
     }
     counter!(LEASES_EXPIRED, "queue" => queue.to_owned()).increment(0);
+    counter!(JOBS_PRUNED, "queue" => queue.to_owned()).increment(0);
 }
 
 /// Creates `qd_actor_restarts_total{actor}` at 0, so the `QdActorRestarts` alert

@@ -2,7 +2,7 @@
 //!
 //! It spawns, linked to itself: the Broker, one Scheduler per queue, the
 //! LeaseReaper, the Dlq, one WorkerPool per queue with an in-process executor, the
-//! Gauges (metrics and watchdog), the HTTP Api and the AdminServer — listeners last,
+//! Pruner (retention), the Gauges (metrics and watchdog), the HTTP Api and the AdminServer — listeners last,
 //! so nothing is accepted before the tree is up. It restarts a failed child
 //! one-for-one after a short delay, under the same name; the derived actors rebuild
 //! themselves from the Broker when they start. More than `restart.max_restarts`
@@ -37,6 +37,7 @@ use crate::gauges::{self, Gauges, GaugesArgs};
 use crate::lease_reaper::{self, LeaseReaper};
 use crate::limits::Limits;
 use crate::metrics;
+use crate::pruner::{self, Pruner, PrunerArgs};
 use crate::rate_limit::Limiters;
 use crate::reload::ReloadError;
 use crate::scheduler::{self, Scheduler, SchedulerArgs, SchedulerMsg};
@@ -86,6 +87,8 @@ pub enum Child {
     Dlq,
     /// A queue's WorkerPool.
     Pool(Arc<str>),
+    /// The Pruner.
+    Pruner,
     /// The Gauges.
     Gauges,
     /// The HTTP Api.
@@ -103,6 +106,7 @@ impl Child {
             Child::Reaper => "lease_reaper",
             Child::Dlq => "dlq",
             Child::Pool(_) => "worker_pool",
+            Child::Pruner => "pruner",
             Child::Gauges => "gauges",
             Child::Api => "api",
             Child::Admin => "admin",
@@ -239,7 +243,7 @@ impl SupervisorState {
                 .filter(|q| self.daemon.executors.has(q))
                 .map(Child::Pool),
         );
-        children.extend([Child::Gauges, Child::Api, Child::Admin]);
+        children.extend([Child::Pruner, Child::Gauges, Child::Api, Child::Admin]);
         children
     }
 
@@ -298,6 +302,16 @@ impl SupervisorState {
                     restarts: d.restarts.clone(),
                 };
                 Actor::spawn_linked(Some(worker_pool::name(q)), WorkerPool, args, sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
+            Child::Pruner => {
+                let args = PrunerArgs {
+                    limits: d.limits.clone(),
+                    store: d.store.clone(),
+                };
+                Actor::spawn_linked(Some(pruner::NAME.into()), Pruner, args, sup)
                     .await?
                     .0
                     .get_cell()

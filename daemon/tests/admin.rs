@@ -616,6 +616,8 @@ fn every_json_output_parses_with_stable_field_sets() {
         "payload_preview",
         "payload_bytes",
         "history",
+        "history_elided",
+        "history_elided_at",
     ]);
     assert_keys(&detail, &job_keys);
 

@@ -14,7 +14,7 @@ use std::process::Output;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{Qd, script, wait_for};
+use common::{Qd, ack, metric, percentile, script, wait_for};
 use serde_json::{Value, json};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -181,15 +181,6 @@ fn lease(qd: &Qd, queue: &str, max: u32) -> Vec<Value> {
     body["jobs"].as_array().expect("jobs").clone()
 }
 
-fn ack(qd: &Qd, job: &Value) {
-    let id = job["id"].as_str().expect("id");
-    let (status, body) = qd.post(
-        &format!("/v1/jobs/{id}/ack"),
-        &json!({ "token": job["token"] }),
-    );
-    assert_eq!(status, 200, "ack: {body}");
-}
-
 /// Runs qctl and insists it succeeded.
 fn qctl_ok(qd: &Qd, args: &[&str]) -> Output {
     let out = qd.qctl(args);
@@ -216,28 +207,6 @@ fn wait_workers(qd: &Qd, queue: &str, n: u64) {
     wait_for(&format!("{n} workers on {queue}"), LONG, || {
         (queue_info(qd, queue)["workers_total"].as_u64() == Some(n)).then_some(())
     });
-}
-
-/// The value of one counter sample whose labels contain every `labels` pair.
-fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// Nearest-rank percentile of `xs` (seconds).
-fn percentile(xs: &[f64], p: f64) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    v[rank - 1]
 }
 
 /// What one seed-scenario run measured.

@@ -30,7 +30,7 @@ pub enum Response {
         #[serde(default)]
         next_after: Option<String>,
     },
-    /// Answer to `jobs_show` and `dlq_show`.
+    /// Answer to `jobs_show` and `dlq_show` (boxed: by far the largest answer).
     Job(Box<JobDetail>),
     /// Answer to `jobs_cancel`.
     Cancelled {
@@ -171,7 +171,7 @@ pub struct JobSummary {
     pub last_error: Option<String>,
 }
 
-/// A job with payload preview and every history entry.
+/// A job with payload preview and its history (as kept by the history cap).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobDetail {
     /// The summary fields, inlined in the JSON object.
@@ -183,8 +183,16 @@ pub struct JobDetail {
     pub payload_preview: String,
     /// Full payload size, bytes.
     pub payload_bytes: u64,
-    /// Attempts and operator events (redrive, cancel), oldest first.
+    /// Attempts and operator events (redrive, cancel), oldest first: the first and
+    /// the last ones when the history outgrew the daemon's cap.
     pub history: Vec<HistoryItem>,
+    /// How many entries the history cap deleted (0 when none; absent from older
+    /// servers, read as 0).
+    #[serde(default)]
+    pub history_elided: u64,
+    /// Where they were: the number of entries of `history` older than them.
+    #[serde(default)]
+    pub history_elided_at: u64,
 }
 
 impl JobDetail {

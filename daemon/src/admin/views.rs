@@ -17,13 +17,14 @@ use crate::supervisor::Daemon;
 use crate::worker_pool::PoolStats;
 
 /// The actor kinds `qctl status` reports, in tree order.
-const ACTORS: [&str; 9] = [
+const ACTORS: [&str; 10] = [
     "broker",
     "scheduler",
     "lease_reaper",
     "dlq",
     "worker_pool",
     "worker",
+    "pruner",
     "gauges",
     "api",
     "admin",
@@ -81,6 +82,8 @@ pub fn detail(d: &StoredJob) -> JobDetail {
         payload_preview: JobDetail::preview(&d.payload),
         payload_bytes: d.payload.len() as u64,
         history: history(d),
+        history_elided: d.history_elided,
+        history_elided_at: d.history_elided_at as u64,
     }
 }
 

@@ -759,25 +759,6 @@ impl BrokerState {
     pub(super) fn counts(&self) -> HashMap<Arc<str>, QueueCounts> {
         self.counts.clone()
     }
-
-    pub(super) fn prune(&self, now: UnixMillis) {
-        let retention = self
-            .config
-            .queues
-            .values()
-            .map(|q| q.retention)
-            .max()
-            .unwrap_or(Duration::from_secs(86_400));
-        let before = now - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX / 2);
-        self.store.submit(
-            move |b| b.prune_finished(before, 10_000),
-            |r| match r {
-                Ok(0) => {}
-                Ok(n) => info!(pruned = n, "Finished jobs past retention pruned."),
-                Err(err) => warn!(error = %err, "Pruning finished jobs failed."),
-            },
-        );
-    }
 }
 
 /// Backoff for a job whose queue is no longer configured (it is never leased, so

@@ -15,6 +15,7 @@ use super::diag::{self, Diagnostics, KeyPath};
 use super::raw::{self, Named, RawDaemon, RawRateLimiter, RawTenant};
 use super::units::{is_valid_name, parse_mode};
 use super::{Config, ConfigError, DaemonConfig, RateLimiterConfig, RestartIntensity, TenantConfig};
+use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
 
 mod environment;
 mod executor;
@@ -175,6 +176,36 @@ fn compile_daemon(diag: &mut Diagnostics<'_>, raw: &RawDaemon, base_dir: &Path) 
         max_payload,
         api_tokens_file,
         restart: compile_restart(diag, raw),
+        history: compile_history(diag, raw),
+    }
+}
+
+fn compile_history(diag: &mut Diagnostics<'_>, raw: &RawDaemon) -> HistoryLimits {
+    let at = |key: &str| KeyPath::of(&["daemon", "history", key]);
+    let given = raw.history.as_ref();
+    let default = HistoryLimits::default();
+    let keep_last = given.and_then(|h| h.keep_last).unwrap_or(default.keep_last);
+    if keep_last < 1 {
+        diag.error(
+            &at("keep_last"),
+            "must be at least 1: the newest history entry is always kept",
+        );
+    }
+    let max_error = given
+        .and_then(|h| h.max_error)
+        .map_or(default.max_error as u64, |s| s.0);
+    if max_error < MIN_MAX_ERROR as u64 {
+        diag.error(
+            &at("max_error"),
+            format!("must be at least {MIN_MAX_ERROR} bytes (got {max_error})"),
+        );
+    }
+    HistoryLimits {
+        keep_first: given
+            .and_then(|h| h.keep_first)
+            .unwrap_or(default.keep_first),
+        keep_last: keep_last.max(1),
+        max_error: usize::try_from(max_error).unwrap_or(usize::MAX),
     }
 }
 

@@ -12,6 +12,7 @@ use super::*;
 use crate::backoff::Jitter;
 use crate::executor::{ErrorClass, ExecutorSpec};
 use crate::scheduler::fair::Fairness;
+use crate::store::HistoryLimits;
 
 const SOURCE: &str = "/etc/qd/qd.toml";
 const QUEUE: &str = r#"
@@ -284,6 +285,43 @@ fn bad_sizes_and_a_public_api_without_tokens_are_daemon_errors() {
         config.daemon.api_tokens_file.as_deref(),
         Some(Path::new("/etc/qd/tokens"))
     );
+}
+
+#[test]
+fn the_history_cap_defaults_and_refuses_values_that_cannot_work() {
+    let config = parse(QUEUE).expect("no [daemon] history");
+    assert_eq!(config.daemon.history, HistoryLimits::default());
+    let given = format!(
+        "[daemon]\nhistory = {{ keep_first = 0, keep_last = 3, max_error = \"512B\" }}\n{QUEUE}"
+    );
+    let history = parse(&given).expect("valid cap").daemon.history;
+    assert_eq!(
+        (history.keep_first, history.keep_last, history.max_error),
+        (0, 3, 512)
+    );
+    let bad = format!("[daemon]\nhistory = {{ keep_last = 0, max_error = 10 }}\n{QUEUE}");
+    let found = errors(&bad);
+    assert!(
+        error_at(&found, "daemon.history.keep_last")
+            .message
+            .contains("at least 1"),
+        "{found:#?}"
+    );
+    assert_eq!(
+        error_at(&found, "daemon.history.max_error").message,
+        "must be at least 64 bytes (got 10)"
+    );
+    let typo = errors(&format!("[daemon]\nhistory = {{ keep = 3 }}\n{QUEUE}"));
+    assert!(
+        error_at(&typo, "daemon.history.keep")
+            .message
+            .contains("unknown field"),
+        "{typo:#?}"
+    );
+    let negative = errors(&format!(
+        "[daemon]\nhistory = {{ keep_first = -1 }}\n{QUEUE}"
+    ));
+    assert!(!negative.is_empty());
 }
 
 #[test]

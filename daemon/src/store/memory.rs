@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{
-    Backend, Engine, Inserted, JobDetail, JobFilter, JobOrder, Override, StoreError, sort_counts,
+    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, Override, PruneScope,
+    StoreError, history, prune, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
 
@@ -22,13 +23,19 @@ pub struct MemoryBackend {
     /// Lengths of `undo` at each open savepoint.
     savepoints: Vec<usize>,
     in_transaction: bool,
+    history_limits: HistoryLimits,
+    /// The insertion number of the next job (SQLite's rowid order).
+    next_rowid: u64,
 }
 
 #[derive(Clone)]
 struct Row {
+    /// Insertion order, as SQLite's rowid orders rows: pruning breaks ties with it.
+    rowid: u64,
     job: Job,
     payload: Vec<u8>,
-    history: Vec<HistoryEntry>,
+    /// `(seq, entry)`, numbered and capped as SQLite does.
+    history: Vec<(u64, HistoryEntry)>,
 }
 
 type OverrideKey = (String, String, String);
@@ -45,6 +52,14 @@ fn key_of(job: &Job) -> Option<(Arc<str>, String)> {
 }
 
 impl MemoryBackend {
+    /// An empty store applying `history_limits` on every append.
+    pub fn new(history_limits: HistoryLimits) -> Self {
+        MemoryBackend {
+            history_limits,
+            ..MemoryBackend::default()
+        }
+    }
+
     /// Sets the row of `id` (or removes it), keeping the key index; returns the old row.
     fn replace(&mut self, id: JobId, row: Option<Row>) -> Option<Row> {
         let old = match row {
@@ -120,7 +135,9 @@ impl Backend for MemoryBackend {
         if self.jobs.contains_key(&job.id) {
             return Err(StoreError::Other(format!("job {} already stored", job.id)));
         }
+        self.next_rowid += 1;
         let row = Row {
+            rowid: self.next_rowid,
             job: job.clone(),
             payload: payload.to_vec(),
             history: Vec::new(),
@@ -144,7 +161,14 @@ impl Backend for MemoryBackend {
             )));
         }
         row.job = job.clone();
-        row.history.extend(entry.cloned());
+        if let Some(entry) = entry {
+            let seq = row.history.last().map_or(1, |(seq, _)| seq + 1);
+            let entry = history::bounded(entry, &self.history_limits).into_owned();
+            row.history.push((seq, entry));
+            if let Some((from, to)) = history::doomed(&self.history_limits, seq) {
+                row.history.retain(|(s, _)| *s < from || *s > to);
+            }
+        }
         self.write_job(job.id, Some(row));
         Ok(())
     }
@@ -178,10 +202,16 @@ impl Backend for MemoryBackend {
     }
 
     fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError> {
-        Ok(self.jobs.get(&id).map(|row| JobDetail {
-            job: row.job.clone(),
-            payload: row.payload.clone(),
-            history: row.history.clone(),
+        Ok(self.jobs.get(&id).map(|row| {
+            let seqs: Vec<u64> = row.history.iter().map(|(seq, _)| *seq).collect();
+            let (history_elided, history_elided_at) = history::elided(&seqs);
+            JobDetail {
+                job: row.job.clone(),
+                payload: row.payload.clone(),
+                history: row.history.iter().map(|(_, e)| e.clone()).collect(),
+                history_elided,
+                history_elided_at,
+            }
         }))
     }
 
@@ -219,23 +249,41 @@ impl Backend for MemoryBackend {
 
     fn prune_finished(
         &mut self,
+        scope: &PruneScope,
         finished_before: UnixMillis,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let mut doomed: Vec<(UnixMillis, JobId)> = self
+        // Succeeded first, then cancelled; each oldest first, ties in insertion
+        // order, as the SQL does.
+        let mut doomed: Vec<(usize, UnixMillis, u64, JobId)> = self
             .jobs
             .values()
-            .map(|row| &row.job)
-            .filter(|job| matches!(job.state, State::Succeeded | State::Cancelled))
-            .filter(|job| job.updated_at < finished_before)
-            .map(|job| (job.updated_at, job.id))
+            .filter(|row| scope.covers(&row.job) && row.job.updated_at < finished_before)
+            .filter_map(|row| {
+                let rank = prune::FINISHED.iter().position(|s| *s == row.job.state)?;
+                Some((rank, row.job.updated_at, row.rowid, row.job.id))
+            })
             .collect();
         doomed.sort_unstable();
         doomed.truncate(limit as usize);
-        for (_, id) in &doomed {
+        for (_, _, _, id) in &doomed {
             self.write_job(*id, None);
         }
         Ok(doomed.len() as u64)
+    }
+
+    fn oldest_finished(&mut self, scope: &PruneScope) -> Result<Option<UnixMillis>, StoreError> {
+        Ok(self
+            .jobs
+            .values()
+            .map(|row| &row.job)
+            .filter(|job| scope.covers(job) && prune::FINISHED.contains(&job.state))
+            .map(|job| job.updated_at)
+            .min())
+    }
+
+    fn release_space(&mut self, _keep_free: u32, _max_pages: u32) -> Result<u32, StoreError> {
+        Ok(0)
     }
 
     fn set_override(

@@ -13,8 +13,8 @@ use rusqlite::{
 use uuid::Uuid;
 
 use super::{
-    Backend, Engine, Inserted, JobDetail, JobFilter, JobOrder, Override, SqliteOptions, StoreError,
-    sort_counts,
+    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, Override, PruneScope,
+    SqliteOptions, StoreError, history, prune, sort_counts, space,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
 
@@ -83,6 +83,7 @@ const JOB_COLUMNS: &str = "id, queue, tenant, idempotency_key, state, attempts, 
 pub struct SqliteBackend {
     conn: Connection,
     path: PathBuf,
+    history: HistoryLimits,
 }
 
 /// Bytes the database at `path` takes on disk: the file plus its `-wal` (0 if absent).
@@ -119,8 +120,10 @@ impl SqliteBackend {
         let mut backend = SqliteBackend {
             conn,
             path: path.to_path_buf(),
+            history: options.history,
         };
         backend.configure(options).map_err(|e| backend.err(e))?;
+        space::adopt(&backend.conn, path).map_err(|e| backend.err(e))?;
         backend.migrate()?;
         Ok(backend)
     }
@@ -359,7 +362,9 @@ impl Backend for SqliteBackend {
                 job.id
             )));
         }
-        let Some(entry) = entry else { return Ok(()) };
+        let Some(entry) = entry.map(|e| history::bounded(e, &self.history)) else {
+            return Ok(());
+        };
         self.conn
             .prepare_cached(
                 "INSERT INTO history (job_id, seq, attempt, outcome, worker, started_at, \
@@ -377,6 +382,8 @@ impl Backend for SqliteBackend {
                     entry.error,
                 ])
             })
+            .map_err(|e| self.err(e))?;
+        history::cap_history(&self.conn, &id_bytes(job.id), &self.history)
             .map_err(|e| self.err(e))?;
         Ok(())
     }
@@ -421,10 +428,14 @@ impl Backend for SqliteBackend {
                 return Ok(None);
             };
             let history = self.history_of(id)?;
+            let (history_elided, history_elided_at) =
+                history::elided_of(&self.conn, &id_bytes(id))?;
             Ok(Some(JobDetail {
                 job,
                 payload,
                 history,
+                history_elided,
+                history_elided_at,
             }))
         };
         read().map_err(|e| self.err(e))
@@ -484,18 +495,19 @@ impl Backend for SqliteBackend {
 
     fn prune_finished(
         &mut self,
+        scope: &PruneScope,
         finished_before: UnixMillis,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        self.conn
-            .prepare_cached(
-                "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs \
-                 WHERE state IN ('succeeded', 'cancelled') AND updated_at < ?1 \
-                 ORDER BY updated_at, id LIMIT ?2)",
-            )
-            .and_then(|mut s| s.execute(params![finished_before, limit]))
-            .map(|n| n as u64)
-            .map_err(|e| self.err(e))
+        prune::prune_finished(&self.conn, scope, finished_before, limit).map_err(|e| self.err(e))
+    }
+
+    fn oldest_finished(&mut self, scope: &PruneScope) -> Result<Option<UnixMillis>, StoreError> {
+        prune::oldest_finished(&self.conn, scope).map_err(|e| self.err(e))
+    }
+
+    fn release_space(&mut self, keep_free: u32, max_pages: u32) -> Result<u32, StoreError> {
+        space::release(&self.conn, keep_free, max_pages).map_err(|e| self.err(e))
     }
 
     fn set_override(
