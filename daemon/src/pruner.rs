@@ -290,13 +290,7 @@ mod tests {
             .collect();
         jobs.extend((0..5).map(|n| finished(1_000_000 + n, "long", now - 5_000)));
         jobs.extend((0..3).map(|n| finished(2_000_000 + n, "gone", now - 7_200_000)));
-        let records: Vec<NewRecord> = jobs
-            .into_iter()
-            .map(|job| NewRecord {
-                job,
-                payload: b"x".to_vec(),
-            })
-            .collect();
+        let records = NewRecord::batch(jobs, b"x");
         store
             .run(move |b| b.enqueue(&records))
             .await

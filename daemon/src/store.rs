@@ -223,6 +223,19 @@ pub struct NewRecord {
     pub payload: Vec<u8>,
 }
 
+impl NewRecord {
+    /// Each of `jobs` with a copy of `payload`, in order: one batch for
+    /// [`Backend::enqueue`] (tests and benches seed stores with it).
+    pub fn batch(jobs: impl IntoIterator<Item = Job>, payload: &[u8]) -> Vec<NewRecord> {
+        jobs.into_iter()
+            .map(|job| NewRecord {
+                job,
+                payload: payload.to_vec(),
+            })
+            .collect()
+    }
+}
+
 /// Transaction control of a storage engine: what the writer loop needs beyond
 /// [`Backend`]. Savepoints do not nest across operations: the writer opens one, runs
 /// one operation, then releases or rolls it back.

@@ -25,13 +25,7 @@ fn pruning_takes_each_queue_at_its_own_cutoff_in_bounded_batches() {
     jobs.extend((0..10u128).map(|n| finished(10_000 + n, "long", State::Succeeded, 1_000)));
     jobs.extend((0..7u128).map(|n| finished(20_000 + n, "removed", State::Succeeded, 1_000)));
     jobs.push(job(30_000, "short", None));
-    let records: Vec<NewRecord> = jobs
-        .into_iter()
-        .map(|job| NewRecord {
-            job,
-            payload: b"x".to_vec(),
-        })
-        .collect();
+    let records = NewRecord::batch(jobs, b"x");
     block(&store, move |b| b.enqueue(&records)).expect("insert");
 
     let short = PruneScope::Queue("short".into());
