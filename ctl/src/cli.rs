@@ -33,7 +33,7 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
     /// Give up on an answer after this long (e.g. 30s, 2m).
-    #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = parse_timeout)]
+    #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
     pub timeout: Duration,
     /// What to do.
     #[command(subcommand)]
@@ -64,6 +64,14 @@ pub enum Command {
     /// Pause or resume leasing from a queue.
     #[command(subcommand)]
     Queue(QueueCmd),
+    /// Live full-screen view: per queue depths, oldest ready age, completed and failed
+    /// per second, workers, DLQ; per tenant for the selected queue. Up/Down select a
+    /// queue, q quits. Needs a terminal.
+    Top {
+        /// Refresh every this long.
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_positive_duration)]
+        interval: Duration,
+    },
     /// Print a shell completion script (e.g. `qctl completions bash > /etc/bash_completion.d/qctl`).
     Completions {
         /// Target shell.
@@ -88,6 +96,9 @@ pub enum JobsCmd {
         /// At most this many jobs.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Start after this job id: the cursor the previous page printed.
+        #[arg(long, value_name = "ID")]
+        after: Option<String>,
     },
     /// One job: payload preview and every attempt.
     Show {
@@ -98,6 +109,15 @@ pub enum JobsCmd {
     Cancel {
         /// Job id.
         id: String,
+    },
+    /// The exact bytes of a job's payload, to stdout or a file (with --json: base64
+    /// in a JSON object).
+    Payload {
+        /// Job id.
+        id: String,
+        /// Write the payload to FILE instead of stdout.
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
     },
 }
 
@@ -121,6 +141,10 @@ pub struct EnqueueArgs {
     /// Payload text; without it the payload is read from stdin.
     #[arg(long)]
     pub payload: Option<String>,
+    /// Accept an empty stdin as an empty payload (refused otherwise, since it is
+    /// usually a forgotten pipe).
+    #[arg(long)]
+    pub allow_empty: bool,
 }
 
 /// Filters over dead jobs, shared by `dlq list`, `redrive` and `purge`.
@@ -195,6 +219,19 @@ pub enum DlqCmd {
         /// At most this many jobs.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Start after this job id: the cursor the previous page printed.
+        #[arg(long, value_name = "ID")]
+        after: Option<String>,
+    },
+    /// Every matching dead job as one JSON line: the summary fields, `payload_b64`,
+    /// `payload_bytes`, `last_error` and the whole `history`. Most recently dead first.
+    Export {
+        /// Filters.
+        #[command(flatten)]
+        filter: DlqFilter,
+        /// Write the lines to FILE instead of stdout.
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
     },
     /// One dead job: payload and every attempt with its error.
     Show {
@@ -304,8 +341,8 @@ pub enum QueueCmd {
     },
 }
 
-/// `--timeout`: a humantime duration greater than zero.
-fn parse_timeout(text: &str) -> Result<Duration, String> {
+/// `--timeout`, `--interval`: a humantime duration greater than zero.
+fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
         Ok(d) if d.is_zero() => Err("must be greater than zero".into()),
         Ok(d) => Ok(d),
@@ -374,7 +411,7 @@ mod tests {
 
     #[test]
     fn a_zero_timeout_is_a_usage_error() {
-        assert!(parse_timeout("0s").is_err());
-        assert_eq!(parse_timeout("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_positive_duration("0s").is_err());
+        assert_eq!(parse_positive_duration("2s"), Ok(Duration::from_secs(2)));
     }
 }

@@ -43,6 +43,25 @@ impl CliError {
             _ => 1,
         }
     }
+
+    /// The stable code of `--json` errors: the daemon's [`qd_proto::ErrorCode`], or
+    /// `usage`, `unreachable`, `protocol` for failures on qctl's side.
+    pub fn code(&self) -> &'static str {
+        match self {
+            CliError::Usage(_) => "usage",
+            CliError::Unreachable { .. } => "unreachable",
+            CliError::Daemon(body) => body.code.as_str(),
+            CliError::Protocol(_) => "protocol",
+        }
+    }
+
+    /// The message of `--json` errors: the daemon's own words for its refusals.
+    pub fn message(&self) -> String {
+        match self {
+            CliError::Daemon(body) => body.message.clone(),
+            other => other.to_string(),
+        }
+    }
 }
 
 #[derive(Deserialize)]

@@ -48,7 +48,12 @@ pub fn run(
             let req = enqueue_request(args)?;
             simple(&mut connect()?, req)
         }
-        Command::Completions { .. } => Err(CliError::Usage("completions need no daemon".into())),
+        Command::Completions { .. }
+        | Command::Top { .. }
+        | Command::Jobs(JobsCmd::Payload { .. })
+        | Command::Dlq(DlqCmd::Export { .. }) => Err(CliError::Usage(
+            "this command writes its own output; run it through main".into(),
+        )),
         other => simple(&mut connect()?, request_for(other)),
     }
 }
@@ -63,17 +68,24 @@ fn request_for(cmd: Command) -> Request {
             tenant,
             state,
             limit,
+            after,
         }) => Request::JobsList {
             queue,
             tenant,
             state,
             limit: Some(limit),
+            after,
         },
         Command::Jobs(JobsCmd::Show { id }) => Request::JobsShow { id },
         Command::Jobs(JobsCmd::Cancel { id }) => Request::JobsCancel { id },
-        Command::Dlq(DlqCmd::List { filter, limit }) => Request::DlqList {
+        Command::Dlq(DlqCmd::List {
+            filter,
+            limit,
+            after,
+        }) => Request::DlqList {
             selection: filter.selection(),
             limit: Some(limit),
+            after,
         },
         Command::Dlq(DlqCmd::Show { id }) => Request::DlqShow { id },
         Command::Limits(LimitsCmd::Show) => Request::LimitsShow {},
@@ -111,7 +123,11 @@ fn request_for(cmd: Command) -> Request {
         }
         Command::Queue(QueueCmd::Pause { queue }) => Request::QueuePause { queue },
         Command::Queue(QueueCmd::Resume { queue }) => Request::QueueResume { queue },
-        Command::Enqueue(_) | Command::Completions { .. } | Command::Dlq(_) => {
+        Command::Enqueue(_)
+        | Command::Completions { .. }
+        | Command::Top { .. }
+        | Command::Jobs(JobsCmd::Payload { .. })
+        | Command::Dlq(_) => {
             unreachable!("invariant: handled in run()")
         }
     }
@@ -119,12 +135,20 @@ fn request_for(cmd: Command) -> Request {
 
 fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
     let is_dlq = matches!(req, Request::DlqList { .. });
+    let confirmation = render::confirmation(&req);
     let resp = client.call(req)?;
+    if let Some(line) = confirmation {
+        return Ok(Output::new(resp, line));
+    }
     let text = match &resp {
         Response::Status(s) => render::status(s),
         Response::Queues { queues } => render::queues(queues),
-        Response::Jobs { jobs } if is_dlq => render::dead_jobs(jobs, now_ms()),
-        Response::Jobs { jobs } => render::jobs(jobs, now_ms()),
+        Response::Jobs { jobs, next_after } if is_dlq => {
+            render::dead_jobs(jobs, now_ms()) + &render::next_page(next_after.as_deref())
+        }
+        Response::Jobs { jobs, next_after } => {
+            render::jobs(jobs, now_ms()) + &render::next_page(next_after.as_deref())
+        }
         Response::Job(d) => render::job(d, now_ms()),
         Response::Cancelled { id, previous_state } => {
             format!("cancelled {id} (was {previous_state})\n")
@@ -141,6 +165,9 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
         Response::Redrive(r) => render::redrive(r),
         Response::Purge(p) => render::purge(p),
         Response::Limits(l) => render::limits(l),
+        other @ (Response::Payload(_) | Response::Export { .. } | Response::Top(_)) => {
+            return Err(unexpected(other, "single-answer"));
+        }
     };
     Ok(Output::new(resp, text))
 }
@@ -148,7 +175,7 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
 fn enqueue_request(args: EnqueueArgs) -> Result<Request, CliError> {
     let payload = match args.payload {
         Some(text) => text.into_bytes(),
-        None => read_stdin()?,
+        None => read_stdin(args.allow_empty)?,
     };
     let delay_ms = args
         .delay
@@ -163,7 +190,9 @@ fn enqueue_request(args: EnqueueArgs) -> Result<Request, CliError> {
     })
 }
 
-fn read_stdin() -> Result<Vec<u8>, CliError> {
+/// The payload piped on stdin. An empty stdin (`< /dev/null`, a producer that
+/// printed nothing) is refused unless `allow_empty`: an empty job is rarely meant.
+fn read_stdin(allow_empty: bool) -> Result<Vec<u8>, CliError> {
     let mut stdin = std::io::stdin();
     if stdin.is_terminal() {
         return Err(CliError::Usage(
@@ -174,12 +203,24 @@ fn read_stdin() -> Result<Vec<u8>, CliError> {
     stdin
         .read_to_end(&mut buf)
         .map_err(|e| CliError::Usage(format!("cannot read the payload from stdin: {e}")))?;
+    if buf.is_empty() && !allow_empty {
+        return Err(CliError::Usage(
+            "stdin is empty: nothing to enqueue (pass --allow-empty to enqueue an empty payload)"
+                .into(),
+        ));
+    }
     Ok(buf)
 }
 
+/// The selection of a redrive or purge; an empty one is a usage error naming the
+/// flags (clap already refuses ids mixed with filters).
 fn checked_selection(target: &DlqTarget) -> Result<DlqSelection, CliError> {
     let selection = target.selection();
-    selection.check_mutation().map_err(CliError::Usage)?;
+    if selection.check_mutation().is_err() {
+        return Err(CliError::Usage(
+            "say which dead jobs: job ids, a filter (--queue, --tenant, --error, --since), or --all for every dead job".into(),
+        ));
+    }
     Ok(selection)
 }
 
@@ -269,7 +310,8 @@ fn dlq_purge(
     })
 }
 
-fn unexpected(resp: &Response, op: &str) -> CliError {
+/// The error for an answer of the wrong kind to `op`.
+pub fn unexpected(resp: &Response, op: &str) -> CliError {
     CliError::Protocol(format!("qd answered {:?} to a {op} request", resp.kind()))
 }
 

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use comfy_table::{ContentArrangement, Table, presets};
 use qd_proto::{
-    JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo, RedriveResult, Refusal, StatusInfo,
-    Valued,
+    JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo, RedriveResult, Refusal, Request,
+    StatusInfo, Valued,
 };
 
 use crate::format::{age, bytes, one_line, secs_since, time};
@@ -203,6 +203,23 @@ pub fn job(d: &JobDetail, now_ms: i64) -> String {
         ]);
     }
     out + &finish(&t)
+}
+
+/// The cursor line after a page that has a successor: `next page: --after ID`.
+pub fn next_page(next_after: Option<&str>) -> String {
+    next_after.map_or(String::new(), |id| format!("next page: --after {id}\n"))
+}
+
+/// The one line a change prints instead of the view it answers with, if it has one
+/// (`queue pause` / `queue resume`).
+pub fn confirmation(req: &Request) -> Option<String> {
+    match req {
+        Request::QueuePause { queue } => Some(format!(
+            "paused queue {queue}: nothing is leased from it until `qctl queue resume {queue}`; enqueues are still accepted\n"
+        )),
+        Request::QueueResume { queue } => Some(format!("resumed queue {queue}\n")),
+        _ => None,
+    }
 }
 
 fn refusals(out: &mut String, refused: &[Refusal]) {

@@ -193,6 +193,19 @@ fn an_error_answer_exits_1_with_its_code() {
 }
 
 #[test]
+fn with_json_an_error_answer_is_the_error_object_on_stdout() {
+    let fake = Fake::start();
+    let out = qctl(&fake.path, &["jobs", "show", "nope", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stderr.is_empty(), "{}", stderr(&out));
+    let body: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON on stdout");
+    assert_eq!(
+        body,
+        serde_json::json!({"error": {"code": "not_found", "message": "fake has no jobs_show"}})
+    );
+}
+
+#[test]
 fn an_unreachable_daemon_is_reported_with_the_path_and_reason() {
     let dir = tempfile::tempdir().expect("tempdir");
     let missing = dir.path().join("missing.sock");

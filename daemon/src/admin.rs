@@ -7,6 +7,8 @@
 //! `workers set`, `queue pause`) are written to the store first, then applied to
 //! the live [`crate::limits::Limits`] and announced to the actors that enforce them.
 
+mod audit;
+mod inspect;
 mod views;
 
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use crate::broker::{self, BrokerError, BrokerMsg, EnqueueRequest};
 use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::{JobId, State};
 use crate::scheduler::{self, SchedulerMsg};
-use crate::store::{JobDetail as StoredJob, JobFilter, JobOrder};
+use crate::store::JobDetail as StoredJob;
 use crate::supervisor::{Daemon, SupervisorMsg};
 use crate::worker_pool::{self, PoolMsg};
 
@@ -105,6 +107,7 @@ fn parse_id(id: &str) -> Result<JobId, ErrorBody> {
 impl AdminHandler for Handler {
     async fn handle(&self, req: Request, peer: Peer) -> Result<Response, ErrorBody> {
         let by = format!("uid {}", peer.uid);
+        let req_op = req.op();
         match req {
             Request::Status {} => Ok(Response::Status(views::status(&self.daemon))),
             Request::Queues {} => Ok(Response::Queues {
@@ -115,31 +118,8 @@ impl AdminHandler for Handler {
                 tenant,
                 state,
                 limit,
-            } => {
-                let state = state
-                    .map(|s| {
-                        s.parse::<State>()
-                            .map_err(|e| err(ErrorCode::BadRequest, e))
-                    })
-                    .transpose()?;
-                let filter = JobFilter {
-                    queue,
-                    tenant,
-                    state,
-                    order: JobOrder::NewestFirst,
-                    limit: limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT),
-                    ..JobFilter::default()
-                };
-                let jobs = self
-                    .daemon
-                    .store
-                    .run(move |b| b.list_jobs(&filter))
-                    .await
-                    .map_err(BrokerError::from)?;
-                Ok(Response::Jobs {
-                    jobs: jobs.iter().map(views::summary).collect(),
-                })
-            }
+                after,
+            } => self.jobs_list(queue, tenant, state, limit, after).await,
             Request::JobsShow { id } => Ok(Response::Job(Box::new(views::detail(
                 &self.stored(&id).await?,
             )))),
@@ -164,6 +144,13 @@ impl AdminHandler for Handler {
                     Err(BrokerError::UnknownJob(_)) => return Err(self.not_cancellable(id).await),
                     other => other?,
                 };
+                audit::change(
+                    peer.uid,
+                    req_op,
+                    &format!("job {id}"),
+                    previous.as_str(),
+                    "cancelled",
+                );
                 Ok(Response::Cancelled {
                     id: id.to_string(),
                     previous_state: previous.to_string(),
@@ -177,9 +164,11 @@ impl AdminHandler for Handler {
                 max_attempts,
                 payload,
             } => {
+                self.queue_exists(&queue)?;
                 let payload = payload
                     .into_bytes()
                     .map_err(|e| err(ErrorCode::BadRequest, e))?;
+                let delayed = delay_ms.is_some_and(|d| d > 0);
                 let req = EnqueueRequest {
                     queue,
                     tenant,
@@ -188,21 +177,23 @@ impl AdminHandler for Handler {
                     delay: Duration::from_millis(delay_ms.unwrap_or(0)),
                     max_attempts,
                 };
+                let what = format!("queue {}", req.queue);
                 let done = broker::request(|tx| BrokerMsg::Enqueue(req, tx), CALL).await??;
+                if !done.duplicate {
+                    let state = if delayed { "delayed" } else { "ready" };
+                    let job = format!("{what} job {}", done.id);
+                    audit::change(peer.uid, req_op, &job, "-", state);
+                }
                 Ok(Response::Enqueued(qd_proto::Enqueued {
                     id: done.id.to_string(),
                     duplicate: done.duplicate,
                 }))
             }
-            Request::DlqList { selection, limit } => {
-                let mut sel = selection_of(&selection)?;
-                sel.all = true;
-                sel.limit = Some(limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT));
-                let jobs = dlq_call(|tx| DlqMsg::Select(sel, tx)).await?;
-                Ok(Response::Jobs {
-                    jobs: jobs.iter().map(views::summary).collect(),
-                })
-            }
+            Request::DlqList {
+                selection,
+                limit,
+                after,
+            } => self.dlq_list(&selection, limit, after).await,
             Request::DlqRedrive {
                 selection,
                 dry_run,
@@ -212,6 +203,7 @@ impl AdminHandler for Handler {
                 selection
                     .check_mutation()
                     .map_err(|e| err(ErrorCode::BadRequest, e))?;
+                self.queue_filter(selection.queue.as_deref())?;
                 let sel = selection_of(&selection)?;
                 let pace = Pace::new(batch_size, rate_per_sec);
                 let outcome = self
@@ -219,15 +211,22 @@ impl AdminHandler for Handler {
                         DlqMsg::Redrive(s, by.clone(), dry, tx)
                     })
                     .await?;
+                if !dry_run {
+                    audit::jobs(peer.uid, req_op, &outcome.moved, "dead", "ready");
+                }
                 Ok(Response::Redrive(views::redrive(outcome, dry_run)))
             }
             Request::DlqPurge { selection, dry_run } => {
                 selection
                     .check_mutation()
                     .map_err(|e| err(ErrorCode::BadRequest, e))?;
+                self.queue_filter(selection.queue.as_deref())?;
                 let sel = selection_of(&selection)?;
                 let pace = Pace::new(None, None);
                 let outcome = self.batched(sel, dry_run, pace, DlqMsg::Purge).await?;
+                if !dry_run {
+                    audit::jobs(peer.uid, req_op, &outcome.moved, "dead", "deleted");
+                }
                 Ok(Response::Purge(views::purge(outcome, dry_run)))
             }
             Request::LimitsShow {} => Ok(self.limits()),
@@ -252,7 +251,7 @@ impl AdminHandler for Handler {
                         changes.push(("tenant", tenant.clone(), key, Some(v.to_string())));
                     }
                 }
-                self.set_overrides(changes).await
+                self.set_overrides(&peer, req_op, changes).await
             }
             Request::LimitsReset {
                 tenant,
@@ -282,7 +281,7 @@ impl AdminHandler for Handler {
                         ));
                     }
                 };
-                self.set_overrides(changes).await
+                self.set_overrides(&peer, req_op, changes).await
             }
             Request::LimiterSet {
                 limiter,
@@ -305,7 +304,7 @@ impl AdminHandler for Handler {
                 if changes.is_empty() {
                     return Err(err(ErrorCode::BadRequest, "give per_second or burst"));
                 }
-                self.set_overrides(changes).await
+                self.set_overrides(&peer, req_op, changes).await
             }
             Request::WorkersSet { queue, min, max } => {
                 self.queue_exists(&queue)?;
@@ -325,17 +324,24 @@ impl AdminHandler for Handler {
                     ("queue", queue.clone(), "workers_min", Some(min.to_string())),
                     ("queue", queue, "workers_max", Some(max.to_string())),
                 ];
-                self.set_overrides(changes).await
+                self.set_overrides(&peer, req_op, changes).await
             }
             Request::QueuePause { queue } => {
                 self.queue_exists(&queue)?;
-                self.set_overrides(vec![("queue", queue, "paused", Some("true".into()))])
-                    .await
+                let changes = vec![("queue", queue, "paused", Some("true".into()))];
+                self.set_overrides(&peer, req_op, changes).await
             }
+            Request::JobsPayload { id } => self.jobs_payload(&id).await,
+            Request::DlqExport {
+                selection,
+                limit,
+                after,
+            } => self.dlq_export(&selection, limit, after).await,
+            Request::Top { tenants_of } => self.top(tenants_of).await,
             Request::QueueResume { queue } => {
                 self.queue_exists(&queue)?;
-                self.set_overrides(vec![("queue", queue, "paused", None)])
-                    .await
+                let changes = vec![("queue", queue, "paused", None)];
+                self.set_overrides(&peer, req_op, changes).await
             }
         }
     }
@@ -386,18 +392,19 @@ fn selection_of(sel: &DlqSelection) -> Result<Selection, ErrorBody> {
             ids.push(id);
         }
     }
-    let since = sel.since_secs.map(|s| {
-        crate::clock::wall_ms() - i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX / 2)
-    });
     Ok(Selection {
         ids,
         queue: sel.queue.clone(),
         tenant: sel.tenant.clone(),
         error_contains: sel.error_contains.clone(),
-        since,
+        since: sel.since_secs.map(since_ms),
         all: sel.all,
-        limit: None,
     })
+}
+
+/// The Unix ms `secs` seconds ago (a `since_secs` filter's bound).
+fn since_ms(secs: u64) -> crate::job::UnixMillis {
+    crate::clock::wall_ms() - i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX / 2)
 }
 
 impl Handler {
@@ -412,12 +419,24 @@ impl Handler {
         }
     }
 
+    /// `not_found` naming the configured queues unless `queue` is one of them:
+    /// `unknown queue "dmeo" (known: demo, echo, hooks)`.
     fn queue_exists(&self, queue: &str) -> Result<(), ErrorBody> {
-        if self.daemon.config.queues.contains_key(queue) {
-            Ok(())
-        } else {
-            Err(BrokerError::UnknownQueue(queue.to_string()).into())
+        let queues = &self.daemon.config.queues;
+        if queues.contains_key(queue) {
+            return Ok(());
         }
+        let known: Vec<&str> = queues.keys().map(String::as_str).collect();
+        Err(err(
+            ErrorCode::NotFound,
+            format!("unknown queue {queue:?} (known: {})", known.join(", ")),
+        ))
+    }
+
+    /// [`Handler::queue_exists`] for an optional filter: a typo in `--queue` is an
+    /// error, never an empty answer.
+    fn queue_filter(&self, queue: Option<&str>) -> Result<(), ErrorBody> {
+        queue.map_or(Ok(()), |q| self.queue_exists(q))
     }
 
     /// One stored job with payload and history; `not_found` when there is none.
@@ -479,11 +498,24 @@ impl Handler {
         Response::Limits(views::limits(&self.daemon))
     }
 
-    /// Stores overrides (durable first), applies them, tells the enforcing actors.
+    /// Stores overrides (durable first), applies them, tells the enforcing actors,
+    /// and writes one audit line per changed scope with its values before and after.
     async fn set_overrides(
         &self,
+        peer: &Peer,
+        op: &'static str,
         changes: Vec<(&'static str, String, &'static str, Option<String>)>,
     ) -> Result<Response, ErrorBody> {
+        let mut scopes: Vec<(&'static str, String)> = Vec::new();
+        for (scope, name, _, _) in &changes {
+            if !scopes.iter().any(|(s, n)| s == scope && n == name) {
+                scopes.push((scope, name.clone()));
+            }
+        }
+        let before: Vec<String> = scopes
+            .iter()
+            .map(|(s, n)| audit::scope_state(&self.daemon, s, n))
+            .collect();
         let stored = changes.clone();
         self.daemon
             .store
@@ -510,6 +542,16 @@ impl Handler {
             if let Some(p) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
                 let _ = p.cast(PoolMsg::LimitsChanged);
             }
+        }
+        for ((scope, name), before) in scopes.iter().zip(before) {
+            let after = audit::scope_state(&self.daemon, scope, name);
+            audit::change(
+                peer.uid,
+                op,
+                &audit::scope_name(scope, name),
+                &before,
+                &after,
+            );
         }
         Ok(self.limits())
     }

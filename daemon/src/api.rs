@@ -126,12 +126,36 @@ pub fn router(args: ApiArgs, tokens: Tokens) -> Router {
             auth::authenticate,
         ))
         .route("/healthz", get(|| async { "ok\n" }))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(
             (body_limit, args.config.daemon.max_payload),
             refuse_oversized,
         ))
         .with_state(Arc::new(args))
+}
+
+/// Any path no route matches: `404 not_found` with the JSON error body.
+async fn unknown_route(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no endpoint at {}; see daemon/docs/http-api.md", uri.path()),
+    )
+}
+
+/// A known path with a method it does not take: `405 method_not_allowed` with the
+/// JSON error body (axum adds the `Allow` header listing the methods it takes).
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{method} is not allowed on {}; see the Allow header",
+            uri.path()
+        ),
+    )
 }
 
 /// Answers 413 at once when `Content-Length` already exceeds the body limit (bytes),

@@ -6,8 +6,8 @@
 //! and purge go through the Broker, the only writer, in atomic batches. Redrive is
 //! never automatic: only an operator request moves a dead job.
 //!
-//! Messages ([`DlqMsg`]): `Select`, `Redrive`, `Purge` (from the admin server).
-//! Supervised by the Supervisor.
+//! Messages ([`DlqMsg`]): `Redrive`, `Purge` (from the admin server; DLQ listings
+//! read the store directly). Supervised by the Supervisor.
 
 use std::time::Duration;
 
@@ -39,8 +39,6 @@ pub struct Selection {
     pub since: Option<UnixMillis>,
     /// Select every dead job the filters allow, even with no filter.
     pub all: bool,
-    /// At most this many (default and cap: [`MAX_SELECTION`]).
-    pub limit: Option<u32>,
 }
 
 impl Selection {
@@ -55,8 +53,6 @@ impl Selection {
 
 /// Messages the Dlq takes.
 pub enum DlqMsg {
-    /// The dead jobs a selection matches, oldest id first.
-    Select(Selection, RpcReplyPort<Result<Vec<Job>, BrokerError>>),
     /// Redrive what a selection matches, as `by`; with `dry_run` only report it.
     Redrive(
         Selection,
@@ -100,9 +96,6 @@ impl Actor for Dlq {
         state: &mut DlqState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            DlqMsg::Select(sel, reply) => {
-                let _ = reply.send(state.select(&sel).await);
-            }
             DlqMsg::Redrive(sel, by, dry_run, reply) => {
                 let result = state
                     .apply(&sel, dry_run, |ids, tx| BrokerMsg::Redrive(ids, by, tx))
@@ -125,7 +118,6 @@ impl DlqState {
     /// Resolves a selection to dead jobs, reading the store for the filters; filtered
     /// selections come most recently dead first.
     async fn select(&self, sel: &Selection) -> Result<Vec<Job>, BrokerError> {
-        let limit = sel.limit.unwrap_or(MAX_SELECTION).min(MAX_SELECTION);
         if !sel.ids.is_empty() {
             let ids = sel.ids.clone();
             let jobs = self
@@ -153,7 +145,7 @@ impl DlqState {
             updated_since: sel.since,
             after: None,
             order: JobOrder::RecentlyUpdated,
-            limit,
+            limit: MAX_SELECTION,
         };
         Ok(self.store.run(move |b| b.list_jobs(&filter)).await?)
     }

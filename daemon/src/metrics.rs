@@ -277,7 +277,9 @@ impl TenantLabels {
 }
 
 mod labels;
+mod totals;
 pub use labels::{Completion, DepthState, RejectReason};
+pub use totals::{AttemptTotals, attempt_totals};
 
 /// A job was durably enqueued: `qd_jobs_enqueued_total{queue,tenant} += 1`.
 /// `tenant` is bounded through `tenants`.
@@ -298,10 +300,12 @@ pub fn enqueue_rejected(queue: Option<&str>, reason: RejectReason) {
 /// and `run` (seconds) into `qd_job_run_seconds{queue,outcome}`.
 ///
 /// This is the one event that updates two series, a count and a duration, because
-/// they describe the same attempt and must never disagree.
+/// they describe the same attempt and must never disagree; it also bumps the
+/// readable [`attempt_totals`] that `qctl top` shows as rates.
 pub fn attempt_finished(queue: &str, outcome: Outcome, run: Duration) {
     counter!(JOB_ATTEMPTS, "queue" => queue.to_owned(), "outcome" => outcome.as_str()).increment(1);
     histogram!(JOB_RUN, "queue" => queue.to_owned(), "outcome" => outcome.as_str()).record(run);
+    totals::count(queue, outcome);
 }
 
 /// A job reached a final state: `qd_jobs_completed_total{queue,tenant,outcome} += 1`.

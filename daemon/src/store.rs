@@ -181,6 +181,11 @@ pub trait Backend: Send {
     /// Jobs per (queue, state), a live lease counted as leased, ordered by queue then
     /// life-cycle order of the state; only non-zero counts. For tests and `qctl status`.
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError>;
+
+    /// Jobs of `queue` per (tenant, state) for the states delayed, ready, leased and
+    /// dead, ordered by tenant then life-cycle order; only non-zero counts. For the
+    /// per-tenant view of `qctl top`.
+    fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError>;
 }
 
 /// A new job and its payload, as [`Backend::enqueue`] takes it.

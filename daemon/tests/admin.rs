@@ -9,52 +9,15 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::Output;
 use std::time::Duration;
 
-use common::{Qd, script, wait_for};
+use common::{Qd, fails, json_of, kill_all, ok, script, text, wait_for};
 use serde_json::{Value, json};
 
 const LONG: Duration = Duration::from_secs(30);
 
 /// An external-worker queue: jobs stay ready until leased over HTTP, so counts are exact.
 const EXTERNAL: &str = "[queues.ext]\nexecutor = { kind = \"external\" }\nmax_attempts = 3\n";
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Runs qctl, asserts exit 0, returns stdout.
-fn ok(qd: &Qd, args: &[&str]) -> String {
-    let out = qd.qctl(args);
-    assert_eq!(out.status.code(), Some(0), "qctl {args:?}: {}", text(&out));
-    String::from_utf8(out.stdout).expect("utf-8 stdout")
-}
-
-/// Runs `qctl --json ...`, asserts exit 0, parses stdout.
-fn json_of(qd: &Qd, args: &[&str]) -> Value {
-    let mut all = vec!["--json"];
-    all.extend_from_slice(args);
-    let stdout = ok(qd, &all);
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("qctl {args:?}: {e}: {stdout}"))
-}
-
-/// Runs qctl expecting exit `code`; returns stdout and stderr.
-fn fails(qd: &Qd, args: &[&str], code: i32) -> String {
-    let out = qd.qctl(args);
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "qctl {args:?}: {}",
-        text(&out)
-    );
-    text(&out)
-}
 
 fn keys(v: &Value) -> BTreeSet<&str> {
     v.as_object()
@@ -101,25 +64,6 @@ fn ids(v: &Value, list: &str) -> Vec<String> {
 fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v
-}
-
-/// Leases every ready job of the external queue `ext` and nacks it as permanent with
-/// `error` + its payload, so it dies at once.
-fn kill_all(qd: &Qd, error: &str) {
-    let (status, body) = qd.post(
-        "/v1/queues/ext/leases",
-        &json!({"worker_id": "t", "max_jobs": 100}),
-    );
-    assert_eq!(status, 200, "{body}");
-    for job in body["jobs"].as_array().expect("jobs") {
-        let id = job["id"].as_str().expect("id");
-        let msg = format!("{error} {}", job["payload"].as_str().unwrap_or(""));
-        let (status, body) = qd.post(
-            &format!("/v1/jobs/{id}/nack"),
-            &json!({"token": job["token"], "error": msg, "kind": "permanent"}),
-        );
-        assert_eq!(status, 200, "{body}");
-    }
 }
 
 fn enqueue_as(qd: &Qd, tenant: &str, payload: &str) -> String {
@@ -662,7 +606,7 @@ fn every_json_output_parses_with_stable_field_sets() {
         ],
     );
     let jobs = json_of(&qd, &["jobs", "list"]);
-    assert_keys(&jobs, &["kind", "jobs"]);
+    assert_keys(&jobs, &["kind", "jobs", "next_after"]);
     assert_keys(&jobs["jobs"][0], &SUMMARY);
     let detail = json_of(&qd, &["jobs", "show", id]);
     let mut job_keys = SUMMARY.to_vec();

@@ -19,9 +19,9 @@ mod response;
 
 pub use request::{DlqSelection, JOB_STATES, Payload, Request};
 pub use response::{
-    ActorInfo, Enqueued, HistoryItem, JobDetail, JobSummary, LimitsView, PREVIEW_BYTES,
-    PurgeResult, QueueInfo, QueueLimits, RedriveResult, Refusal, Response, Source, StatusInfo,
-    TenantLimits, Valued,
+    ActorInfo, Enqueued, ExportedJob, HistoryItem, JobDetail, JobPayload, JobSummary, LimitsView,
+    PREVIEW_BYTES, PurgeResult, QueueInfo, QueueLimits, RedriveResult, Refusal, Response, Source,
+    StatusInfo, TenantCounts, TenantLimits, TopInfo, TopQueue, Valued,
 };
 
 use serde::{Deserialize, Serialize};

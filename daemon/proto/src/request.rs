@@ -45,6 +45,10 @@ pub enum Request {
         /// At most this many jobs (the daemon picks a default when absent).
         #[serde(default)]
         limit: Option<u32>,
+        /// Only jobs after this id in the listing's order: the `next_after` of the
+        /// previous page.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<String>,
     },
     /// One job with payload preview and full history. Answered with [`crate::Response::Job`].
     JobsShow {
@@ -86,6 +90,10 @@ pub enum Request {
         /// At most this many jobs (the daemon picks a default when absent).
         #[serde(default)]
         limit: Option<u32>,
+        /// Only jobs after this id in the listing's order: the `next_after` of the
+        /// previous page.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<String>,
     },
     /// One dead job with payload preview and every attempt with its error. Answered
     /// with [`crate::Response::Job`].
@@ -181,12 +189,40 @@ pub enum Request {
         /// The queue.
         queue: String,
     },
+    /// The whole payload of any retained job, as base64. Answered with
+    /// [`crate::Response::Payload`].
+    JobsPayload {
+        /// The job id.
+        id: String,
+    },
+    /// Dead jobs with their whole payload and history, a page at a time, most recently
+    /// dead first. Answered with [`crate::Response::Export`].
+    DlqExport {
+        /// Filters (`ids` and `all` are not used); an empty selection exports every
+        /// dead job.
+        #[serde(default)]
+        selection: DlqSelection,
+        /// Jobs per page (the daemon picks a default when absent).
+        #[serde(default)]
+        limit: Option<u32>,
+        /// The `next_after` of the previous page.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<String>,
+    },
+    /// Live numbers for `qctl top`: every queue with cumulative completed and failed
+    /// attempt counters, and one queue's per-tenant breakdown. Answered with
+    /// [`crate::Response::Top`].
+    Top {
+        /// The queue whose tenants to break down; none when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tenants_of: Option<String>,
+    },
 }
 
 impl Request {
     /// Every `op` name, in declaration order. `decode_request` answers `unknown_op` for
     /// any other name.
-    pub const OPS: [&'static str; 17] = [
+    pub const OPS: [&'static str; 20] = [
         "status",
         "queues",
         "jobs_list",
@@ -204,6 +240,9 @@ impl Request {
         "queue_pause",
         "queue_resume",
         "limiter_set",
+        "jobs_payload",
+        "dlq_export",
+        "top",
     ];
 
     /// This request's `op` name (for logs and metrics labels).
@@ -226,6 +265,9 @@ impl Request {
             Request::QueuePause { .. } => "queue_pause",
             Request::QueueResume { .. } => "queue_resume",
             Request::LimiterSet { .. } => "limiter_set",
+            Request::JobsPayload { .. } => "jobs_payload",
+            Request::DlqExport { .. } => "dlq_export",
+            Request::Top { .. } => "top",
         }
     }
 

@@ -26,6 +26,9 @@ pub enum Response {
     Jobs {
         /// The matching jobs, at most `limit`.
         jobs: Vec<JobSummary>,
+        /// The cursor of the next page (pass it as `after`); `null` on the last page.
+        #[serde(default)]
+        next_after: Option<String>,
     },
     /// Answer to `jobs_show` and `dlq_show`.
     Job(Box<JobDetail>),
@@ -45,6 +48,18 @@ pub enum Response {
     /// Answer to `limits_show` and to every limit, worker or pause change (the view
     /// after the change).
     Limits(LimitsView),
+    /// Answer to `jobs_payload`.
+    Payload(JobPayload),
+    /// Answer to `dlq_export`.
+    Export {
+        /// The page's dead jobs, whole.
+        jobs: Vec<ExportedJob>,
+        /// The cursor of the next page (pass it as `after`); `null` on the last page.
+        #[serde(default)]
+        next_after: Option<String>,
+    },
+    /// Answer to `top`.
+    Top(TopInfo),
 }
 
 impl Response {
@@ -60,6 +75,9 @@ impl Response {
             Response::Redrive(_) => "redrive",
             Response::Purge(_) => "purge",
             Response::Limits(_) => "limits",
+            Response::Payload(_) => "payload",
+            Response::Export { .. } => "export",
+            Response::Top(_) => "top",
         }
     }
 }
@@ -303,4 +321,71 @@ pub struct QueueLimits {
     pub rate_limiter: Option<String>,
     /// Whether leasing is paused.
     pub paused: Valued<bool>,
+}
+
+/// A job's whole payload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobPayload {
+    /// The job id.
+    pub id: String,
+    /// Payload size, bytes.
+    pub payload_bytes: u64,
+    /// The payload, standard base64 with padding (RFC 4648 §4).
+    pub payload_b64: String,
+}
+
+/// A dead job with everything needed to analyse or replay it: one line of
+/// `qctl dlq export`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportedJob {
+    /// The summary fields (with `last_error`), inlined in the JSON object.
+    #[serde(flatten)]
+    pub summary: JobSummary,
+    /// The producer's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Payload size, bytes.
+    pub payload_bytes: u64,
+    /// The payload, standard base64 with padding (RFC 4648 §4).
+    pub payload_b64: String,
+    /// Attempts and operator events, oldest first.
+    pub history: Vec<HistoryItem>,
+}
+
+/// What `qctl top` shows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TopInfo {
+    /// One entry per configured queue, sorted by name.
+    pub queues: Vec<TopQueue>,
+    /// Per-tenant counts of the queue named by the request's `tenants_of`, sorted by
+    /// tenant; empty when none was named.
+    pub tenants: Vec<TenantCounts>,
+}
+
+/// One queue's depths, workers and cumulative attempt counters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TopQueue {
+    /// Depths, oldest ready age and workers, as `queues` answers them.
+    #[serde(flatten)]
+    pub info: QueueInfo,
+    /// Attempts that succeeded since the daemon started (a counter: the client
+    /// computes rates from two readings).
+    pub completed_total: u64,
+    /// Charged attempts that failed (failed, permanent, timed out, lease expired,
+    /// worker crashed) since the daemon started.
+    pub failed_total: u64,
+}
+
+/// One tenant's jobs in one queue.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantCounts {
+    /// Tenant name.
+    pub tenant: String,
+    /// Ready jobs (including delayed jobs whose time has come).
+    pub ready: u64,
+    /// Delayed jobs.
+    pub delayed: u64,
+    /// Leased jobs.
+    pub leased: u64,
+    /// Dead jobs.
+    pub dead: u64,
 }

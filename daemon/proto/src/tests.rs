@@ -16,6 +16,7 @@ fn sample_requests() -> Vec<Request> {
             tenant: None,
             state: Some("ready".into()),
             limit: Some(5),
+            after: None,
         },
         Request::JobsShow { id: "j1".into() },
         Request::JobsCancel { id: "j1".into() },
@@ -30,6 +31,7 @@ fn sample_requests() -> Vec<Request> {
         Request::DlqList {
             selection: sel.clone(),
             limit: Some(10),
+            after: Some("j0".into()),
         },
         Request::DlqShow { id: "j1".into() },
         Request::DlqRedrive {
@@ -69,6 +71,15 @@ fn sample_requests() -> Vec<Request> {
             limiter: "smtp".into(),
             per_second: Some(20),
             burst: None,
+        },
+        Request::JobsPayload { id: "j1".into() },
+        Request::DlqExport {
+            selection: DlqSelection::default(),
+            limit: Some(50),
+            after: Some("j0".into()),
+        },
+        Request::Top {
+            tenants_of: Some("email".into()),
         },
     ]
 }
@@ -213,6 +224,19 @@ fn response_frames_round_trip_with_the_spec_shape() {
     assert_eq!(
         value,
         json!({"v":1,"id":null,"err":{"code":"frame_too_large","message":"too big"}})
+    );
+}
+
+#[test]
+fn a_page_without_a_cursor_from_an_older_server_reads_as_the_last_page() {
+    let line = br#"{"v":1,"id":1,"ok":{"kind":"jobs","jobs":[]}}"#;
+    let frame = decode_response(line).expect("decodes");
+    assert_eq!(
+        frame.reply,
+        Reply::Ok(Response::Jobs {
+            jobs: vec![],
+            next_after: None
+        })
     );
 }
 

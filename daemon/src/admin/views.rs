@@ -1,8 +1,10 @@
 //! Conversions from qd's internal records to the admin protocol's types.
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use qd_proto::{
-    ActorInfo, HistoryItem, JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo, QueueLimits,
-    RedriveResult, Refusal, StatusInfo, TenantLimits, Valued,
+    ActorInfo, ExportedJob, HistoryItem, JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo,
+    QueueLimits, RedriveResult, Refusal, StatusInfo, TenantCounts, TenantLimits, Valued,
 };
 
 use crate::broker::{BatchOutcome, QueueCounts};
@@ -77,19 +79,56 @@ pub fn detail(d: &StoredJob) -> JobDetail {
         idempotency_key: d.job.idempotency_key.clone(),
         payload_preview: JobDetail::preview(&d.payload),
         payload_bytes: d.payload.len() as u64,
-        history: d
-            .history
-            .iter()
-            .map(|h| HistoryItem {
-                attempt: h.attempt,
-                outcome: h.outcome.to_string(),
-                worker: h.worker.clone(),
-                started_at: h.started_at,
-                ended_at: h.ended_at,
-                error: h.error.clone(),
-            })
-            .collect(),
+        history: history(d),
     }
+}
+
+/// One line of `dlq export`: the summary, the whole payload and every history entry.
+pub fn export(d: &StoredJob) -> ExportedJob {
+    ExportedJob {
+        summary: summary(&d.job),
+        idempotency_key: d.job.idempotency_key.clone(),
+        payload_bytes: d.payload.len() as u64,
+        payload_b64: BASE64.encode(&d.payload),
+        history: history(d),
+    }
+}
+
+fn history(d: &StoredJob) -> Vec<HistoryItem> {
+    d.history
+        .iter()
+        .map(|h| HistoryItem {
+            attempt: h.attempt,
+            outcome: h.outcome.to_string(),
+            worker: h.worker.clone(),
+            started_at: h.started_at,
+            ended_at: h.ended_at,
+            error: h.error.clone(),
+        })
+        .collect()
+}
+
+/// The per-tenant rows of `qctl top` from the store's (tenant, state, count) rows,
+/// which come sorted by tenant.
+pub fn tenant_counts(counts: &[(String, State, u64)]) -> Vec<TenantCounts> {
+    let mut rows: Vec<TenantCounts> = Vec::new();
+    for (tenant, state, n) in counts {
+        if rows.last().is_none_or(|r| &r.tenant != tenant) {
+            rows.push(TenantCounts {
+                tenant: tenant.clone(),
+                ..TenantCounts::default()
+            });
+        }
+        let Some(row) = rows.last_mut() else { continue };
+        match state {
+            State::Ready => row.ready += n,
+            State::Delayed => row.delayed += n,
+            State::Leased => row.leased += n,
+            State::Dead => row.dead += n,
+            State::Succeeded | State::Cancelled => {}
+        }
+    }
+    rows
 }
 
 /// One row of `qctl queues`.

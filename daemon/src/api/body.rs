@@ -13,8 +13,28 @@ use super::ApiError;
 
 /// Parses a JSON body into `T`; a 400 naming the problem when it does not fit.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    expect_object(bytes)?;
     serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+/// Every body qd takes is a JSON object. serde would read an array into a struct's
+/// fields by position (`[1,2]` gives "invalid type: integer `1`, expected a
+/// string"), so a body that is valid JSON but not an object is named as such.
+fn expect_object(bytes: &[u8]) -> Result<(), ApiError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    let kind = match first {
+        Some(b'{') | None => return Ok(()),
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        Some(b'-' | b'0'..=b'9') => "a number",
+        Some(_) => return Ok(()),
+    };
+    Err(ApiError::bad_request(format!(
+        "the body must be a JSON object {{...}} with the fields in daemon/docs/http-api.md, not {kind}"
+    )))
 }
 
 /// An extractor for a JSON body of any content type (see [`parse_json`]).
@@ -36,5 +56,36 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
             }
         })?;
         parse_json(&bytes).map(JsonBody)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Body {
+        tenant: Option<String>,
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_object_is_named_for_what_it_is() {
+        for (body, kind) in [
+            (&b"[1,2]"[..], "not an array"),
+            (b" \"x\"", "not a string"),
+            (b"7", "not a number"),
+            (b"null", "not null"),
+        ] {
+            let err = parse_json::<Body>(body).expect_err("refused");
+            assert!(err.message.contains(kind), "{}", err.message);
+        }
+        assert!(parse_json::<Body>(b"{\"tenant\":\"a\"}").is_ok());
+        let err = parse_json::<Body>(b"{oops").expect_err("refused");
+        assert!(
+            err.message.starts_with("invalid JSON body"),
+            "{}",
+            err.message
+        );
     }
 }

@@ -36,6 +36,15 @@ struct Row {
     lease: Option<(Token, String, UnixMillis)>,
 }
 
+/// A row's state as readers see it: `leased` while it holds a lease.
+fn live_state(row: &Row) -> State {
+    if row.lease.is_some() {
+        State::Leased
+    } else {
+        row.job.state
+    }
+}
+
 impl Row {
     /// The record as readers see it: the live lease laid over the stored row.
     fn view(&self) -> Job {
@@ -355,16 +364,28 @@ impl Backend for MemoryBackend {
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
         let mut tally: HashMap<(&str, State), u64> = HashMap::new();
         for row in self.jobs.values() {
-            let state = if row.lease.is_some() {
-                State::Leased
-            } else {
-                row.job.state
-            };
-            *tally.entry((&row.job.queue, state)).or_default() += 1;
+            *tally.entry((&row.job.queue, live_state(row))).or_default() += 1;
         }
         let mut counts: Vec<_> = tally
             .into_iter()
             .map(|((queue, state), n)| (queue.to_owned(), state, n))
+            .collect();
+        sort_counts(&mut counts);
+        Ok(counts)
+    }
+
+    fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let mut tally: HashMap<(&str, State), u64> = HashMap::new();
+        let unfinished = [State::Delayed, State::Ready, State::Leased, State::Dead];
+        for row in self.jobs.values() {
+            let state = live_state(row);
+            if &*row.job.queue == queue && unfinished.contains(&state) {
+                *tally.entry((&row.job.tenant, state)).or_default() += 1;
+            }
+        }
+        let mut counts: Vec<_> = tally
+            .into_iter()
+            .map(|((tenant, state), n)| (tenant.to_owned(), state, n))
             .collect();
         sort_counts(&mut counts);
         Ok(counts)

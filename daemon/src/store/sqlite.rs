@@ -150,6 +150,9 @@ const JOB_COLUMNS: &str = "j.id, j.queue, j.tenant, j.idempotency_key, \
 /// The stored jobs with this process's leases laid over them.
 const JOINED: &str = "jobs j LEFT JOIN temp.leases l ON l.id = j.id";
 
+/// A job's state as the daemon sees it over [`JOINED`]: `leased` while it holds a lease.
+const LIVE_STATE: &str = "CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END";
+
 /// The stored states of a job that may be leased (a lease is not stored).
 const CLAIMABLE: &str = "state IN ('ready', 'delayed')";
 
@@ -708,20 +711,36 @@ impl Backend for SqliteBackend {
     }
 
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
-        let read = || {
-            let mut stmt = self.conn.prepare_cached(&format!(
-                "SELECT j.queue, CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END AS s, \
-                     COUNT(*) FROM {JOINED} GROUP BY j.queue, s"
-            ))?;
-            stmt.query_map([], |r| {
-                Ok((r.get(0)?, parse(r, 1)?, r.get::<_, i64>(2)? as u64))
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()
-        };
-        let mut counts = read().map_err(|e| self.err(e))?;
-        sort_counts(&mut counts);
-        Ok(counts)
+        let sql = format!(
+            "SELECT j.queue, {LIVE_STATE} AS s, COUNT(*) FROM {JOINED} GROUP BY j.queue, s"
+        );
+        count_rows(&self.conn, &sql, []).map_err(|e| self.err(e))
     }
+
+    fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let sql = format!(
+            "SELECT j.tenant, {LIVE_STATE} AS s, COUNT(*) FROM {JOINED} WHERE j.queue = ?1 \
+             AND j.state IN ('delayed', 'ready', 'dead') GROUP BY j.tenant, s"
+        );
+        count_rows(&self.conn, &sql, [queue]).map_err(|e| self.err(e))
+    }
+}
+
+/// Runs a `SELECT name, state, COUNT(*) ... GROUP BY name, state` query; the rows
+/// come ordered as [`sort_counts`] orders them.
+fn count_rows(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<Vec<(String, State, u64)>> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut counts = stmt
+        .query_map(params, |r| {
+            Ok((r.get(0)?, parse(r, 1)?, r.get::<_, i64>(2)? as u64))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    sort_counts(&mut counts);
+    Ok(counts)
 }
 
 impl Engine for SqliteBackend {

@@ -500,6 +500,9 @@ impl Backend for FailingCommit {
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
         self.0.counts()
     }
+    fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError> {
+        self.0.tenant_counts(queue)
+    }
 }
 
 impl Engine for FailingCommit {

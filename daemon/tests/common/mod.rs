@@ -330,3 +330,59 @@ pub fn alive(pid: i32) -> bool {
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
 }
+
+/// A qctl run as text for assertion messages: exit code, stdout, stderr.
+pub fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs qctl, asserts exit 0, returns stdout.
+pub fn ok(qd: &Qd, args: &[&str]) -> String {
+    let out = qd.qctl(args);
+    assert_eq!(out.status.code(), Some(0), "qctl {args:?}: {}", text(&out));
+    String::from_utf8(out.stdout).expect("utf-8 stdout")
+}
+
+/// Runs `qctl --json ...`, asserts exit 0, parses stdout.
+pub fn json_of(qd: &Qd, args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let stdout = ok(qd, &all);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("qctl {args:?}: {e}: {stdout}"))
+}
+
+/// Runs qctl expecting exit `code`; returns stdout and stderr.
+pub fn fails(qd: &Qd, args: &[&str], code: i32) -> String {
+    let out = qd.qctl(args);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "qctl {args:?}: {}",
+        text(&out)
+    );
+    text(&out)
+}
+
+/// Leases every ready job of the external queue `ext` and nacks it as permanent with
+/// `error` + its payload, so it dies at once.
+pub fn kill_all(qd: &Qd, error: &str) {
+    let (status, body) = qd.post(
+        "/v1/queues/ext/leases",
+        &json!({"worker_id": "t", "max_jobs": 100}),
+    );
+    assert_eq!(status, 200, "{body}");
+    for job in body["jobs"].as_array().expect("jobs") {
+        let id = job["id"].as_str().expect("id");
+        let msg = format!("{error} {}", job["payload"].as_str().unwrap_or(""));
+        let (status, body) = qd.post(
+            &format!("/v1/jobs/{id}/nack"),
+            &json!({"token": job["token"], "error": msg, "kind": "permanent"}),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+}

@@ -54,6 +54,7 @@ enum Step {
     },
     Overrides,
     Counts,
+    TenantCounts(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -103,6 +104,7 @@ enum Action {
     SetOverride(String, String, Option<String>),
     Overrides,
     Counts,
+    TenantCounts(String),
 }
 
 /// What an operation let the caller see. Errors compare by kind only: the two
@@ -158,6 +160,7 @@ fn apply(action: &Action, b: &mut dyn Backend) -> Result<Seen, StoreError> {
         }
         Action::Overrides => Seen::Overrides(b.overrides()?),
         Action::Counts => Seen::Counts(b.counts()?),
+        Action::TenantCounts(queue) => Seen::Counts(b.tenant_counts(queue)?),
     })
 }
 
@@ -312,6 +315,7 @@ impl Driver {
             ),
             Step::Overrides => Action::Overrides,
             Step::Counts => Action::Counts,
+            Step::TenantCounts(queue) => Action::TenantCounts(QUEUES[queue].to_owned()),
         })
     }
 }
@@ -399,6 +403,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => set,
         1 => Just(Step::Overrides),
         1 => Just(Step::Counts),
+        1 => (0..QUEUES.len()).prop_map(Step::TenantCounts),
     ]
 }
 

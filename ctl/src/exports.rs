@@ -1,0 +1,110 @@
+//! Commands whose output is data rather than a report: `jobs payload` (the exact
+//! payload bytes) and `dlq export` (one JSON line per dead job, fetched and written
+//! a page at a time so memory stays bounded). Both write to stdout or `--output FILE`;
+//! a reader that goes away (`| head`) ends the output quietly.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use qd_proto::{Payload, Request, Response};
+
+use crate::cli::DlqFilter;
+use crate::client::{CliError, Client};
+use crate::commands::unexpected;
+
+/// Dead jobs per export request (each carries its whole payload, up to `max_payload`).
+const EXPORT_PAGE: u32 = 50;
+
+/// `qctl jobs payload ID [--output FILE]`: the payload bytes, unchanged; with `json`
+/// and no file, the protocol answer (base64) instead.
+pub fn payload(
+    id: String,
+    output: Option<PathBuf>,
+    json: bool,
+    connect: impl FnOnce() -> Result<Client, CliError>,
+) -> Result<(), CliError> {
+    let resp = connect()?.call(Request::JobsPayload { id })?;
+    let Response::Payload(p) = &resp else {
+        return Err(unexpected(&resp, "jobs_payload"));
+    };
+    let bytes = if json && output.is_none() {
+        let mut text = serde_json::to_vec_pretty(&resp)
+            .map_err(|e| CliError::Protocol(format!("cannot print JSON: {e}")))?;
+        text.push(b'\n');
+        text
+    } else {
+        Payload::Base64(p.payload_b64.clone())
+            .into_bytes()
+            .map_err(|e| CliError::Protocol(format!("qd sent a bad payload: {e}")))?
+    };
+    let mut out = sink(output.as_deref())?;
+    finish(
+        out.write_all(&bytes).and_then(|()| out.flush()),
+        output.as_deref(),
+    )
+}
+
+/// `qctl dlq export [filters] [--output FILE]`: every matching dead job as one JSON
+/// line (`ExportedJob`), most recently dead first. Reports the count on stderr when
+/// writing a file.
+pub fn dlq_export(
+    filter: &DlqFilter,
+    output: Option<PathBuf>,
+    connect: impl FnOnce() -> Result<Client, CliError>,
+) -> Result<(), CliError> {
+    let mut client = connect()?;
+    let mut out = sink(output.as_deref())?;
+    let mut after = None;
+    let mut count = 0usize;
+    loop {
+        let resp = client.call(Request::DlqExport {
+            selection: filter.selection(),
+            limit: Some(EXPORT_PAGE),
+            after: after.take(),
+        })?;
+        let Response::Export { jobs, next_after } = resp else {
+            return Err(unexpected(&resp, "dlq_export"));
+        };
+        for job in &jobs {
+            let written = serde_json::to_writer(&mut out, job)
+                .map_err(io::Error::from)
+                .and_then(|()| out.write_all(b"\n"));
+            if let Err(e) = written {
+                return finish(Err(e), output.as_deref());
+            }
+        }
+        count += jobs.len();
+        match next_after {
+            Some(cursor) => after = Some(cursor),
+            None => break,
+        }
+    }
+    finish(out.flush(), output.as_deref())?;
+    if let Some(path) = &output {
+        eprintln!("qctl: exported {count} dead jobs to {}", path.display());
+    }
+    Ok(())
+}
+
+/// Where the data goes: the file (created or truncated) or stdout.
+fn sink(output: Option<&Path>) -> Result<Box<dyn Write>, CliError> {
+    Ok(match output {
+        Some(path) => Box::new(BufWriter::new(File::create(path).map_err(|e| {
+            CliError::Usage(format!("cannot create {}: {e}", path.display()))
+        })?)),
+        None => Box::new(BufWriter::new(io::stdout().lock())),
+    })
+}
+
+/// Maps a write result: a closed pipe on stdout is not an error.
+fn finish(written: io::Result<()>, output: Option<&Path>) -> Result<(), CliError> {
+    match written {
+        Ok(()) => Ok(()),
+        Err(e) if output.is_none() && e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => {
+            let to = output.map_or("stdout".into(), |p| p.display().to_string());
+            Err(CliError::Protocol(format!("cannot write to {to}: {e}")))
+        }
+    }
+}

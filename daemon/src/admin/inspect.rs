@@ -1,0 +1,185 @@
+//! The read-only requests operators inspect with: paged job and DLQ listings,
+//! whole payloads, the DLQ export and the numbers of `qctl top`. Everything here
+//! reads the store (`list_jobs`, `job`, `tenant_counts`) or live gauges; nothing
+//! changes state.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use qd_proto::{DlqSelection, ErrorBody, ErrorCode, JobPayload, Response, TopInfo, TopQueue};
+
+use super::{DEFAULT_LIMIT, Handler, MAX_LIMIT, err, parse_id, since_ms, views};
+use crate::broker::BrokerError;
+use crate::job::{Job, State};
+use crate::store::{JobDetail as StoredJob, JobFilter, JobOrder};
+
+/// Default and largest page of `dlq_export` (each job carries its whole payload).
+const EXPORT_LIMIT: u32 = 100;
+const EXPORT_MAX: u32 = 1000;
+
+impl Handler {
+    /// `jobs_list`: newest first, one page after `after`.
+    pub(super) async fn jobs_list(
+        &self,
+        queue: Option<String>,
+        tenant: Option<String>,
+        state: Option<String>,
+        limit: Option<u32>,
+        after: Option<String>,
+    ) -> Result<Response, ErrorBody> {
+        self.queue_filter(queue.as_deref())?;
+        let state = state
+            .map(|s| {
+                s.parse::<State>()
+                    .map_err(|e| err(ErrorCode::BadRequest, e))
+            })
+            .transpose()?;
+        let filter = JobFilter {
+            queue,
+            tenant,
+            state,
+            order: JobOrder::NewestFirst,
+            after: after.as_deref().map(parse_id).transpose()?,
+            limit: limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT),
+            ..JobFilter::default()
+        };
+        let (jobs, next_after) = self.page(filter).await?;
+        Ok(Response::Jobs {
+            jobs: jobs.iter().map(views::summary).collect(),
+            next_after,
+        })
+    }
+
+    /// `dlq_list`: most recently dead first, one page after `after`.
+    pub(super) async fn dlq_list(
+        &self,
+        selection: &DlqSelection,
+        limit: Option<u32>,
+        after: Option<String>,
+    ) -> Result<Response, ErrorBody> {
+        let limit = limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
+        let filter = self.dead_filter(selection, after, limit)?;
+        let (jobs, next_after) = self.page(filter).await?;
+        Ok(Response::Jobs {
+            jobs: jobs.iter().map(views::summary).collect(),
+            next_after,
+        })
+    }
+
+    /// `jobs_payload`: the whole payload of any stored job.
+    pub(super) async fn jobs_payload(&self, id: &str) -> Result<Response, ErrorBody> {
+        let detail = self.stored(id).await?;
+        Ok(Response::Payload(JobPayload {
+            id: detail.job.id.to_string(),
+            payload_bytes: detail.payload.len() as u64,
+            payload_b64: BASE64.encode(&detail.payload),
+        }))
+    }
+
+    /// `dlq_export`: a page of dead jobs with payload and history. A job redriven or
+    /// purged between the listing and the read is left out of the page.
+    pub(super) async fn dlq_export(
+        &self,
+        selection: &DlqSelection,
+        limit: Option<u32>,
+        after: Option<String>,
+    ) -> Result<Response, ErrorBody> {
+        let limit = limit.unwrap_or(EXPORT_LIMIT).min(EXPORT_MAX);
+        let filter = self.dead_filter(selection, after, limit)?;
+        let (jobs, next_after) = self.page(filter).await?;
+        let ids: Vec<_> = jobs.iter().map(|j| j.id).collect();
+        let details: Vec<StoredJob> = self
+            .daemon
+            .store
+            .run(move |b| {
+                let mut found = Vec::with_capacity(ids.len());
+                for id in ids {
+                    found.extend(b.job(id)?.filter(|d| d.job.state == State::Dead));
+                }
+                Ok(found)
+            })
+            .await
+            .map_err(BrokerError::from)?;
+        Ok(Response::Export {
+            jobs: details.iter().map(views::export).collect(),
+            next_after,
+        })
+    }
+
+    /// `top`: every queue with its attempt counters, and one queue's tenants.
+    pub(super) async fn top(&self, tenants_of: Option<String>) -> Result<Response, ErrorBody> {
+        self.queue_filter(tenants_of.as_deref())?;
+        let queues = self
+            .queues()
+            .await
+            .into_iter()
+            .map(|info| {
+                let totals = crate::metrics::attempt_totals(&info.name);
+                TopQueue {
+                    info,
+                    completed_total: totals.completed,
+                    failed_total: totals.failed,
+                }
+            })
+            .collect();
+        let tenants = match tenants_of {
+            Some(queue) => {
+                let counts = self
+                    .daemon
+                    .store
+                    .run(move |b| b.tenant_counts(&queue))
+                    .await
+                    .map_err(BrokerError::from)?;
+                views::tenant_counts(&counts)
+            }
+            None => Vec::new(),
+        };
+        Ok(Response::Top(TopInfo { queues, tenants }))
+    }
+
+    /// The store filter of a DLQ listing: dead jobs, most recently dead first.
+    fn dead_filter(
+        &self,
+        sel: &DlqSelection,
+        after: Option<String>,
+        limit: u32,
+    ) -> Result<JobFilter, ErrorBody> {
+        if !sel.ids.is_empty() {
+            return Err(err(
+                ErrorCode::BadRequest,
+                "a DLQ listing takes filters, not ids; show one job with dlq_show",
+            ));
+        }
+        self.queue_filter(sel.queue.as_deref())?;
+        Ok(JobFilter {
+            queue: sel.queue.clone(),
+            tenant: sel.tenant.clone(),
+            state: Some(State::Dead),
+            error_contains: sel.error_contains.clone(),
+            updated_since: sel.since_secs.map(since_ms),
+            after: after.as_deref().map(parse_id).transpose()?,
+            order: JobOrder::RecentlyUpdated,
+            limit,
+        })
+    }
+
+    /// One page of `filter`, with the cursor of the next page: asks the store for one
+    /// job more than the limit to learn whether another page follows.
+    async fn page(&self, mut filter: JobFilter) -> Result<(Vec<Job>, Option<String>), ErrorBody> {
+        let limit = filter.limit as usize;
+        filter.limit = filter.limit.saturating_add(1);
+        let mut jobs = self
+            .daemon
+            .store
+            .run(move |b| b.list_jobs(&filter))
+            .await
+            .map_err(BrokerError::from)?;
+        let more = jobs.len() > limit;
+        jobs.truncate(limit);
+        let next = if more {
+            jobs.last().map(|j| j.id.to_string())
+        } else {
+            None
+        };
+        Ok((jobs, next))
+    }
+}
