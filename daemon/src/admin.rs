@@ -144,6 +144,9 @@ impl AdminHandler for Handler {
                     Err(BrokerError::UnknownJob(_)) => return Err(self.not_cancellable(id).await),
                     other => other?,
                 };
+                if previous == State::Leased {
+                    self.revoke(id);
+                }
                 audit::change(
                     peer.uid,
                     req_op,
@@ -453,12 +456,22 @@ impl Handler {
 
     /// Why the broker, which holds only unfinished jobs, did not know `id`: a finished
     /// (succeeded or cancelled) job is a `conflict` naming its state, else `not_found`.
+    /// Tells every pool that job `id` was cancelled while leased: the one whose worker
+    /// runs it stops the attempt (an external lessee learns it from its next call).
+    fn revoke(&self, id: JobId) {
+        for queue in self.daemon.config.queues.keys() {
+            if let Some(pool) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
+                let _ = pool.cast(PoolMsg::Revoke(id));
+            }
+        }
+    }
+
     async fn not_cancellable(&self, id: JobId) -> ErrorBody {
         match self.stored(&id.to_string()).await {
             Ok(d) => err(
                 ErrorCode::Conflict,
                 format!(
-                    "job {id} is {}; only ready, delayed or dead jobs can be cancelled",
+                    "job {id} is {}; only ready, delayed, leased or dead jobs can be cancelled",
                     d.job.state
                 ),
             ),

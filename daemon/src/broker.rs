@@ -247,7 +247,10 @@ pub enum BrokerMsg {
     ),
     /// Delete dead jobs (one atomic write).
     Purge(Vec<JobId>, RpcReplyPort<Result<BatchOutcome, BrokerError>>),
-    /// Cancel a ready, delayed or dead job; answers the state it was cancelled from.
+    /// Cancel a job; a leased one loses its lease and its attempt ends `cancelled`
+    /// (the lessee learns it from its next heartbeat or report, or sooner from its
+    /// pool: see [`crate::worker_pool::PoolMsg::Revoke`]). Answers the state it was
+    /// cancelled from.
     Cancel(JobId, String, RpcReplyPort<Result<State, BrokerError>>),
     /// A derived actor (re)started and needs the current state.
     Resync(Resync),

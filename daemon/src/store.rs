@@ -118,7 +118,8 @@ pub trait Backend: Send {
     /// claimable). Writes nothing durable.
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
 
-    /// Ends attempts (ack, nack, lease expiry, a lost worker): each transition's
+    /// Ends attempts (ack, nack, lease expiry, a lost worker, an operator's cancel of
+    /// a running job): each transition's
     /// `job` is the new record and its `entry` the attempt's history line, written
     /// once, now. Applies only if the stored job is leased under the token
     /// `job.lease_seq`; answers per item whether it applied.

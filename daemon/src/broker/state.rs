@@ -798,7 +798,12 @@ impl BrokerState {
         match self.plan(id, Event::Cancel { by: by.to_string() }, now) {
             Ok(planned) => {
                 let previous = planned.0.state;
-                self.commit(Intent::Cancel, vec![planned], move |r| {
+                // A running job's cancel ends its attempt (and lease) like an ack would.
+                let intent = match previous {
+                    State::Leased => Intent::End,
+                    _ => Intent::Cancel,
+                };
+                self.commit(intent, vec![planned], move |r| {
                     let _ = reply.send(r.map(|()| previous).map_err(BrokerError::from));
                 });
             }
@@ -891,6 +896,7 @@ fn record_end(labels: &TenantLabels, old: &Job, t: &Transition, now: UnixMillis)
     let completion = match t.job.state {
         State::Succeeded => Some(Completion::Succeeded),
         State::Dead => Some(Completion::Dead),
+        State::Cancelled => Some(Completion::Cancelled),
         _ => None,
     };
     if let Some(c) = completion {

@@ -89,10 +89,12 @@ impl Actor for Worker {
             return Ok(());
         }
         if let Some(job) = lease(state).await {
-            let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), true));
-            let result = run(state, &job).await;
+            let revoked = CancellationToken::new();
+            let running = Some((job.id, revoked.clone()));
+            let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), running));
+            let result = run(state, &job, &revoked).await;
             report(state, &job, result).await;
-            let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), false));
+            let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), None));
         }
         myself.cast(WorkerMsg::Next)?;
         Ok(())
@@ -121,8 +123,9 @@ async fn lease(state: &WorkerArgs) -> Option<LeasedJob> {
     }
 }
 
-/// Runs the executor, heartbeating; a refused heartbeat interrupts the attempt.
-async fn run(state: &WorkerArgs, job: &LeasedJob) -> ExecResult {
+/// Runs the executor, heartbeating; a refused heartbeat interrupts the attempt, and
+/// `revoked` (an operator's cancel, from the pool) stops it gracefully.
+async fn run(state: &WorkerArgs, job: &LeasedJob, revoked: &CancellationToken) -> ExecResult {
     if state.test_hooks {
         test_hook(job);
     }
@@ -135,7 +138,7 @@ async fn run(state: &WorkerArgs, job: &LeasedJob) -> ExecResult {
         payload: job.payload.clone(),
     };
     let cancel = state.interrupt.child_token();
-    let exec = state.executor.run(&run, &cancel);
+    let exec = state.executor.run(&run, &cancel, revoked);
     tokio::pin!(exec);
     let start = tokio::time::Instant::now() + state.heartbeat;
     let mut beats = tokio::time::interval_at(start, state.heartbeat);

@@ -32,7 +32,8 @@ pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Which store intent a planned batch of transitions is written as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Intent {
-    /// The end of attempts (ack, nack, expiry, lost worker): [`crate::store::Backend::complete`].
+    /// The end of attempts (ack, nack, expiry, lost worker, cancel of a running job):
+    /// [`crate::store::Backend::complete`].
     End,
     /// Dead jobs back to ready: [`crate::store::Backend::redrive`].
     Redrive,
@@ -167,7 +168,7 @@ impl BrokerState {
                 if entry.outcome == Outcome::LeaseExpired {
                     metrics::lease_expired(&old.queue);
                 }
-                if entry.outcome != Outcome::Succeeded {
+                if !matches!(entry.outcome, Outcome::Succeeded | Outcome::Cancelled) {
                     warn!(queue = %old.queue, tenant = %old.tenant, job = %old.id, attempt = entry.attempt,
                         outcome = %entry.outcome, next = %t.job.state,
                         error = entry.error.as_deref().unwrap_or(""), "Attempt failed.");
