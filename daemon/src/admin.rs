@@ -22,7 +22,7 @@ use crate::broker::{self, BrokerError, BrokerMsg, EnqueueRequest};
 use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::{JobId, State};
 use crate::scheduler::{self, SchedulerMsg};
-use crate::store::JobDetail as StoredJob;
+use crate::store::{self, JobDetail as StoredJob};
 use crate::supervisor::{Daemon, SupervisorMsg};
 use crate::worker_pool::{self, PoolMsg};
 
@@ -92,6 +92,18 @@ impl From<BrokerError> for ErrorBody {
             BrokerError::Store(_) => ErrorCode::Internal,
         };
         err(code, e.to_string())
+    }
+}
+
+/// The one job a `dlq_redrive` with a new payload names: exactly one id, no
+/// filter, no `all`, not a dry run.
+fn one_id(selection: &DlqSelection, dry_run: bool) -> Result<JobId, ErrorBody> {
+    match selection.ids.as_slice() {
+        [id] if !selection.has_filter() && !selection.all && !dry_run => parse_id(id),
+        _ => Err(err(
+            ErrorCode::BadRequest,
+            "a new payload redrives exactly one dead job: name one id, no filter, no all, no dry_run",
+        )),
     }
 }
 
@@ -200,8 +212,33 @@ impl AdminHandler for Handler {
             Request::DlqRedrive {
                 selection,
                 dry_run,
+                payload: Some(payload),
+                ..
+            } => {
+                let id = one_id(&selection, dry_run)?;
+                let payload = payload
+                    .into_bytes()
+                    .map_err(|e| err(ErrorCode::BadRequest, e))?;
+                let summary = store::payload_summary(&payload);
+                broker::request(
+                    |tx| BrokerMsg::RedriveWithPayload(id, payload, by, tx),
+                    CALL,
+                )
+                .await??;
+                let after = format!("ready, payload {summary}");
+                audit::change(peer.uid, req_op, &format!("job {id}"), "dead", &after);
+                let moved = broker::BatchOutcome {
+                    moved: vec![id],
+                    refused: Vec::new(),
+                };
+                Ok(Response::Redrive(views::redrive(moved, false)))
+            }
+            Request::DlqRedrive {
+                selection,
+                dry_run,
                 batch_size,
                 rate_per_sec,
+                payload: None,
             } => {
                 selection
                     .check_mutation()

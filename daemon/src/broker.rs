@@ -245,6 +245,13 @@ pub enum BrokerMsg {
         String,
         RpcReplyPort<Result<BatchOutcome, BrokerError>>,
     ),
+    /// Move one dead job back to ready with a new payload (the operator fixed the
+    /// data): payload and state change in one commit; the history entry records old
+    /// and new size and SHA-256. The idempotency key stays. Answers after it is
+    /// durable; a job that is not dead is refused ([`BrokerError::Transition`]) and
+    /// a payload over `max_payload` is [`BrokerError::PayloadTooLarge`], with
+    /// nothing changed.
+    RedriveWithPayload(JobId, Vec<u8>, String, RpcReplyPort<Result<(), BrokerError>>),
     /// Delete dead jobs (one atomic write).
     Purge(Vec<JobId>, RpcReplyPort<Result<BatchOutcome, BrokerError>>),
     /// Cancel a job; a leased one loses its lease and its attempt ends `cancelled`
@@ -432,6 +439,9 @@ impl Actor for Broker {
             BrokerMsg::Tick => state.expire_due(now, Instant::now()),
             BrokerMsg::WorkerLost(worker, error) => state.worker_lost(&worker, &error, now),
             BrokerMsg::Redrive(ids, by, reply) => state.redrive(ids, &by, reply, now),
+            BrokerMsg::RedriveWithPayload(id, payload, by, reply) => {
+                state.redrive_with_payload(id, payload, &by, reply, now)
+            }
             BrokerMsg::Purge(ids, reply) => state.purge(ids, reply),
             BrokerMsg::Cancel(id, by, reply) => state.cancel(id, &by, reply, now),
             BrokerMsg::Resync(what) => state.resync(what),

@@ -129,3 +129,98 @@ fn cancel_of_an_external_lease_answers_its_heartbeat_and_ack_409_cancelled() {
     let err = fails(&qd, &["jobs", "cancel", &id], 1);
     assert!(err.contains("is cancelled"), "{err}");
 }
+
+/// `N bytes (sha256 HEX)`, as history and the audit log describe a payload.
+fn summary(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let hex: String = Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{} bytes (sha256 {hex})", bytes.len())
+}
+
+/// A command queue `fix` whose program records each payload it ran in `ran` and
+/// fails permanently (exit 65) unless the payload is `good`.
+fn fixable(dir: &Path, extra: &str) -> Qd {
+    let prog = script(
+        dir,
+        "picky.sh",
+        &format!(
+            "p=$(cat)\necho \"$p\" >> {ran}\nif [ \"$p\" = good ]; then exit 0; fi\n\
+             echo \"bad data: $p\" >&2\nexit 65\n",
+            ran = dir.join("ran").display()
+        ),
+    );
+    Qd::start(&format!(
+        "{extra}[queues.fix]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\n",
+        prog.display()
+    ))
+}
+
+#[test]
+fn a_dead_job_redriven_with_a_fixed_payload_runs_the_new_bytes_and_records_the_change() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let qd = fixable(dir.path(), "");
+    let id = qd.enqueue_json("fix", json!({ "payload": "bad", "idempotency_key": "order-7" }));
+    assert_eq!(qd.wait_final(&id, Duration::from_secs(30))["state"], "dead");
+
+    let file = dir.path().join("fixed.txt");
+    std::fs::write(&file, "good").expect("write the fix");
+    let file_arg = file.to_str().expect("utf-8 path");
+    let out = ok(&qd, &["dlq", "redrive", &id, "--payload-file", file_arg]);
+    assert!(out.contains("moved 1 of 1"), "{out}");
+
+    let job = qd.wait_final(&id, Duration::from_secs(30));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let ran = std::fs::read_to_string(dir.path().join("ran")).expect("ran");
+    assert_eq!(ran, "bad\ngood\n", "the new bytes ran");
+    assert_eq!(history(&job), ["permanent", "redriven", "succeeded"], "{job}");
+    let detail = job["history"][1]["error"].as_str().unwrap_or_default();
+    for part in [my_uid(), summary(b"bad"), summary(b"good")] {
+        assert!(detail.contains(&part), "{part} in {detail}");
+    }
+    assert_eq!(ok(&qd, &["jobs", "payload", &id]), "good");
+    let shown = json_of(&qd, &["jobs", "show", &id]);
+    assert_eq!(shown["idempotency_key"], "order-7", "the key stays: {shown}");
+    let logs = qd.logs();
+    assert!(
+        logs.contains("dlq_redrive") && logs.contains(&summary(b"good")),
+        "audited: {logs}"
+    );
+}
+
+#[test]
+fn payload_file_takes_exactly_one_id_and_at_most_max_payload_changing_nothing_else() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let qd = fixable(dir.path(), "max_payload = \"1KiB\"\n");
+    let id = qd.enqueue("fix", "bad");
+    let other = qd.enqueue("fix", "also bad");
+    for job in [&id, &other] {
+        assert_eq!(qd.wait_final(job, Duration::from_secs(30))["state"], "dead");
+    }
+    let file = dir.path().join("fix.txt");
+    std::fs::write(&file, "good").expect("write");
+    let file_arg = file.to_str().expect("utf-8 path");
+    for args in [
+        &["dlq", "redrive", &id, &other, "--payload-file", file_arg][..],
+        &["dlq", "redrive", "--queue", "fix", "--payload-file", file_arg],
+        &["dlq", "redrive", "--all", "--payload-file", file_arg],
+        &["dlq", "redrive", "--payload-file", file_arg],
+    ] {
+        fails(&qd, args, 2);
+    }
+
+    std::fs::write(&file, vec![b'x'; 2048]).expect("write");
+    let err = fails(&qd, &["dlq", "redrive", &id, "--payload-file", file_arg], 1);
+    assert!(err.contains("2048 bytes") && err.contains("max_payload"), "{err}");
+
+    for job in [&id, &other] {
+        let job = qd.job(job);
+        assert_eq!(job["state"], "dead", "{job}");
+        assert_eq!(history(&job), ["permanent"], "{job}");
+    }
+    assert_eq!(ok(&qd, &["jobs", "payload", &id]), "bad");
+    let ran = std::fs::read_to_string(dir.path().join("ran")).expect("ran");
+    assert_eq!(ran.lines().count(), 2, "nothing ran again: {ran}");
+}

@@ -762,6 +762,36 @@ impl BrokerState {
         });
     }
 
+    pub(super) fn redrive_with_payload(
+        &mut self,
+        id: JobId,
+        payload: Vec<u8>,
+        by: &str,
+        reply: RpcReplyPort<Result<(), BrokerError>>,
+        now: UnixMillis,
+    ) {
+        let max = self.config.daemon.max_payload;
+        if payload.len() > max {
+            let size = payload.len();
+            let _ = reply.send(Err(BrokerError::PayloadTooLarge { size, max }));
+            return;
+        }
+        match self.plan(id, Event::Redrive { by: by.to_string() }, now) {
+            Ok(planned) => {
+                let (intent, by) = (Intent::RedriveWithPayload(payload.into()), by.to_string());
+                self.commit(intent, vec![planned], move |r| {
+                    if r.is_ok() {
+                        info!(job = %id, by, "Dead job redriven with a new payload.");
+                    }
+                    let _ = reply.send(r.map_err(BrokerError::from));
+                });
+            }
+            Err(err) => {
+                let _ = reply.send(Err(err));
+            }
+        }
+    }
+
     pub(super) fn purge(
         &mut self,
         ids: Vec<JobId>,

@@ -464,6 +464,9 @@ impl Backend for FailingCommit {
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         self.0.redrive(changes)
     }
+    fn set_payload(&mut self, id: JobId, payload: &[u8]) -> Result<bool, StoreError> {
+        self.0.set_payload(id, payload)
+    }
     fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         self.0.cancel(changes)
     }
