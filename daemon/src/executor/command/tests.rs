@@ -277,9 +277,9 @@ async fn child_ignoring_sigterm_is_sigkilled_after_grace() {
 async fn cancel_interrupts_and_kills_the_group() {
     let dir = tempfile::tempdir().expect("tempdir");
     let exec = CommandExecutor::new(spec(&pids_then(dir.path(), "wait"))).expect("valid spec");
-    let cancel = CancellationToken::new();
+    let (cancel, revoked) = (CancellationToken::new(), CancellationToken::new());
     let job = job(b"");
-    let attempt = exec.run(&job, &cancel, &CancellationToken::new());
+    let attempt = exec.run(&job, &cancel, &revoked);
     let canceller = async {
         let pids = group_pids(dir.path()).await;
         cancel.cancel();
@@ -290,6 +290,35 @@ async fn cancel_interrupts_and_kills_the_group() {
         .expect("the attempt ends within the bound");
 
     assert!(matches!(failure(result), Failure::Interrupted { .. }));
+    assert_gone_soon(&pids).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_stops_the_group_with_sigterm_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let on_term = format!(
+        "trap 'echo term > {}/term; exit 143' TERM; wait",
+        dir.path().display()
+    );
+    let exec = CommandExecutor::new(spec(&pids_then(dir.path(), &on_term))).expect("spec");
+    let (cancel, revoked) = (CancellationToken::new(), CancellationToken::new());
+    let job = job(b"");
+    let attempt = exec.run(&job, &cancel, &revoked);
+    let revoker = async {
+        let pids = group_pids(dir.path()).await;
+        revoked.cancel();
+        pids
+    };
+    let (result, pids) = tokio::time::timeout(SOON, async { tokio::join!(attempt, revoker) })
+        .await
+        .expect("the attempt ends within the bound");
+
+    let f = failure(result);
+    assert!(
+        matches!(&f, Failure::Interrupted { reason } if reason.contains("cancelled by an operator; stopped by SIGTERM")),
+        "{f:?}"
+    );
+    assert!(dir.path().join("term").exists(), "the leader saw SIGTERM");
     assert_gone_soon(&pids).await;
 }
 
