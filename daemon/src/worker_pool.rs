@@ -11,7 +11,9 @@
 //!
 //! An operator's cancel of a running job reaches the attempt through its pool
 //! ([`PoolMsg::Revoke`]): the worker that runs it is stopped gracefully (see
-//! [`crate::executor::Executor::run`]) and goes on to its next job.
+//! [`crate::executor::Executor::run`]) and goes on to its next job. A revoke that
+//! arrives before the worker reported the job finds nothing; that worker's next
+//! heartbeat is refused and cuts the attempt short instead.
 //!
 //! Messages ([`PoolMsg`]): `Busy` (from Workers), `Tick`, `Respawn` (its timers),
 //! `LimitsChanged`, `Revoke` (from admin), `Drain`, `Interrupt` (from the Supervisor during
