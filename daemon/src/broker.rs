@@ -251,7 +251,12 @@ pub enum BrokerMsg {
     /// durable; a job that is not dead is refused ([`BrokerError::Transition`]) and
     /// a payload over `max_payload` is [`BrokerError::PayloadTooLarge`], with
     /// nothing changed.
-    RedriveWithPayload(JobId, Vec<u8>, String, RpcReplyPort<Result<(), BrokerError>>),
+    RedriveWithPayload(
+        JobId,
+        Vec<u8>,
+        String,
+        RpcReplyPort<Result<(), BrokerError>>,
+    ),
     /// Delete dead jobs (one atomic write).
     Purge(Vec<JobId>, RpcReplyPort<Result<BatchOutcome, BrokerError>>),
     /// Cancel a job; a leased one loses its lease and its attempt ends `cancelled`

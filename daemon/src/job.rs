@@ -571,7 +571,13 @@ pub fn apply(
         (State::Leased, Event::Cancel { by }) => {
             next.state = State::Cancelled;
             let detail = format!("cancelled by {by} while running");
-            Some(end_lease(&mut next, job, Outcome::Cancelled, Some(detail), now))
+            Some(end_lease(
+                &mut next,
+                job,
+                Outcome::Cancelled,
+                Some(detail),
+                now,
+            ))
         }
         (State::Ready | State::Delayed | State::Dead, Event::Cancel { by }) => {
             next.state = State::Cancelled;

@@ -124,7 +124,10 @@ fn cancel_of_an_external_lease_answers_its_heartbeat_and_ack_409_cancelled() {
     assert_eq!(job["state"], "cancelled", "{job}");
     assert_eq!(history(&job), ["cancelled"], "{job}");
     assert_eq!(last_entry(&job)["worker"], "remote-1", "{job}");
-    assert!(lease_one(&qd, "ext", "remote-1", "1s").is_none(), "no retry");
+    assert!(
+        lease_one(&qd, "ext", "remote-1", "1s").is_none(),
+        "no retry"
+    );
 
     let err = fails(&qd, &["jobs", "cancel", &id], 1);
     assert!(err.contains("is cancelled"), "{err}");
@@ -162,7 +165,10 @@ fn fixable(dir: &Path, extra: &str) -> Qd {
 fn a_dead_job_redriven_with_a_fixed_payload_runs_the_new_bytes_and_records_the_change() {
     let dir = tempfile::tempdir().expect("tempdir");
     let qd = fixable(dir.path(), "");
-    let id = qd.enqueue_json("fix", json!({ "payload": "bad", "idempotency_key": "order-7" }));
+    let id = qd.enqueue_json(
+        "fix",
+        json!({ "payload": "bad", "idempotency_key": "order-7" }),
+    );
     assert_eq!(qd.wait_final(&id, Duration::from_secs(30))["state"], "dead");
 
     let file = dir.path().join("fixed.txt");
@@ -175,14 +181,21 @@ fn a_dead_job_redriven_with_a_fixed_payload_runs_the_new_bytes_and_records_the_c
     assert_eq!(job["state"], "succeeded", "{job}");
     let ran = std::fs::read_to_string(dir.path().join("ran")).expect("ran");
     assert_eq!(ran, "bad\ngood\n", "the new bytes ran");
-    assert_eq!(history(&job), ["permanent", "redriven", "succeeded"], "{job}");
+    assert_eq!(
+        history(&job),
+        ["permanent", "redriven", "succeeded"],
+        "{job}"
+    );
     let detail = job["history"][1]["error"].as_str().unwrap_or_default();
     for part in [my_uid(), summary(b"bad"), summary(b"good")] {
         assert!(detail.contains(&part), "{part} in {detail}");
     }
     assert_eq!(ok(&qd, &["jobs", "payload", &id]), "good");
     let shown = json_of(&qd, &["jobs", "show", &id]);
-    assert_eq!(shown["idempotency_key"], "order-7", "the key stays: {shown}");
+    assert_eq!(
+        shown["idempotency_key"], "order-7",
+        "the key stays: {shown}"
+    );
     let logs = qd.logs();
     assert!(
         logs.contains("dlq_redrive") && logs.contains(&summary(b"good")),
@@ -204,7 +217,14 @@ fn payload_file_takes_exactly_one_id_and_at_most_max_payload_changing_nothing_el
     let file_arg = file.to_str().expect("utf-8 path");
     for args in [
         &["dlq", "redrive", &id, &other, "--payload-file", file_arg][..],
-        &["dlq", "redrive", "--queue", "fix", "--payload-file", file_arg],
+        &[
+            "dlq",
+            "redrive",
+            "--queue",
+            "fix",
+            "--payload-file",
+            file_arg,
+        ],
         &["dlq", "redrive", "--all", "--payload-file", file_arg],
         &["dlq", "redrive", "--payload-file", file_arg],
     ] {
@@ -213,7 +233,10 @@ fn payload_file_takes_exactly_one_id_and_at_most_max_payload_changing_nothing_el
 
     std::fs::write(&file, vec![b'x'; 2048]).expect("write");
     let err = fails(&qd, &["dlq", "redrive", &id, "--payload-file", file_arg], 1);
-    assert!(err.contains("2048 bytes") && err.contains("max_payload"), "{err}");
+    assert!(
+        err.contains("2048 bytes") && err.contains("max_payload"),
+        "{err}"
+    );
 
     for job in [&id, &other] {
         let job = qd.job(job);

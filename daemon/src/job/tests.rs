@@ -111,7 +111,10 @@ fn illegal_transitions_are_refused() {
         .is_err()
     );
     let cancelled = step(&cancelled_of(&leased), Event::Cancel { by: "op".into() });
-    assert!(cancelled.is_err(), "a cancelled job cannot be cancelled again");
+    assert!(
+        cancelled.is_err(),
+        "a cancelled job cannot be cancelled again"
+    );
 }
 
 fn cancelled_of(leased: &Job) -> Job {
@@ -136,7 +139,12 @@ fn cancel_of_a_leased_job_ends_its_attempt_uncharged_and_revokes_the_lease() {
     assert_eq!(entry.worker, leased.worker);
     assert_eq!(entry.started_at, leased.leased_at);
     assert!(entry.error.is_some_and(|e| e.contains("uid 7")));
-    let late_ack = step(&t.job, Event::Ack { token: leased.lease_seq });
+    let late_ack = step(
+        &t.job,
+        Event::Ack {
+            token: leased.lease_seq,
+        },
+    );
     assert!(matches!(late_ack, Err(TransitionError::StaleToken { .. })));
 }
 

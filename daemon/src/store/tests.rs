@@ -803,7 +803,9 @@ fn redrive_with_payload_replaces_the_payload_only_of_a_dead_job_and_notes_both_d
     assert_eq!(applied, Ok((true, false)));
 
     let (dead_id, ready_id) = (dead.id, ready.id);
-    let fixed = block(&store, move |b| b.job(dead_id)).expect("read").expect("kept");
+    let fixed = block(&store, move |b| b.job(dead_id))
+        .expect("read")
+        .expect("kept");
     assert_eq!(fixed.payload, b"new");
     assert_eq!(fixed.job.state, State::Ready);
     assert_eq!(fixed.job.idempotency_key.as_deref(), Some("k"));
@@ -814,7 +816,12 @@ fn redrive_with_payload_replaces_the_payload_only_of_a_dead_job_and_notes_both_d
         "3 bytes (sha256 11507a0e2f5e69d5dfa40a62a1bd7b6ee57e6bcd85c67c9b8431b36fff21c437)"
     ));
 
-    let untouched = block(&store, move |b| b.job(ready_id)).expect("read").expect("kept");
-    assert_eq!(untouched.payload, b"old", "nothing written for a job that is not dead");
+    let untouched = block(&store, move |b| b.job(ready_id))
+        .expect("read")
+        .expect("kept");
+    assert_eq!(
+        untouched.payload, b"old",
+        "nothing written for a job that is not dead"
+    );
     assert!(untouched.history.is_empty());
 }

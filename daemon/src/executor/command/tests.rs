@@ -44,7 +44,8 @@ fn job(payload: &[u8]) -> JobRun {
 async fn run(spec: CommandSpec, payload: &[u8]) -> ExecResult {
     let exec = CommandExecutor::new(spec).expect("valid spec");
     let (job, cancel) = (job(payload), CancellationToken::new());
-    let result = tokio::time::timeout(SOON, exec.run(&job, &cancel, &CancellationToken::new())).await;
+    let result =
+        tokio::time::timeout(SOON, exec.run(&job, &cancel, &CancellationToken::new())).await;
     result.expect("the attempt ends within the bound")
 }
 
@@ -128,7 +129,9 @@ async fn success_sees_payload_env_and_cwd() {
     s.cwd = Some(dir.path().to_owned());
     let exec = CommandExecutor::new(s).expect("valid spec");
     let job = job(b"hello payload");
-    let result = exec.run(&job, &CancellationToken::new(), &CancellationToken::new()).await;
+    let result = exec
+        .run(&job, &CancellationToken::new(), &CancellationToken::new())
+        .await;
 
     assert_eq!(
         result,
@@ -328,7 +331,14 @@ async fn dropping_the_attempt_kills_the_group() {
     let exec = Arc::new(CommandExecutor::new(spec(&pids_then(dir.path(), "wait"))).expect("spec"));
     let task = tokio::spawn({
         let exec = Arc::clone(&exec);
-        async move { exec.run(&job(b""), &CancellationToken::new(), &CancellationToken::new()).await }
+        async move {
+            exec.run(
+                &job(b""),
+                &CancellationToken::new(),
+                &CancellationToken::new(),
+            )
+            .await
+        }
     });
     let pids = group_pids(dir.path()).await;
     assert!(pids.iter().all(|&pid| is_running(pid)));
