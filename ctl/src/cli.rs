@@ -64,6 +64,12 @@ pub enum Command {
     /// Pause or resume leasing from a queue.
     #[command(subcommand)]
     Queue(QueueCmd),
+    /// Write a consistent snapshot of the store to PATH while qd keeps serving, and
+    /// print its size and job counts. The daemon writes the file (as its own user).
+    Backup(BackupArgs),
+    /// Re-read the config file and apply it live, as SIGHUP does; prints what changed,
+    /// or every problem (exit 1) with nothing changed.
+    Reload,
     /// Live full-screen view: per queue depths, oldest ready age, completed and failed
     /// per second, workers, DLQ; per tenant for the selected queue. Up/Down select a
     /// queue, q quits. Needs a terminal.
@@ -77,6 +83,16 @@ pub enum Command {
         /// Target shell.
         shell: clap_complete::Shell,
     },
+}
+
+/// `qctl backup ...`
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// The snapshot file to write (made absolute against the current directory).
+    pub path: PathBuf,
+    /// Replace an existing file.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `qctl jobs ...`

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use qd_proto::{DlqSelection, Payload, PurgeResult, RedriveResult, Refusal, Request, Response};
 
 use crate::cli::{
-    Command, DlqCmd, DlqTarget, EnqueueArgs, JobsCmd, LimitsCmd, QueueCmd, WorkersCmd,
+    BackupArgs, Command, DlqCmd, DlqTarget, EnqueueArgs, JobsCmd, LimitsCmd, QueueCmd, WorkersCmd,
 };
 use crate::client::{CliError, Client};
 use crate::format::now_ms;
@@ -52,6 +52,10 @@ pub fn run(
         Command::Dlq(DlqCmd::Purge { target, yes }) => dlq_purge(&target, yes, connect),
         Command::Enqueue(args) => {
             let req = enqueue_request(args)?;
+            simple(&mut connect()?, req)
+        }
+        Command::Backup(args) => {
+            let req = backup_request(args)?;
             simple(&mut connect()?, req)
         }
         Command::Completions { .. }
@@ -129,11 +133,13 @@ fn request_for(cmd: Command) -> Request {
         }
         Command::Queue(QueueCmd::Pause { queue }) => Request::QueuePause { queue },
         Command::Queue(QueueCmd::Resume { queue }) => Request::QueueResume { queue },
+        Command::Reload => Request::Reload {},
         Command::Enqueue(_)
         | Command::Completions { .. }
         | Command::Top { .. }
         | Command::Jobs(JobsCmd::Payload { .. })
-        | Command::Dlq(_) => {
+        | Command::Dlq(_)
+        | Command::Backup(_) => {
             unreachable!("invariant: handled in run()")
         }
     }
@@ -171,11 +177,23 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
         Response::Redrive(r) => render::redrive(r),
         Response::Purge(p) => render::purge(p),
         Response::Limits(l) => render::limits(l),
+        Response::Backup(b) => render::backup(b),
+        Response::Reloaded(r) => render::reloaded(r),
         other @ (Response::Payload(_) | Response::Export { .. } | Response::Top(_)) => {
             return Err(unexpected(other, "single-answer"));
         }
     };
     Ok(Output::new(resp, text))
+}
+
+/// `backup PATH`: the daemon has its own working directory, so send it an absolute path.
+fn backup_request(args: BackupArgs) -> Result<Request, CliError> {
+    let path = std::path::absolute(&args.path)
+        .map_err(|e| CliError::Usage(format!("cannot resolve {}: {e}", args.path.display())))?;
+    Ok(Request::Backup {
+        path: path.display().to_string(),
+        force: args.force,
+    })
 }
 
 fn enqueue_request(args: EnqueueArgs) -> Result<Request, CliError> {

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use comfy_table::{ContentArrangement, Table, presets};
 use qd_proto::{
-    JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo, RedriveResult, Refusal, Request,
-    StatusInfo, Valued,
+    BackupInfo, JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo, RedriveResult, Refusal,
+    ReloadInfo, Request, StatusInfo, Valued,
 };
 
 use crate::format::{age, bytes, one_line, secs_since, time};
@@ -162,8 +162,8 @@ pub fn dead_jobs(js: &[JobSummary], now_ms: i64) -> String {
     finish(&t)
 }
 
-/// `qctl jobs show` and `qctl dlq show`: fields, payload, then every attempt with
-/// its full error.
+/// `qctl jobs show` and `qctl dlq show`: fields, payload, then every kept attempt
+/// with its stored error, and a line where the history cap elided entries.
 pub fn job(d: &JobDetail, now_ms: i64) -> String {
     let j = &d.summary;
     let mut out = String::new();
@@ -192,7 +192,10 @@ pub fn job(d: &JobDetail, now_ms: i64) -> String {
     };
     let _ = writeln!(out, "\npayload preview{more}:\n{}\n", d.payload_preview);
     let mut t = table(&["#", "OUTCOME", "WORKER", "STARTED", "ENDED", "ERROR"]);
-    for h in &d.history {
+    for (n, h) in d.history.iter().enumerate() {
+        if d.history_elided > 0 && n as u64 == d.history_elided_at {
+            t.add_row(elided_row(d.history_elided));
+        }
         t.add_row(vec![
             h.attempt.to_string(),
             h.outcome.clone(),
@@ -202,7 +205,18 @@ pub fn job(d: &JobDetail, now_ms: i64) -> String {
             h.error.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
+    if d.history_elided > 0 && d.history_elided_at >= d.history.len() as u64 {
+        t.add_row(elided_row(d.history_elided));
+    }
     out + &finish(&t)
+}
+
+/// The history table's line standing for `n` entries the daemon did not keep.
+fn elided_row(n: u64) -> Vec<String> {
+    let entries = if n == 1 { "entry" } else { "entries" };
+    let mut row = vec!["...".to_string(); 5];
+    row.push(format!("{n} {entries} elided (history cap)"));
+    row
 }
 
 /// The cursor line after a page that has a successor: `next page: --after ID`.
@@ -317,6 +331,34 @@ pub fn limits(l: &LimitsView) -> String {
     finish(&t) + "\n" + &finish(&q)
 }
 
+/// `qctl backup`: where, how big, and the jobs it holds per state.
+pub fn backup(b: &BackupInfo) -> String {
+    let total: u64 = b.jobs.iter().map(|s| s.count).sum();
+    let states: Vec<String> = b
+        .jobs
+        .iter()
+        .map(|s| format!("{} {}", s.state, s.count))
+        .collect();
+    format!(
+        "backup written: {} ({})\njobs: {total} ({})\n",
+        b.path,
+        bytes(b.size_bytes),
+        states.join(", ")
+    )
+}
+
+/// `qctl reload`: one line per change.
+pub fn reloaded(r: &ReloadInfo) -> String {
+    if r.changes.is_empty() {
+        return format!("config reloaded from {}: nothing changed\n", r.path);
+    }
+    let mut out = format!("config reloaded from {}:\n", r.path);
+    for change in &r.changes {
+        let _ = writeln!(out, "  {change}");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,6 +409,36 @@ mod tests {
         assert!(lines[1].ends_with("exit 75 stderr tail"), "{out}");
         let col = |l: &str| l.find("email").expect("queue column");
         assert_eq!(col(lines[1]), col(lines[2]), "columns align:\n{out}");
+    }
+
+    #[test]
+    fn a_capped_history_shows_where_and_how_many_entries_were_elided() {
+        let item = |attempt: u32| qd_proto::HistoryItem {
+            attempt,
+            outcome: "failed".into(),
+            worker: Some("email/0".into()),
+            started_at: Some(0),
+            ended_at: 1_000,
+            error: Some(format!("attempt {attempt}")),
+        };
+        let detail = JobDetail {
+            summary: summary("a", Some("boom")),
+            idempotency_key: None,
+            payload_preview: "p".into(),
+            payload_bytes: 1,
+            history: [1, 2, 999, 1000].into_iter().map(item).collect(),
+            history_elided: 996,
+            history_elided_at: 2,
+        };
+        let out = job(&detail, 1_000);
+        let rows: Vec<&str> = out.lines().skip_while(|l| !l.starts_with('#')).collect();
+        assert_eq!(rows.len(), 6, "{out}");
+        assert!(rows[2].starts_with("2 "), "{out}");
+        assert!(
+            rows[3].ends_with("996 entries elided (history cap)"),
+            "{out}"
+        );
+        assert!(rows[4].starts_with("999 "), "{out}");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 mod audit;
 mod inspect;
+mod ops;
 mod views;
 
 use std::sync::Arc;
@@ -50,7 +51,8 @@ pub async fn spawn(
     args: AdminArgs,
     supervisor: ActorCell,
 ) -> Result<ActorCell, ActorProcessingErr> {
-    let d = &args.daemon.config.daemon;
+    let config = args.daemon.config();
+    let d = &config.daemon;
     let server_args = AdminServerArgs {
         socket_path: d.admin_socket.clone(),
         socket_mode: d.admin_socket_mode,
@@ -348,7 +350,7 @@ impl AdminHandler for Handler {
             }
             Request::WorkersSet { queue, min, max } => {
                 self.queue_exists(&queue)?;
-                if !self.daemon.executors.contains_key(&queue) {
+                if !self.daemon.executors.has(&queue) {
                     return Err(err(
                         ErrorCode::BadRequest,
                         format!("queue {queue:?} has no worker pool (external workers)"),
@@ -383,6 +385,8 @@ impl AdminHandler for Handler {
                 let changes = vec![("queue", queue, "paused", None)];
                 self.set_overrides(&peer, req_op, changes).await
             }
+            Request::Backup { path, force } => ops::backup(&self.daemon, path, force, &by).await,
+            Request::Reload {} => ops::reload(&self.daemon, &by).await,
         }
     }
 }
@@ -449,7 +453,7 @@ fn since_ms(secs: u64) -> crate::job::UnixMillis {
 
 impl Handler {
     fn limiter_exists(&self, name: &str) -> Result<(), ErrorBody> {
-        if self.daemon.limiters.contains_key(name) {
+        if self.daemon.limiters.get(name).is_some() {
             Ok(())
         } else {
             Err(err(
@@ -462,7 +466,8 @@ impl Handler {
     /// `not_found` naming the configured queues unless `queue` is one of them:
     /// `unknown queue "dmeo" (known: demo, echo, hooks)`.
     fn queue_exists(&self, queue: &str) -> Result<(), ErrorBody> {
-        let queues = &self.daemon.config.queues;
+        let config = self.daemon.config();
+        let queues = &config.queues;
         if queues.contains_key(queue) {
             return Ok(());
         }
@@ -496,7 +501,7 @@ impl Handler {
     /// Tells every pool that job `id` was cancelled while leased: the one whose worker
     /// runs it stops the attempt (an external lessee learns it from its next call).
     fn revoke(&self, id: JobId) {
-        for queue in self.daemon.config.queues.keys() {
+        for queue in self.daemon.config().queues.keys() {
             if let Some(pool) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
                 let _ = pool.cast(PoolMsg::Revoke(id));
             }
@@ -521,7 +526,7 @@ impl Handler {
             .await
             .unwrap_or_default();
         let mut out = Vec::new();
-        for (name, qcfg) in &self.daemon.config.queues {
+        for (name, qcfg) in &self.daemon.config().queues {
             let sched = match ActorRef::<SchedulerMsg>::where_is(scheduler::name(name)) {
                 Some(s) => ractor::call_t!(s, SchedulerMsg::Stats, 5000).unwrap_or_default(),
                 None => Default::default(),
@@ -580,12 +585,12 @@ impl Handler {
         for (scope, name, key, value) in changes {
             self.daemon.limits.set(scope, &name, key, value);
         }
-        for (name, limiter) in &self.daemon.limiters {
-            if let Some(settings) = self.daemon.limits.limiter(name) {
+        for limiter in self.daemon.limiters.all() {
+            if let Some(settings) = self.daemon.limits.limiter(limiter.name()) {
                 limiter.reconfigure(&settings);
             }
         }
-        for queue in self.daemon.config.queues.keys() {
+        for queue in self.daemon.config().queues.keys() {
             if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
                 let _ = s.cast(SchedulerMsg::LimitsChanged);
             }

@@ -18,7 +18,7 @@ mod conn;
 mod socket;
 
 pub use access::{Peer, allowed};
-pub use socket::{AdminSocketError, resolve_group};
+pub use socket::{AdminSocketError, ensure_not_served, resolve_group};
 
 use std::future::Future;
 use std::io;

@@ -29,18 +29,28 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::Config;
+use crate::limits::Limits;
 use crate::store::Store;
-use auth::Tokens;
+use auth::LiveTokens;
 
 pub use error::ApiError;
 
 /// What the Api actor is started with.
 #[derive(Clone)]
 pub struct ApiArgs {
-    /// The compiled config (queues, `max_payload`, `api_listen`).
-    pub config: Arc<Config>,
+    /// Owner of the config in force (queues, `max_payload`, `api_listen`).
+    pub limits: Arc<Limits>,
+    /// The bearer tokens in force (replaced on reload).
+    pub tokens: Arc<LiveTokens>,
     /// The store, for job status reads.
     pub store: Store,
+}
+
+impl ApiArgs {
+    /// The config in force, read per request so a reload reaches the API.
+    pub fn config(&self) -> Arc<Config> {
+        self.limits.config()
+    }
 }
 
 /// The running server: cancel to stop accepting.
@@ -63,14 +73,13 @@ impl Actor for Api {
         _myself: ActorRef<()>,
         args: ApiArgs,
     ) -> Result<ApiState, ActorProcessingErr> {
-        let tokens = Tokens::from_config(&args.config)?;
-        let addr = args.config.daemon.api_listen;
+        let addr = args.config().daemon.api_listen;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| format!("cannot listen on api_listen {addr}: {e}"))?;
         let local_addr = listener.local_addr()?;
         let stop = CancellationToken::new();
-        let app = router(args, tokens);
+        let app = router(args);
         let shutdown = stop.clone().cancelled_owned();
         tokio::spawn(async move {
             let _ = axum::serve(listener, app)
@@ -109,10 +118,13 @@ pub fn body_limit(max_payload: usize) -> usize {
 }
 
 /// The route table. Every `/v1` route goes through [`auth::authenticate`] with
-/// `tokens`; `/healthz` is open. Body size is bounded at the transport by
-/// [`body_limit`].
-pub fn router(args: ApiArgs, tokens: Tokens) -> Router {
-    let body_limit = body_limit(args.config.daemon.max_payload);
+/// `args.tokens`; `/healthz` is open. Body size is bounded at the transport by
+/// [`body_limit`] (fixed while the Api runs, which is why a reload refuses a
+/// `max_payload` change).
+pub fn router(args: ApiArgs) -> Router {
+    let max_payload = args.config().daemon.max_payload;
+    let body_limit = body_limit(max_payload);
+    let tokens = args.tokens.clone();
     Router::new()
         .route("/v1/queues/{queue}/jobs", post(producer::enqueue))
         .route("/v1/jobs/{id}", get(producer::job))
@@ -121,16 +133,13 @@ pub fn router(args: ApiArgs, tokens: Tokens) -> Router {
         .route("/v1/jobs/{id}/ack", post(lessee::ack))
         .route("/v1/jobs/{id}/nack", post(lessee::nack))
         .route("/v1/acks", post(lessee::acks))
-        .route_layer(middleware::from_fn_with_state(
-            Arc::new(tokens),
-            auth::authenticate,
-        ))
+        .route_layer(middleware::from_fn_with_state(tokens, auth::authenticate))
         .route("/healthz", get(|| async { "ok\n" }))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(
-            (body_limit, args.config.daemon.max_payload),
+            (body_limit, max_payload),
             refuse_oversized,
         ))
         .with_state(Arc::new(args))

@@ -34,7 +34,6 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 
 use crate::clock::wall_ms;
-use crate::config::Config;
 use crate::job::{Failure, Job, JobId, State, Token, TransitionError, UnixMillis};
 use crate::limits::Limits;
 use crate::store::{Inserted, Store, StoreError};
@@ -274,8 +273,6 @@ pub enum BrokerMsg {
     StopIntake,
     /// Answer once every write queued so far is durable.
     Flush(RpcReplyPort<()>),
-    /// Timer: prune finished jobs past retention.
-    Prune,
     /// Internal: a store write answered; apply its effect on memory.
     Settle(Settle),
     /// Timer: while the store refuses writes, try a small write.
@@ -284,11 +281,9 @@ pub enum BrokerMsg {
 
 /// What the broker is started with.
 pub struct BrokerArgs {
-    /// The compiled config.
-    pub config: Arc<Config>,
     /// The durable store.
     pub store: Store,
-    /// Live limits (tenant max_depth).
+    /// Live limits (tenant max_depth) and the owner of the config in force.
     pub limits: Arc<Limits>,
     /// True when the supervisor restarts the Broker inside a running daemon: leases
     /// in the store may still be held by live workers, so they are kept (with a
@@ -387,9 +382,6 @@ pub fn cast(msg: BrokerMsg) {
 /// The broker actor (stateless handle; its state is [`BrokerState`]).
 pub struct Broker;
 
-/// How often finished jobs past retention are pruned.
-const PRUNE_EVERY: Duration = Duration::from_secs(60);
-
 impl Actor for Broker {
     type Msg = BrokerMsg;
     type State = BrokerState;
@@ -406,7 +398,6 @@ impl Actor for Broker {
         crate::metrics::store_writable(true);
         state.recover(jobs, keep_leases);
         state.push_all();
-        myself.send_interval(PRUNE_EVERY, || BrokerMsg::Prune);
         myself.send_interval(state::PROBE_EVERY, || BrokerMsg::Probe);
         Ok(state)
     }
@@ -418,6 +409,7 @@ impl Actor for Broker {
         state: &mut BrokerState,
     ) -> Result<(), ActorProcessingErr> {
         let now = wall_ms();
+        state.follow_config();
         match msg {
             BrokerMsg::Enqueue(req, reply) => state.enqueue(req, reply, now),
             BrokerMsg::Inserted(job, result, reply) => {
@@ -463,7 +455,6 @@ impl Actor for Broker {
                     let _ = reply.send(());
                 },
             ),
-            BrokerMsg::Prune => state.prune(now),
         }
         state.arm();
         Ok(())

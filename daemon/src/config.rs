@@ -64,6 +64,9 @@ pub struct DaemonConfig {
     pub api_tokens_file: Option<PathBuf>,
     /// Supervisor restart intensity (default 10 restarts in 60 s).
     pub restart: RestartIntensity,
+    /// The history cap: entries kept per job and error bytes per entry (default
+    /// the first 5 and the last 20 entries, 2 KiB each).
+    pub history: crate::store::HistoryLimits,
 }
 
 /// Restart intensity, as in Erlang/OTP supervisors: more than `max_restarts`
@@ -207,7 +210,21 @@ impl Config {
     /// Reads and compiles the config file at `path`. Errors: the file cannot be
     /// read, or any problem [`Config::parse`] reports.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigErrors {
+        let text = Self::read(path)?;
+        Config::parse(&text, path)
+    }
+
+    /// [`Config::load`] plus, in the same pass, everything `qd run` needs from the
+    /// machine: the API token file (exists, owner-only mode, valid, names only
+    /// configured queues), the admin group, and each queue's executor. What `qd
+    /// check-config`, `qd run` and a reload use, so one run lists every problem.
+    pub fn load_checked(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = Self::read(path)?;
+        Self::compile_text(&text, path, true)
+    }
+
+    fn read(path: &Path) -> Result<String, ConfigErrors> {
+        std::fs::read_to_string(path).map_err(|e| ConfigErrors {
             source: path.to_path_buf(),
             errors: vec![ConfigError {
                 path: String::new(),
@@ -215,16 +232,19 @@ impl Config {
                 column: None,
                 message: format!("cannot read config file: {e}"),
             }],
-        })?;
-        Config::parse(&text, path)
+        })
     }
 
     /// Compiles config `text` read from `source`; relative paths in it are
     /// resolved against `source`'s directory. Reports every problem at once.
     /// Never panics. Checks the file system (executor programs, `cwd`).
     pub fn parse(text: &str, source: &Path) -> Result<Config, ConfigErrors> {
+        Self::compile_text(text, source, false)
+    }
+
+    fn compile_text(text: &str, source: &Path, environment: bool) -> Result<Config, ConfigErrors> {
         let source = std::path::absolute(source).unwrap_or_else(|_| source.to_path_buf());
-        compile::compile(text, &source).map_err(|mut errors| {
+        compile::compile(text, &source, environment).map_err(|mut errors| {
             errors.sort_by_key(|e| (e.line.is_none(), e.line, e.column));
             ConfigErrors { source, errors }
         })

@@ -12,13 +12,14 @@
 pub mod command;
 pub mod http;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Config;
 use crate::job::{Failure, JobId};
 
 /// How an exit code (command executor) is classified.
@@ -202,6 +203,77 @@ impl Executor {
                 }),
             },
         }
+    }
+}
+
+/// The executor of every queue with in-process workers, by queue name. Workers look
+/// theirs up for each attempt, so a reload that changes a queue's executor (program,
+/// URL, timeout, ...) applies to the next attempt while a running one finishes.
+#[derive(Default)]
+pub struct Executors {
+    by_queue: RwLock<HashMap<String, Arc<Executor>>>,
+}
+
+impl Executors {
+    /// Builds the executor of every queue of `config` (none for external queues).
+    /// An executor whose spec is unchanged from `reuse`'s is shared rather than
+    /// rebuilt, so an HTTP executor keeps its connection pool across a reload.
+    ///
+    /// Errors: one `queues.NAME.executor...: reason` line per queue that fails.
+    pub fn build(
+        config: &Config,
+        reuse: Option<(&Config, &Executors)>,
+    ) -> Result<HashMap<String, Arc<Executor>>, Vec<String>> {
+        let mut built = HashMap::new();
+        let mut errors = Vec::new();
+        for (name, q) in &config.queues {
+            let kept = reuse.and_then(|(old, current)| {
+                let same = old
+                    .queues
+                    .get(name)
+                    .is_some_and(|o| o.executor == q.executor);
+                same.then(|| current.get(name)).flatten()
+            });
+            if let Some(exec) = kept {
+                built.insert(name.clone(), exec);
+                continue;
+            }
+            match Executor::new(&q.executor) {
+                Ok(Some(exec)) => {
+                    built.insert(name.clone(), Arc::new(exec));
+                }
+                Ok(None) => {}
+                Err(e) => errors.push(format!("queues.{name}.{e}")),
+            }
+        }
+        if errors.is_empty() {
+            Ok(built)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// A registry holding `executors`.
+    pub fn new(executors: HashMap<String, Arc<Executor>>) -> Self {
+        Executors {
+            by_queue: RwLock::new(executors),
+        }
+    }
+
+    /// The executor of `queue`, if it has in-process workers.
+    pub fn get(&self, queue: &str) -> Option<Arc<Executor>> {
+        let map = self.by_queue.read().unwrap_or_else(|e| e.into_inner());
+        map.get(queue).cloned()
+    }
+
+    /// Whether `queue` has in-process workers.
+    pub fn has(&self, queue: &str) -> bool {
+        self.get(queue).is_some()
+    }
+
+    /// Puts a reloaded set in force.
+    pub fn replace(&self, executors: HashMap<String, Arc<Executor>>) {
+        *self.by_queue.write().unwrap_or_else(|e| e.into_inner()) = executors;
     }
 }
 

@@ -19,6 +19,7 @@ use crate::broker::{self, BrokerMsg};
 use crate::clock::wall_ms;
 use crate::config::Config;
 use crate::job::UnixMillis;
+use crate::limits::Limits;
 use crate::metrics::{self, DepthState};
 use crate::scheduler::{self, SchedulerMsg};
 use crate::worker_pool::{self, PoolMsg};
@@ -33,8 +34,8 @@ const ASK: Duration = Duration::from_millis(900);
 
 /// What the gauges actor is started with.
 pub struct GaugesArgs {
-    /// The config (queue names).
-    pub config: Arc<Config>,
+    /// Owner of the config in force (queue names, read at every tick).
+    pub limits: Arc<Limits>,
 }
 
 /// Messages the gauges actor takes.
@@ -48,27 +49,27 @@ pub struct Gauges;
 
 impl Actor for Gauges {
     type Msg = GaugesMsg;
-    type State = Arc<Config>;
+    type State = Arc<Limits>;
     type Arguments = GaugesArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<GaugesMsg>,
         args: GaugesArgs,
-    ) -> Result<Arc<Config>, ActorProcessingErr> {
+    ) -> Result<Arc<Limits>, ActorProcessingErr> {
         myself.send_interval(tick_every(crate::notify::watchdog_interval()), || {
             GaugesMsg::Tick
         });
-        Ok(args.config)
+        Ok(args.limits)
     }
 
     async fn handle(
         &self,
         _myself: ActorRef<GaugesMsg>,
         _msg: GaugesMsg,
-        config: &mut Arc<Config>,
+        limits: &mut Arc<Limits>,
     ) -> Result<(), ActorProcessingErr> {
-        if refresh(config).await {
+        if refresh(&limits.config()).await {
             let _ = crate::notify::watchdog_ping();
         }
         Ok(())

@@ -234,7 +234,8 @@ pub struct HistoryEntry {
     pub started_at: Option<UnixMillis>,
     /// When it ended.
     pub ended_at: UnixMillis,
-    /// The error, stderr tail or response-body head (at most 4 KiB), or an event's detail.
+    /// The error, stderr tail or response-body head (at most 4 KiB), or an event's
+    /// detail. The store keeps at most `[daemon] history.max_error` bytes of it.
     pub error: Option<String>,
 }
 

@@ -2,16 +2,18 @@
 //!
 //! The pure core ([`job`], [`backoff`], [`scheduler::fair`]) holds the job life
 //! cycle and the fair-share decision; the actors ([`supervisor`], [`broker`],
-//! [`scheduler`], [`dlq`], [`worker_pool`]) translate between that
+//! [`scheduler`], [`dlq`], [`worker_pool`], [`pruner`]) translate between that
 //! core, the durable [`store`] and the outside world ([`api`], [`admin`]).
 
 pub mod admin;
 pub mod admin_server;
 pub mod api;
 pub mod backoff;
+pub mod backup;
 pub mod broker;
 pub mod clock;
 pub mod config;
+pub mod data_lock;
 pub mod dlq;
 pub mod executor;
 pub mod gauges;
@@ -19,7 +21,9 @@ pub mod job;
 pub mod limits;
 pub mod metrics;
 pub mod notify;
+pub mod pruner;
 pub mod rate_limit;
+pub mod reload;
 pub mod scheduler;
 pub mod store;
 pub mod supervisor;

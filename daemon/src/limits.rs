@@ -1,6 +1,10 @@
 //! Live limits: tenant weights, concurrency caps and depths, queue worker bounds and
 //! pause flags — the config's values overlaid with runtime overrides.
 //!
+//! It is also the one owner of the config in force: a reload (SIGHUP, `qctl
+//! reload`) swaps it here with [`Limits::replace_config`], and every actor reads it
+//! at the point of use through [`Limits::config`], so nothing holds a stale copy.
+//!
 //! Overrides are set by operators through qctl (`limits set`, `workers set`,
 //! `queue pause`), stored in the store's `overrides` table so they survive restarts
 //! until reset, and read here by the Broker (depth), Schedulers (weights, caps,
@@ -36,7 +40,7 @@ type Overrides = BTreeMap<(String, String, String), String>;
 
 /// Config plus runtime overrides, shared by every actor that enforces a limit.
 pub struct Limits {
-    config: Arc<Config>,
+    config: RwLock<Arc<Config>>,
     overrides: RwLock<Overrides>,
 }
 
@@ -48,9 +52,23 @@ impl Limits {
             .map(|o| ((o.scope, o.name, o.key), o.value))
             .collect();
         Limits {
-            config,
+            config: RwLock::new(config),
             overrides: RwLock::new(overrides),
         }
+    }
+
+    /// The config in force (cheap: one read lock and an `Arc` clone). Read it where
+    /// it is used, not once at start, so a reload reaches every reader.
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Puts a reloaded, validated config in force. Overrides keep their precedence.
+    pub fn replace_config(&self, config: Arc<Config>) {
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
     }
 
     fn get<T: std::str::FromStr>(&self, scope: &str, name: &str, key: &str) -> Option<T> {
@@ -76,12 +94,13 @@ impl Limits {
 
     /// The configured limits of `tenant`, or `[tenants.default]`'s.
     fn configured(&self, tenant: &str) -> TenantConfig {
-        let tenants = &self.config.tenants;
+        let config = self.config();
+        let tenants = &config.tenants;
         tenants
             .get(tenant)
             .or_else(|| tenants.get("default"))
             .cloned()
-            .unwrap_or_else(|| self.config.tenant(tenant))
+            .unwrap_or_else(|| config.tenant(tenant))
     }
 
     /// A tenant's effective limits. "0" as an override of a cap or depth means unlimited.
@@ -123,7 +142,7 @@ impl Limits {
         if self.has("tenant", tenant, "max_concurrency") {
             return self.tenant(tenant).max_concurrency;
         }
-        self.config
+        self.config()
             .queues
             .get(queue)
             .and_then(|q| q.tenant_caps.get(tenant).copied())
@@ -133,7 +152,7 @@ impl Limits {
     /// Every tenant named in the config or in an override.
     pub fn tenant_names(&self) -> Vec<String> {
         let map = self.overrides.read().unwrap_or_else(|e| e.into_inner());
-        let mut names: Vec<String> = self.config.tenants.keys().cloned().collect();
+        let mut names: Vec<String> = self.config().tenants.keys().cloned().collect();
         names.extend(
             map.keys()
                 .filter(|(scope, _, _)| scope == "tenant")
@@ -159,13 +178,13 @@ impl Limits {
 
     /// The configured `[rate_limiters.*]` names.
     pub fn limiter_names(&self) -> Vec<String> {
-        self.config.rate_limiters.keys().cloned().collect()
+        self.config().rate_limiters.keys().cloned().collect()
     }
 
     /// A limiter's settings in force, or `None` if no `[rate_limiters.NAME]` exists.
     /// An override of `per_second` alone keeps the configured burst.
     pub fn limiter(&self, name: &str) -> Option<RateLimiterConfig> {
-        let cfg = self.config.rate_limiters.get(name)?;
+        let cfg = *self.config().rate_limiters.get(name)?;
         Some(RateLimiterConfig {
             per_second: self
                 .get("limiter", name, "per_second")

@@ -4,18 +4,21 @@
 //! intensity exceeded), 64 (EX_USAGE) on a config error (including an unusable
 //! `daemon.api_tokens_file`: unreadable, group/other-readable, or invalid).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use clap::{Parser, Subcommand};
+use qd::api::auth::{LiveTokens, Tokens};
 use qd::config::Config;
-use qd::executor::Executor;
+use qd::data_lock::DataDirLock;
+use qd::executor::Executors;
 use qd::limits::Limits;
-use qd::store::Store;
+use qd::rate_limit::Limiters;
+use qd::store::{SqliteOptions, Store};
 use qd::supervisor::{self, Daemon, Supervisor, SupervisorMsg};
 use ractor::{Actor, ActorRef};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing::{error, info};
 
 /// qd: a durable job queue and its worker fleet in one daemon.
@@ -57,14 +60,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Run { config } => {
-            let config = match load(&config) {
-                Ok(c) => Arc::new(c),
-                Err(problems) => {
-                    eprintln!("{problems}");
-                    return ExitCode::from(EX_CONFIG);
-                }
-            };
+        Command::Run { config: path } => {
+            // The runtime and the signal handlers come first, before the config is
+            // read (building HTTP executors takes a while): a SIGHUP from then on is
+            // queued for the supervisor instead of killing qd.
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -75,24 +74,32 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            runtime.block_on(run(config))
+            runtime.block_on(async {
+                let signals = match Signals::install() {
+                    Ok(signals) => signals,
+                    Err(e) => {
+                        eprintln!("qd: cannot install signal handlers: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                match load(&path) {
+                    Ok(config) => run(Arc::new(config), signals).await,
+                    Err(problems) => {
+                        eprintln!("{problems}");
+                        ExitCode::from(EX_CONFIG)
+                    }
+                }
+            })
         }
     }
 }
 
-/// Loads and checks everything `qd run` will need from the config before it starts:
-/// the file itself (every problem at once), the API token file (exists, owner-only
-/// mode, valid) and the admin group. `check-config` and `run` share it, so systemd's
+/// Loads and checks everything `qd run` will need from the config before it starts
+/// (the file, the API token file, the admin group, the executors: every problem in
+/// one pass). `check-config`, `run` and a reload share it, so systemd's
 /// `ExecStartPre` catches what would stop the daemon.
 fn load(path: &std::path::Path) -> Result<Config, String> {
-    let config = Config::load(path).map_err(|errors| errors.to_string())?;
-    qd::api::auth::Tokens::from_config(&config).map_err(|e| format!("qd: {e}"))?;
-    if let Some(group) = &config.daemon.admin_group {
-        qd::admin_server::resolve_group(group).map_err(|e| {
-            format!("qd: daemon.admin_group: {e}; create the group or change the key")
-        })?;
-    }
-    Ok(config)
+    Config::load_checked(path).map_err(|errors| errors.to_string())
 }
 
 fn init_logging() {
@@ -105,8 +112,8 @@ fn init_logging() {
         .init();
 }
 
-async fn run(config: Arc<Config>) -> ExitCode {
-    match start(config).await {
+async fn run(config: Arc<Config>, signals: Signals) -> ExitCode {
+    match start(config, signals).await {
         Ok(code) => code,
         Err(Failure::Config(msg)) => {
             error!("{msg}");
@@ -124,7 +131,7 @@ enum Failure {
     Runtime(String),
 }
 
-async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
+async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failure> {
     let data_dir = &config.daemon.data_dir;
     std::fs::create_dir_all(data_dir).map_err(|e| {
         Failure::Runtime(format!(
@@ -132,49 +139,52 @@ async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
             data_dir.display()
         ))
     })?;
-    let store = Store::open_sqlite(&config.db_path())
+    // Before the store is opened or anything bound: one daemon per data directory.
+    let _lock = DataDirLock::acquire(data_dir).map_err(|e| Failure::Runtime(e.to_string()))?;
+    qd::admin_server::ensure_not_served(&config.daemon.admin_socket)
+        .await
+        .map_err(|e| Failure::Runtime(e.to_string()))?;
+    let options = SqliteOptions {
+        history: config.daemon.history,
+        ..SqliteOptions::default()
+    };
+    let store = Store::open_sqlite_with(&config.db_path(), &options)
         .map_err(|e| Failure::Runtime(format!("cannot open the store: {e}")))?;
     let overrides = store
         .run(|b| b.overrides())
         .await
         .map_err(|e| Failure::Runtime(format!("cannot read runtime overrides: {e}")))?;
-    let mut executors = HashMap::new();
-    for (name, q) in &config.queues {
-        match Executor::new(&q.executor) {
-            Ok(Some(exec)) => {
-                executors.insert(name.clone(), Arc::new(exec));
-            }
-            Ok(None) => {}
-            Err(e) => return Err(Failure::Config(format!("queues.{name}.executor: {e}"))),
-        }
-    }
+    let executors =
+        Executors::build(&config, None).map_err(|errors| Failure::Config(errors.join("\n")))?;
+    let tokens = Tokens::from_config(&config).map_err(|e| Failure::Config(format!("qd: {e}")))?;
     qd::metrics::install(config.daemon.metrics_listen)
         .map_err(|e| Failure::Runtime(e.to_string()))?;
-    let limits = Arc::new(Limits::new(config.clone(), overrides));
+    qd::metrics::config_loaded();
+    let serving = format!(
+        "serving {} queues; API {}, metrics {}",
+        config.queues.len(),
+        config.daemon.api_listen,
+        config.daemon.metrics_listen
+    );
+    let limits = Arc::new(Limits::new(config, overrides));
     let daemon = Daemon {
-        limiters: qd::rate_limit::build(&limits),
+        limiters: Arc::new(Limiters::build(&limits)),
         limits,
-        executors,
+        executors: Arc::new(Executors::new(executors)),
+        tokens: Arc::new(LiveTokens::new(tokens)),
         store: store.clone(),
         test_hooks: std::env::var("QD_TEST_HOOKS").is_ok_and(|v| v == "1"),
         started: tokio::time::Instant::now(),
         restarts: Default::default(),
         failure: Arc::new(Mutex::new(None)),
-        config,
     };
     let failure = daemon.failure.clone();
-    let serving = format!(
-        "serving {} queues; API {}, metrics {}",
-        daemon.config.queues.len(),
-        daemon.config.daemon.api_listen,
-        daemon.config.daemon.metrics_listen
-    );
     let (root, handle) = Actor::spawn(Some(supervisor::NAME.into()), Supervisor, daemon)
         .await
         .map_err(|e| Failure::Runtime(format!("qd could not start: {}", root_cause(&e))))?;
     let _ = qd::notify::ready();
     let _ = qd::notify::status(&serving);
-    tokio::spawn(forward_signals(root));
+    tokio::spawn(forward_signals(root, signals));
     let _ = handle.await;
     store.close();
     let failure = failure.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -187,9 +197,15 @@ async fn start(config: Arc<Config>) -> Result<ExitCode, Failure> {
     }
 }
 
-/// The error and its sources, each once (ractor wraps a start-up failure in errors
-/// that repeat their source's text).
-fn root_cause(err: &dyn std::error::Error) -> String {
+/// The error and its sources, each once, without ractor's start-up wrappers
+/// ("Actor panicked during startup '…'" says nothing an operator can act on).
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut err = err;
+    while let (Some(ractor::SpawnErr::StartupFailed(_)), Some(inner)) =
+        (err.downcast_ref::<ractor::SpawnErr>(), err.source())
+    {
+        err = inner;
+    }
     let mut msg = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {
@@ -202,19 +218,42 @@ fn root_cause(err: &dyn std::error::Error) -> String {
     msg
 }
 
-/// SIGTERM and SIGINT become one graceful shutdown of the supervisor.
-async fn forward_signals(root: ActorRef<SupervisorMsg>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        error!("Cannot install signal handlers; use qctl to stop qd.");
-        return;
-    };
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+/// The signals qd handles, installed as soon as the runtime exists, so a SIGHUP that
+/// arrives while qd starts is queued for the supervisor instead of killing the
+/// process (its default action).
+struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+/// SIGTERM and SIGINT become one graceful shutdown of the supervisor; SIGHUP a
+/// config reload (never the default action, which would kill qd).
+async fn forward_signals(root: ActorRef<SupervisorMsg>, signals: Signals) {
+    let Signals {
+        mut term,
+        mut int,
+        mut hup,
+    } = signals;
+    let name = loop {
+        tokio::select! {
+            _ = term.recv() => break "SIGTERM",
+            _ = int.recv() => break "SIGINT",
+            _ = hup.recv() => {
+                info!(signal = "SIGHUP", "Signal received; reloading the config.");
+                let _ = root.cast(SupervisorMsg::Reload(None));
+            }
+        }
     };
     info!(signal = name, "Signal received.");
     let _ = root.cast(SupervisorMsg::Shutdown(name.to_string()));

@@ -62,6 +62,16 @@ pub const BUILD_INFO: &str = "qd_build_info";
 /// Gauge, 1 or 0: whether the store accepts writes (0 from a failed write until one
 /// succeeds; leasing stops meanwhile).
 pub const STORE_WRITABLE: &str = "qd_store_writable";
+/// Counter `{result}`: config reloads (SIGHUP, `qctl reload`), `success` or `failure`.
+pub const CONFIG_RELOADS: &str = "qd_config_reloads_total";
+/// Gauge, Unix seconds: when the config in force was last loaded successfully
+/// (start-up or reload), as Prometheus' own `..._last_reload_success_timestamp_seconds`.
+pub const CONFIG_LAST_RELOAD_SUCCESS: &str = "qd_config_last_reload_success_timestamp_seconds";
+/// Counter `{queue}`: finished jobs deleted after their queue's retention.
+pub const JOBS_PRUNED: &str = "qd_jobs_pruned_total";
+/// Gauge `{queue}`, seconds: how long the oldest finished job not yet pruned has been
+/// past its queue's retention, at the start of a prune pass (0 when none is).
+pub const PRUNE_BACKLOG_AGE: &str = "qd_prune_backlog_age_seconds";
 
 /// Every exported series name (for histograms the base name, without
 /// `_bucket`/`_sum`/`_count`). Dashboards and alert rules may use only these;
@@ -84,6 +94,10 @@ pub const METRIC_NAMES: &[&str] = &[
     RATE_LIMITER_THROTTLED,
     BUILD_INFO,
     STORE_WRITABLE,
+    CONFIG_RELOADS,
+    CONFIG_LAST_RELOAD_SUCCESS,
+    JOBS_PRUNED,
+    PRUNE_BACKLOG_AGE,
 ];
 
 /// Histogram bucket upper bounds in seconds, 1 ms to 1 h, roughly 1-2.5-5 steps:
@@ -96,7 +110,9 @@ pub const SECONDS_BUCKETS: &[f64] = &[
 /// The `tenant` label value for any tenant that is not configured.
 pub const OTHER_TENANT: &str = "other";
 
-/// The `queue` label value of a rejected enqueue whose request named no configured queue.
+/// The `queue` label value for a queue that is not configured: a rejected enqueue
+/// whose request named no configured queue, or jobs pruned from a queue removed
+/// from the config.
 pub const UNKNOWN_QUEUE: &str = "unknown";
 
 /// Why the exporter could not start.
@@ -238,6 +254,51 @@ pub fn describe() {
         BUILD_INFO,
         "Always 1; the version label names the running build."
     );
+    describe_counter!(
+        JOBS_PRUNED,
+        Unit::Count,
+        "Finished jobs deleted after their queue's retention."
+    );
+    describe_gauge!(
+        PRUNE_BACKLOG_AGE,
+        Unit::Seconds,
+        "How long the oldest finished job not yet pruned has been past retention; 0 when pruning keeps up."
+    );
+    describe_counter!(
+        CONFIG_RELOADS,
+        Unit::Count,
+        "Config reloads (SIGHUP, qctl reload) by result (success, failure)."
+    );
+    describe_gauge!(
+        CONFIG_LAST_RELOAD_SUCCESS,
+        Unit::Seconds,
+        "Unix time of the last successful config load (start-up or reload)."
+    );
+}
+
+/// The config was loaded at start-up: both reload results exist at 0 (so the
+/// failed-reload alert sees the first failure) and the success time is now.
+pub fn config_loaded() {
+    for result in ["success", "failure"] {
+        counter!(CONFIG_RELOADS, "result" => result).increment(0);
+    }
+    gauge!(CONFIG_LAST_RELOAD_SUCCESS).set(unix_now());
+}
+
+/// A reload finished: `qd_config_reloads_total{result} += 1`, and on success the
+/// last-success time is set to now.
+pub fn config_reloaded(success: bool) {
+    let result = if success { "success" } else { "failure" };
+    counter!(CONFIG_RELOADS, "result" => result).increment(1);
+    if success {
+        gauge!(CONFIG_LAST_RELOAD_SUCCESS).set(unix_now());
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Sets `qd_build_info{version="<crate version>"} 1`.
@@ -393,6 +454,18 @@ pub fn set_workers(queue: &str, busy: u32, idle: u32, desired: u32) {
     gauge!(WORKERS_DESIRED, "queue" => queue.to_owned()).set(desired);
 }
 
+/// `jobs` finished jobs of `queue` were pruned: `qd_jobs_pruned_total{queue} += jobs`.
+/// `queue` is a configured queue or [`UNKNOWN_QUEUE`].
+pub fn jobs_pruned(queue: &str, jobs: u64) {
+    counter!(JOBS_PRUNED, "queue" => queue.to_owned()).increment(jobs);
+}
+
+/// Sets `qd_prune_backlog_age_seconds{queue}`; `Duration::ZERO` when nothing is past
+/// retention.
+pub fn set_prune_backlog_age(queue: &str, age: Duration) {
+    gauge!(PRUNE_BACKLOG_AGE, "queue" => queue.to_owned()).set(age);
+}
+
 /// Creates `queue`'s counters at 0 for every bounded label value (attempt outcomes,
 /// rejection reasons, expired leases). Call once per configured queue at start-up.
 ///
@@ -408,6 +481,7 @@ pub fn register_queue(queue: &str) {
             .increment(0);
     }
     counter!(LEASES_EXPIRED, "queue" => queue.to_owned()).increment(0);
+    counter!(JOBS_PRUNED, "queue" => queue.to_owned()).increment(0);
 }
 
 /// Creates `qd_actor_restarts_total{actor}` at 0, so the `QdActorRestarts` alert

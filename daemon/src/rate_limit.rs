@@ -111,17 +111,70 @@ impl RateLimiter {
     }
 }
 
-/// Every configured limiter by name, with the settings in force (config overlaid
-/// with stored `qctl limits set-limiter` overrides).
-pub fn build(limits: &Limits) -> HashMap<String, Arc<RateLimiter>> {
-    limits
-        .limiter_names()
-        .into_iter()
-        .filter_map(|name| {
-            let settings = limits.limiter(&name)?;
-            Some((name.clone(), Arc::new(RateLimiter::new(&name, &settings))))
-        })
-        .collect()
+/// Every configured limiter by name, shared by the Schedulers (which take tokens)
+/// and the admin handler (which reconfigures them). A reload adds, reconfigures and
+/// drops limiters here ([`Limiters::sync`]); a queue's Scheduler looks its limiter
+/// up by name when it starts.
+#[derive(Default)]
+pub struct Limiters {
+    by_name: RwLock<HashMap<String, Arc<RateLimiter>>>,
+}
+
+impl Limiters {
+    /// Every configured limiter, with the settings in force (config overlaid with
+    /// stored `qctl limits set-limiter` overrides).
+    pub fn build(limits: &Limits) -> Self {
+        let registry = Limiters::default();
+        registry.sync(limits);
+        registry
+    }
+
+    /// The limiter called `name`, if configured.
+    pub fn get(&self, name: &str) -> Option<Arc<RateLimiter>> {
+        let map = self.by_name.read().unwrap_or_else(|e| e.into_inner());
+        map.get(name).cloned()
+    }
+
+    /// Every limiter, sorted by name.
+    pub fn all(&self) -> Vec<Arc<RateLimiter>> {
+        let map = self.by_name.read().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<_> = map.values().cloned().collect();
+        all.sort_by(|a, b| a.name().cmp(b.name()));
+        all
+    }
+
+    /// Brings the registry in line with `limits` (after a reload): new names get a
+    /// limiter, changed settings replace the bucket (a pause stays), names no longer
+    /// configured are dropped. Returns the names added, changed or dropped.
+    pub fn sync(&self, limits: &Limits) -> Vec<String> {
+        let mut map = self.by_name.write().unwrap_or_else(|e| e.into_inner());
+        let names = limits.limiter_names();
+        let mut touched = Vec::new();
+        map.retain(|name, _| {
+            let keep = names.contains(name);
+            if !keep {
+                touched.push(name.clone());
+            }
+            keep
+        });
+        for name in names {
+            let Some(settings) = limits.limiter(&name) else {
+                continue;
+            };
+            match map.get(&name) {
+                Some(existing) => {
+                    if existing.reconfigure(&settings) {
+                        touched.push(name);
+                    }
+                }
+                None => {
+                    map.insert(name.clone(), Arc::new(RateLimiter::new(&name, &settings)));
+                    touched.push(name);
+                }
+            }
+        }
+        touched
+    }
 }
 
 #[cfg(test)]

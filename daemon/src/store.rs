@@ -31,7 +31,14 @@
 //!   answered per item (applied or not); nothing assumes a single writer.
 //! - At most one stored job per `(queue, idempotency_key)` (a unique index); a key is
 //!   freed when its job is pruned or purged.
-//! - A job's history is append-only (`seq` 1, 2, ...) and is deleted only with its job.
+//! - A job's history is appended to (`seq` 1, 2, ...) and deleted with its job; the
+//!   history cap ([`history`]) deletes the entries between the first `keep_first`
+//!   and the last `keep_last`, and bounds each entry's error text. The newest entry
+//!   is always kept, so `seq` never restarts and its gaps count what was elided.
+//! - Finished jobs are pruned per queue by the Pruner in bounded batches
+//!   ([`prune`]); the file gives free pages back in bounded steps (`auto_vacuum =
+//!   INCREMENTAL`, converted once at open) and the WAL is truncated back to
+//!   `journal_size_limit` (64 MiB) after checkpoints (`store/space.rs`).
 //! - Ids are UUIDv7 stored as 16 big-endian bytes, so byte order is creation order and
 //!   "ordered by id" means "oldest first".
 //!
@@ -61,7 +68,9 @@
 //! their job by the same statement batch (no foreign keys).
 //!
 //! Pragmas on every open: `journal_mode=WAL`, `synchronous=FULL`, `temp_store=MEMORY`,
-//! `busy_timeout=5s`. Schema changes are migrations appended to one list in
+//! `busy_timeout=5s`, `journal_size_limit=64MiB`, `wal_autocheckpoint=1000`, and
+//! `auto_vacuum=INCREMENTAL` (set by a one-time `VACUUM` at open after the
+//! migrations, see `store/space.rs`). Schema changes are migrations appended to one list in
 //! `store/sqlite.rs`, applied in order, each in its own transaction that also bumps
 //! `user_version`; a database with a newer version than this build knows is refused
 //! ([`StoreError::TooNew`]) rather than misread.
@@ -75,9 +84,15 @@ use sha2::{Digest, Sha256};
 
 use crate::job::{HistoryEntry, Job, JobId, State, Transition, UnixMillis};
 
+pub mod history;
 pub mod memory;
+pub mod prune;
+mod space;
 pub mod sqlite;
 mod writer;
+
+pub use history::HistoryLimits;
+pub use prune::PruneScope;
 
 use writer::{OpTask, Queue, Task};
 
@@ -173,16 +188,6 @@ pub trait Backend: Send {
     /// whether it was deleted (unknown or not dead: `false`).
     fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError>;
 
-    /// Deletes at most `limit` succeeded or cancelled jobs of `queue` whose
-    /// `updated_at` is before `finished_before` (Unix ms), oldest first, with payloads
-    /// and history, freeing their idempotency keys. Returns how many were deleted.
-    fn prune(
-        &mut self,
-        queue: &str,
-        finished_before: UnixMillis,
-        limit: u32,
-    ) -> Result<u64, StoreError>;
-
     /// Every job in state delayed, ready, leased or dead, ordered by id (oldest first):
     /// what the broker rebuilds its in-memory state from at start-up.
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError>;
@@ -194,6 +199,27 @@ pub trait Backend: Send {
     /// `filter.limit`. Page with `after` = the last id of the previous page. A live
     /// lease shows as state leased, but `filter.state` matches the stored state.
     fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError>;
+
+    /// Deletes at most `limit` succeeded or cancelled jobs of `scope` whose
+    /// `updated_at` is before `finished_before` (Unix ms), with their payloads and
+    /// history, freeing their idempotency keys: succeeded jobs first, each state
+    /// oldest first (`updated_at`, then id). Returns how many were deleted; fewer
+    /// than `limit` means none is left.
+    fn prune_finished(
+        &mut self,
+        scope: &PruneScope,
+        finished_before: UnixMillis,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
+
+    /// The oldest `updated_at` (Unix ms) of a succeeded or cancelled job of `scope`,
+    /// or `None`: how far behind pruning is.
+    fn oldest_finished(&mut self, scope: &PruneScope) -> Result<Option<UnixMillis>, StoreError>;
+
+    /// Gives free pages beyond `keep_free` back to the file system, at most
+    /// `max_pages` per call (4 KiB each). Returns how many were released; engines
+    /// that manage their own space answer 0.
+    fn release_space(&mut self, keep_free: u32, max_pages: u32) -> Result<u32, StoreError>;
 
     /// Sets (`Some`) or deletes (`None`) one runtime override, e.g.
     /// `("tenant", "acme", "weight", Some("5"))`. Overrides survive restarts and win
@@ -294,8 +320,12 @@ pub struct JobDetail {
     pub job: Job,
     /// Its payload bytes.
     pub payload: Vec<u8>,
-    /// Its attempts and operator events, oldest first.
+    /// Its attempts and operator events, oldest first, as kept by the history cap.
     pub history: Vec<HistoryEntry>,
+    /// How many entries the history cap deleted (0 when none).
+    pub history_elided: u64,
+    /// Where they were: the number of entries of `history` older than them.
+    pub history_elided_at: usize,
 }
 
 /// Which jobs [`Backend::list_jobs`] returns. `None` fields match everything.
@@ -426,6 +456,8 @@ pub struct SqliteOptions {
     /// Caps the database at this many pages (`PRAGMA max_page_count`, 4 KiB pages), so
     /// tests can fill the "disk". `None` leaves SQLite's default (effectively no cap).
     pub max_page_count: Option<u32>,
+    /// The history cap applied on every append.
+    pub history: HistoryLimits,
 }
 
 /// A cheap-to-clone handle to the writer thread. The thread stops when [`Store::close`]
@@ -472,7 +504,12 @@ impl Store {
     /// same semantics, no durability. If the OS refuses a thread, the error is logged
     /// and every operation is answered [`StoreError::Closed`].
     pub fn open_memory() -> Store {
-        Self::start(memory::MemoryBackend::default(), None).unwrap_or_else(|err| {
+        Self::open_memory_with(HistoryLimits::default())
+    }
+
+    /// [`Store::open_memory`] with an explicit history cap.
+    pub fn open_memory_with(history: HistoryLimits) -> Store {
+        Self::start(memory::MemoryBackend::new(history), None).unwrap_or_else(|err| {
             tracing::error!(%err, "In-memory store has no writer thread; every operation fails.");
             Self::from_parts(None, None, Arc::default(), None)
         })

@@ -1,6 +1,7 @@
 //! The Supervisor actor: the root of qd's actor tree.
 //!
-//! It spawns, linked to itself: the Broker, one Scheduler per queue, the Dlq, one WorkerPool per queue with an in-process executor, the
+//! It spawns, linked to itself: the Broker, one Scheduler per queue, the Dlq, one
+//! WorkerPool per queue with an in-process executor, the Pruner (retention), the
 //! Gauges (metrics and watchdog), the HTTP Api and the AdminServer — listeners last,
 //! so nothing is accepted before the tree is up. It restarts a failed child
 //! one-for-one after a short delay, under the same name; the derived actors rebuild
@@ -8,8 +9,10 @@
 //! restarts within `restart.window` means something is persistently wrong: the
 //! supervisor stops with a failure, the daemon exits non-zero and systemd restarts it.
 //!
-//! Messages ([`SupervisorMsg`]): `Shutdown` (from signals and the admin socket — the
-//! one control path), and its own `Restart` timers. Shutdown is ordered and bounded
+//! Messages ([`SupervisorMsg`]): `Shutdown` and `Reload` (from signals and the admin
+//! socket — the one control path), and its own `Restart` timers. A reload
+//! (`supervisor/reload.rs`) validates the whole file first and changes nothing
+//! unless every change can be applied live. Shutdown is ordered and bounded
 //! by `shutdown_grace`: stop intake → stop leasing → let running jobs finish (then
 //! interrupt them, uncharged) → flush the store → stop.
 
@@ -17,20 +20,25 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use crate::admin::{self, AdminArgs};
+use crate::api::auth::LiveTokens;
 use crate::api::{Api, ApiArgs};
 use crate::broker::{self, Broker, BrokerArgs, BrokerMsg};
 use crate::config::Config;
 use crate::dlq::{self, Dlq};
-use crate::executor::Executor;
+use crate::executor::Executors;
 use crate::gauges::{self, Gauges, GaugesArgs};
 use crate::limits::Limits;
 use crate::metrics;
-use crate::rate_limit::RateLimiter;
+use crate::pruner::{self, Pruner, PrunerArgs};
+use crate::rate_limit::Limiters;
+use crate::reload::ReloadError;
 use crate::scheduler::{self, Scheduler, SchedulerArgs, SchedulerMsg};
 use crate::store::Store;
 use crate::worker_pool::{self, PoolArgs, PoolMsg, WorkerPool};
@@ -38,16 +46,16 @@ use crate::worker_pool::{self, PoolArgs, PoolMsg, WorkerPool};
 /// Everything the tree needs, built by `main` before the supervisor starts.
 #[derive(Clone)]
 pub struct Daemon {
-    /// The compiled config.
-    pub config: Arc<Config>,
     /// The durable store.
     pub store: Store,
-    /// Live limits.
+    /// Live limits, and the owner of the config in force ([`Daemon::config`]).
     pub limits: Arc<Limits>,
     /// Shared rate limiters by name.
-    pub limiters: HashMap<String, Arc<RateLimiter>>,
+    pub limiters: Arc<Limiters>,
     /// The executor of each queue that has an in-process pool.
-    pub executors: HashMap<String, Arc<Executor>>,
+    pub executors: Arc<Executors>,
+    /// The API's bearer tokens in force.
+    pub tokens: Arc<LiveTokens>,
     /// Enables test hooks (`QD_TEST_HOOKS=1`).
     pub test_hooks: bool,
     /// When the daemon started (for `qctl status`).
@@ -56,6 +64,13 @@ pub struct Daemon {
     pub restarts: metrics::Restarts,
     /// Set when the supervisor gives up: why the daemon must exit non-zero.
     pub failure: Arc<Mutex<Option<String>>>,
+}
+
+impl Daemon {
+    /// The config in force (it changes on reload; read it where it is used).
+    pub fn config(&self) -> Arc<Config> {
+        self.limits.config()
+    }
 }
 
 /// A child of the supervisor, by role.
@@ -69,6 +84,8 @@ pub enum Child {
     Dlq,
     /// A queue's WorkerPool.
     Pool(Arc<str>),
+    /// The Pruner.
+    Pruner,
     /// The Gauges.
     Gauges,
     /// The HTTP Api.
@@ -85,6 +102,7 @@ impl Child {
             Child::Scheduler(_) => "scheduler",
             Child::Dlq => "dlq",
             Child::Pool(_) => "worker_pool",
+            Child::Pruner => "pruner",
             Child::Gauges => "gauges",
             Child::Api => "api",
             Child::Admin => "admin",
@@ -98,6 +116,9 @@ pub enum SupervisorMsg {
     Shutdown(String),
     /// Timer: restart this child.
     Restart(Child),
+    /// Re-read the config file and apply it live (SIGHUP, or `qctl reload` with a
+    /// reply port for the changes made or the reason nothing was).
+    Reload(Option<RpcReplyPort<Result<Vec<String>, ReloadError>>>),
 }
 
 /// The supervisor's state.
@@ -142,7 +163,7 @@ impl Actor for Supervisor {
             }
             state.spawn(&myself, child).await?;
         }
-        info!(queues = state.daemon.config.queues.len(), "qd is up.");
+        info!(queues = state.daemon.config().queues.len(), "qd is up.");
         Ok(state)
     }
 
@@ -153,13 +174,25 @@ impl Actor for Supervisor {
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SupervisorMsg::Restart(child) if !state.shutting_down => {
+            SupervisorMsg::Restart(child)
+                if !state.shutting_down && state.still_configured(&child) =>
+            {
                 if let Err(err) = state.spawn(&myself, child.clone()).await {
                     error!(actor = child.kind(), error = %err, "Restart failed; retrying.");
                     state.failed(&myself, child, &err.to_string());
                 }
             }
             SupervisorMsg::Restart(_) => {}
+            SupervisorMsg::Reload(reply) => {
+                let outcome = if state.shutting_down {
+                    Err(ReloadError::Unavailable("qd is shutting down".into()))
+                } else {
+                    state.reload(&myself).await
+                };
+                if let Some(reply) = reply {
+                    let _ = reply.send(outcome);
+                }
+            }
             SupervisorMsg::Shutdown(reason) => {
                 if !state.shutting_down {
                     state.shutting_down = true;
@@ -196,17 +229,17 @@ impl Actor for Supervisor {
 
 impl SupervisorState {
     fn all_children(&self) -> Vec<Child> {
-        let cfg = &self.daemon.config;
+        let cfg = self.daemon.config();
         let queues = || cfg.queues.keys().map(|q| Arc::<str>::from(q.as_str()));
         let mut children = vec![Child::Broker];
         children.extend(queues().map(Child::Scheduler));
         children.push(Child::Dlq);
         children.extend(
             queues()
-                .filter(|q| self.daemon.executors.contains_key(&**q))
+                .filter(|q| self.daemon.executors.has(q))
                 .map(Child::Pool),
         );
-        children.extend([Child::Gauges, Child::Api, Child::Admin]);
+        children.extend([Child::Pruner, Child::Gauges, Child::Api, Child::Admin]);
         children
     }
 
@@ -216,11 +249,11 @@ impl SupervisorState {
         child: Child,
     ) -> Result<(), ActorProcessingErr> {
         let d = &self.daemon;
+        let config = d.config();
         let sup = myself.get_cell();
         let cell: ActorCell = match &child {
             Child::Broker => {
                 let args = BrokerArgs {
-                    config: d.config.clone(),
                     store: d.store.clone(),
                     limits: d.limits.clone(),
                     restarted: self.broker_started,
@@ -231,15 +264,15 @@ impl SupervisorState {
                     .get_cell()
             }
             Child::Scheduler(q) => {
-                let qcfg = &d.config.queues[&**q];
+                let qcfg = config
+                    .queues
+                    .get(&**q)
+                    .ok_or("queue no longer configured")?;
                 let args = SchedulerArgs {
                     queue: q.clone(),
                     fairness: qcfg.fairness,
                     limits: d.limits.clone(),
-                    limiter: qcfg
-                        .rate_limiter
-                        .as_ref()
-                        .and_then(|n| d.limiters.get(n).cloned()),
+                    limiter: qcfg.rate_limiter.as_ref().and_then(|n| d.limiters.get(n)),
                 };
                 Actor::spawn_linked(Some(scheduler::name(q)), Scheduler, args, sup)
                     .await?
@@ -251,12 +284,9 @@ impl SupervisorState {
                 .0
                 .get_cell(),
             Child::Pool(q) => {
-                let qcfg = &d.config.queues[&**q];
                 let args = PoolArgs {
                     queue: q.clone(),
-                    executor: d.executors[&**q].clone(),
-                    workers: qcfg.workers,
-                    heartbeat: qcfg.heartbeat,
+                    executors: d.executors.clone(),
                     limits: d.limits.clone(),
                     test_hooks: d.test_hooks,
                     restarts: d.restarts.clone(),
@@ -266,9 +296,19 @@ impl SupervisorState {
                     .0
                     .get_cell()
             }
+            Child::Pruner => {
+                let args = PrunerArgs {
+                    limits: d.limits.clone(),
+                    store: d.store.clone(),
+                };
+                Actor::spawn_linked(Some(pruner::NAME.into()), Pruner, args, sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
             Child::Gauges => {
                 let args = GaugesArgs {
-                    config: d.config.clone(),
+                    limits: d.limits.clone(),
                 };
                 Actor::spawn_linked(Some(gauges::NAME.into()), Gauges, args, sup)
                     .await?
@@ -277,7 +317,8 @@ impl SupervisorState {
             }
             Child::Api => {
                 let args = ApiArgs {
-                    config: d.config.clone(),
+                    limits: d.limits.clone(),
+                    tokens: d.tokens.clone(),
                     store: d.store.clone(),
                 };
                 Actor::spawn_linked(Some("api".into()), Api, args, sup)
@@ -300,7 +341,7 @@ impl SupervisorState {
         let kind = child.kind();
         error!(actor = kind, error = why, "Actor failed; restarting it.");
         self.daemon.restarts.record(kind);
-        let limit = &self.daemon.config.daemon.restart;
+        let limit = self.daemon.config().daemon.restart;
         let now = Instant::now();
         self.recent.push_back(now);
         while self
@@ -331,7 +372,7 @@ impl SupervisorState {
 
     /// The ordered shutdown, bounded by `shutdown_grace`.
     async fn shutdown(&mut self, reason: &str) {
-        let grace = self.daemon.config.daemon.shutdown_grace;
+        let grace = self.daemon.config().daemon.shutdown_grace;
         info!(reason, grace = %humantime::format_duration(grace), "Shutting down: intake stopped.");
         let _ = crate::notify::stopping();
         let _ = crate::notify::status(&format!(
@@ -339,7 +380,7 @@ impl SupervisorState {
             humantime::format_duration(grace)
         ));
         broker::cast(BrokerMsg::StopIntake);
-        let queues: Vec<String> = self.daemon.config.queues.keys().cloned().collect();
+        let queues: Vec<String> = self.daemon.config().queues.keys().cloned().collect();
         for q in &queues {
             if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(q)) {
                 let _ = s.cast(SchedulerMsg::Drain);
@@ -365,6 +406,8 @@ impl SupervisorState {
         info!("Shutdown complete.");
     }
 }
+
+mod reload;
 
 /// How long interrupted jobs get to be killed and nacked.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(15);

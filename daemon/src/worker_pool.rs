@@ -35,7 +35,7 @@ use tracing::{info, warn};
 
 use crate::broker::{self, BrokerMsg};
 use crate::config::WorkersConfig;
-use crate::executor::Executor;
+use crate::executor::Executors;
 use crate::job::JobId;
 use crate::limits::Limits;
 use crate::metrics;
@@ -89,13 +89,10 @@ pub enum PoolMsg {
 pub struct PoolArgs {
     /// Its queue.
     pub queue: Arc<str>,
-    /// The queue's executor.
-    pub executor: Arc<Executor>,
-    /// Configured sizing.
-    pub workers: WorkersConfig,
-    /// Heartbeat interval.
-    pub heartbeat: Duration,
-    /// Live bounds (runtime overrides).
+    /// Every queue's executor (looked up per attempt by the workers).
+    pub executors: Arc<Executors>,
+    /// Owner of the config in force (sizing, heartbeat) and of the runtime overrides
+    /// of the bounds; read at each decision, so a reload applies at the next tick.
     pub limits: Arc<Limits>,
     /// Enables the worker panic test hook.
     pub test_hooks: bool,
@@ -141,7 +138,7 @@ impl Actor for WorkerPool {
         myself: ActorRef<PoolMsg>,
         args: PoolArgs,
     ) -> Result<PoolState, ActorProcessingErr> {
-        let (min, _) = args.limits.workers(&args.queue, &args.workers);
+        let (min, _) = args.limits.workers(&args.queue, &workers_config(&args));
         let mut state = PoolState {
             args,
             slots: BTreeMap::new(),
@@ -219,7 +216,7 @@ impl PoolState {
     fn bounds(&self) -> (u32, u32) {
         self.args
             .limits
-            .workers(&self.args.queue, &self.args.workers)
+            .workers(&self.args.queue, &workers_config(&self.args))
     }
 
     fn set_busy(&mut self, id: &str, running: Option<(JobId, CancellationToken)>) {
@@ -267,11 +264,12 @@ impl PoolState {
                 .unwrap_or_default(),
             since_scale_up: now - self.last_scale_up,
         };
+        let sizing = workers_config(&self.args);
         let policy = Policy {
             min,
             max,
-            target_age: self.args.workers.target_age,
-            idle_cooldown: self.args.workers.idle_cooldown,
+            target_age: sizing.target_age,
+            idle_cooldown: sizing.idle_cooldown,
         };
         let decision = autoscale::decide(obs, policy);
         if decision.desired != self.desired {
@@ -325,8 +323,8 @@ impl PoolState {
         let args = WorkerArgs {
             id: id.clone(),
             queue: self.args.queue.clone(),
-            executor: self.args.executor.clone(),
-            heartbeat: self.args.heartbeat,
+            executors: self.args.executors.clone(),
+            limits: self.args.limits.clone(),
             pool: myself.clone(),
             draining: self.draining.clone(),
             interrupt: self.interrupt.clone(),
@@ -376,4 +374,18 @@ impl PoolState {
             }
         }
     }
+}
+
+/// The queue's `workers` settings in force (all zero if a reload removed the queue;
+/// its pool is being stopped then).
+fn workers_config(args: &PoolArgs) -> WorkersConfig {
+    args.limits.config().queues.get(&*args.queue).map_or(
+        WorkersConfig {
+            min: 0,
+            max: 0,
+            target_age: Duration::from_secs(5),
+            idle_cooldown: Duration::from_secs(30),
+        },
+        |q| q.workers,
+    )
 }

@@ -439,7 +439,7 @@ fn is_root() -> bool {
 #[test]
 fn a_uid_that_is_not_allowed_is_refused_and_logged() {
     if let Err(why) = setpriv_available() {
-        eprintln!("skipped: {why}");
+        common::tool_missing("setpriv as root", &why);
         return;
     }
     let qd = Qd::start(&format!("admin_socket_mode = \"0666\"\n{EXTERNAL}"));
@@ -618,6 +618,8 @@ fn every_json_output_parses_with_stable_field_sets() {
         "payload_preview",
         "payload_bytes",
         "history",
+        "history_elided",
+        "history_elided_at",
     ]);
     assert_keys(&detail, &job_keys);
 

@@ -6,7 +6,9 @@
 //! The effect store is a directory: the job creates `effects/<key>` with `mkdir`,
 //! which is atomic and fails if the entry exists (the "processed-keys check in the
 //! same step as the effect"), and appends the key to `applied.log` only when it
-//! created the entry. Every attempt appends its key to `exec.log` first, so duplicate
+//! created the entry. A `mkdir` that failed for any other reason than an existing
+//! entry (e.g. the chaos loop's SIGKILL landing on it through a reused pid) is a
+//! transient failure (exit 75), never a success without its effect. Every attempt appends its key to `exec.log` first, so duplicate
 //! executions are counted. Producers retry each enqueue with the same idempotency
 //! key until qd answers 202 (accepted) or 200 (duplicate of an accepted job), as a
 //! real producer facing a crashing broker would.
@@ -159,7 +161,8 @@ fn random_sigkills_of_jobs_and_of_qd_lose_no_job_and_duplicate_no_effect() {
     std::fs::create_dir(w.join("effects")).expect("effects dir");
     let body = format!(
         "W={w}\ncat >/dev/null\necho \"$QD_IDEMPOTENCY_KEY\" >> $W/exec.log\nsleep 0.05\n\
-         if mkdir \"$W/effects/$QD_IDEMPOTENCY_KEY\" 2>/dev/null; then echo \"$QD_IDEMPOTENCY_KEY\" >> $W/applied.log; fi\n\
+         if mkdir \"$W/effects/$QD_IDEMPOTENCY_KEY\" 2>/dev/null; then echo \"$QD_IDEMPOTENCY_KEY\" >> $W/applied.log; \
+         elif [ ! -d \"$W/effects/$QD_IDEMPOTENCY_KEY\" ]; then exit 75; fi\n\
          sleep 0.05\n",
         w = w.display()
     );

@@ -59,6 +59,27 @@ impl Drop for Tmpfs {
     }
 }
 
+/// Enqueues `size`-byte jobs into `queue` until one is refused; returns the ids
+/// accepted and the refusal. More than `most` accepted means the disk never filled.
+fn fill(qd: &Qd, queue: &str, size: usize, most: usize) -> (Vec<String>, (u16, Value)) {
+    let payload = "x".repeat(size);
+    let mut accepted = Vec::new();
+    loop {
+        let (status, body) = qd.post(
+            &format!("/v1/queues/{queue}/jobs"),
+            &json!({ "payload": payload }),
+        );
+        if status != 202 {
+            return (accepted, (status, body));
+        }
+        accepted.push(body["id"].as_str().expect("id").to_string());
+        assert!(
+            accepted.len() < most,
+            "the tmpfs took {most} jobs of {size} bytes"
+        );
+    }
+}
+
 fn lease_all(qd: &Qd, queue: &str, n: usize) -> Vec<Value> {
     let mut jobs = Vec::new();
     while jobs.len() < n {
@@ -91,17 +112,7 @@ fn a_full_disk_refuses_enqueues_clearly_keeps_accepted_jobs_and_recovers() {
         "5s",
     );
     qd.spawn(&[]);
-    let payload = "x".repeat(60 * 1024);
-    let mut accepted = Vec::new();
-    let refusal = loop {
-        let (status, body) = qd.post("/v1/queues/ext/jobs", &json!({ "payload": payload }));
-        if status != 202 {
-            break (status, body);
-        }
-        accepted.push(body["id"].as_str().expect("id").to_string());
-        assert!(accepted.len() < 200, "a 2 MiB tmpfs took 12 MiB");
-    };
-    let (status, body) = refusal;
+    let (mut accepted, (status, body)) = fill(&qd, "ext", 60 * 1024, 200);
     println!("disk full after {} jobs: {status} {body}", accepted.len());
     assert!(status == 507 || status == 503, "{status} {body}");
     if status == 507 {
@@ -413,16 +424,7 @@ fn a_full_disk_charges_no_attempt_and_every_job_runs_once_space_returns() {
         "5s",
     );
     qd.spawn(&[]);
-    let payload = "x".repeat(8 * 1024);
-    let mut accepted = Vec::new();
-    let status = loop {
-        let (status, body) = qd.post("/v1/queues/work/jobs", &json!({ "payload": payload }));
-        if status != 202 {
-            break status;
-        }
-        accepted.push(body["id"].as_str().expect("id").to_string());
-        assert!(accepted.len() < 2000, "an 8 MiB tmpfs took 16 MiB");
-    };
+    let (accepted, (status, _)) = fill(&qd, "work", 8 * 1024, 2000);
     assert!(status == 507 || status == 503, "disk full answers {status}");
     assert!(
         accepted.len() > 2,

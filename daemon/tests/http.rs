@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Qd, free_port, history, script, wait_for};
+use common::{Qd, free_port, have, history, script, tool_missing, wait_for};
 use serde_json::json;
 use support::{Client, Downstream, response, run_to_exit};
 
@@ -426,13 +426,6 @@ fn example(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// Runs an example worker (with a token) against a real qd: one job succeeds with
 /// its payload delivered, one whose handler exits 65 is dead-lettered at once.
 fn example_worker_works_a_queue(interpreter: &str, file: &str) {
@@ -489,7 +482,7 @@ fn example_worker_works_a_queue(interpreter: &str, file: &str) {
 #[test]
 fn the_shell_example_worker_completes_jobs() {
     if !(have("curl") && have("jq")) {
-        eprintln!("skipped: curl and jq are needed by config/examples/worker.sh");
+        tool_missing("curl or jq", "config/examples/worker.sh needs both");
         return;
     }
     example_worker_works_a_queue("sh", "worker.sh");
@@ -498,7 +491,7 @@ fn the_shell_example_worker_completes_jobs() {
 #[test]
 fn the_python_example_worker_completes_jobs() {
     if !have("python3") {
-        eprintln!("skipped: python3 is not installed");
+        tool_missing("python3", "config/examples/worker.py needs it");
         return;
     }
     example_worker_works_a_queue("python3", "worker.py");

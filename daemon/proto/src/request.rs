@@ -222,12 +222,27 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tenants_of: Option<String>,
     },
+    /// Writes a consistent snapshot of the store to `path` while qd serves, fsynced.
+    /// An existing file is refused with `conflict` unless `force`. Answered with
+    /// [`crate::Response::Backup`].
+    Backup {
+        /// Absolute path of the snapshot file, as seen by the daemon (it writes it).
+        path: String,
+        /// Replace an existing file.
+        #[serde(default)]
+        force: bool,
+    },
+    /// Re-reads and validates the config file and applies it live (as SIGHUP does).
+    /// An invalid file is refused with `bad_request` (every problem, one per line),
+    /// a change that cannot apply live with `conflict`; either way nothing changes.
+    /// Answered with [`crate::Response::Reloaded`].
+    Reload {},
 }
 
 impl Request {
     /// Every `op` name, in declaration order. `decode_request` answers `unknown_op` for
     /// any other name.
-    pub const OPS: [&'static str; 20] = [
+    pub const OPS: [&'static str; 22] = [
         "status",
         "queues",
         "jobs_list",
@@ -248,6 +263,8 @@ impl Request {
         "jobs_payload",
         "dlq_export",
         "top",
+        "backup",
+        "reload",
     ];
 
     /// This request's `op` name (for logs and metrics labels).
@@ -273,6 +290,8 @@ impl Request {
             Request::JobsPayload { .. } => "jobs_payload",
             Request::DlqExport { .. } => "dlq_export",
             Request::Top { .. } => "top",
+            Request::Backup { .. } => "backup",
+            Request::Reload {} => "reload",
         }
     }
 

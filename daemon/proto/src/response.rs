@@ -30,7 +30,7 @@ pub enum Response {
         #[serde(default)]
         next_after: Option<String>,
     },
-    /// Answer to `jobs_show` and `dlq_show`.
+    /// Answer to `jobs_show` and `dlq_show` (boxed: by far the largest answer).
     Job(Box<JobDetail>),
     /// Answer to `jobs_cancel`.
     Cancelled {
@@ -60,6 +60,10 @@ pub enum Response {
     },
     /// Answer to `top`.
     Top(TopInfo),
+    /// Answer to `backup`.
+    Backup(BackupInfo),
+    /// Answer to `reload`.
+    Reloaded(ReloadInfo),
 }
 
 impl Response {
@@ -78,6 +82,8 @@ impl Response {
             Response::Payload(_) => "payload",
             Response::Export { .. } => "export",
             Response::Top(_) => "top",
+            Response::Backup(_) => "backup",
+            Response::Reloaded(_) => "reloaded",
         }
     }
 }
@@ -165,7 +171,7 @@ pub struct JobSummary {
     pub last_error: Option<String>,
 }
 
-/// A job with payload preview and every history entry.
+/// A job with payload preview and its history (as kept by the history cap).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobDetail {
     /// The summary fields, inlined in the JSON object.
@@ -177,8 +183,16 @@ pub struct JobDetail {
     pub payload_preview: String,
     /// Full payload size, bytes.
     pub payload_bytes: u64,
-    /// Attempts and operator events (redrive, cancel), oldest first.
+    /// Attempts and operator events (redrive, cancel), oldest first: the first and
+    /// the last ones when the history outgrew the daemon's cap.
     pub history: Vec<HistoryItem>,
+    /// How many entries the history cap deleted (0 when none; absent from older
+    /// servers, read as 0).
+    #[serde(default)]
+    pub history_elided: u64,
+    /// Where they were: the number of entries of `history` older than them.
+    #[serde(default)]
+    pub history_elided_at: u64,
 }
 
 impl JobDetail {
@@ -321,6 +335,38 @@ pub struct QueueLimits {
     pub rate_limiter: Option<String>,
     /// Whether leasing is paused.
     pub paused: Valued<bool>,
+}
+
+/// A snapshot written by `backup`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupInfo {
+    /// The snapshot file.
+    pub path: String,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+    /// Jobs in the snapshot per state (every state of [`crate::JOB_STATES`], zeros included).
+    pub jobs: Vec<StateCount>,
+    /// When the snapshot was taken (Unix ms).
+    pub taken_at: i64,
+}
+
+/// How many jobs are in one state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateCount {
+    /// The state (one of [`crate::JOB_STATES`]).
+    pub state: String,
+    /// Jobs in it.
+    pub count: u64,
+}
+
+/// What a successful `reload` changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReloadInfo {
+    /// The config file read.
+    pub path: String,
+    /// One line per applied change, e.g. `queue "reports" added` or
+    /// `tenants.acme.weight: 1 -> 3`; empty when the file changed nothing.
+    pub changes: Vec<String>,
 }
 
 /// A job's whole payload.

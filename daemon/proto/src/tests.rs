@@ -82,6 +82,11 @@ fn sample_requests() -> Vec<Request> {
         Request::Top {
             tenants_of: Some("email".into()),
         },
+        Request::Backup {
+            path: "/var/backups/qd.db".into(),
+            force: false,
+        },
+        Request::Reload {},
     ]
 }
 
@@ -211,6 +216,8 @@ fn response_frames_round_trip_with_the_spec_shape() {
         payload_preview: "hi".into(),
         payload_bytes: 2,
         history: vec![],
+        history_elided: 0,
+        history_elided_at: 0,
     };
     let frame = ResponseFrame::ok(9, Response::Job(Box::new(detail)));
     let line = encode_response(&frame);

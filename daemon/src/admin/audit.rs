@@ -34,7 +34,7 @@ pub(super) fn scope_state(d: &Daemon, scope: &str, name: &str) -> String {
                 t.weight
             )
         }
-        "queue" => match d.config.queues.get(name) {
+        "queue" => match d.config().queues.get(name) {
             Some(q) => {
                 let (min, max) = l.workers(name, &q.workers);
                 let paused = if l.paused(name) { "yes" } else { "no" };

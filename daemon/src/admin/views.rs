@@ -17,12 +17,13 @@ use crate::supervisor::Daemon;
 use crate::worker_pool::PoolStats;
 
 /// The actor kinds `qctl status` reports, in tree order.
-const ACTORS: [&str; 8] = [
+const ACTORS: [&str; 9] = [
     "broker",
     "scheduler",
     "dlq",
     "worker_pool",
     "worker",
+    "pruner",
     "gauges",
     "api",
     "admin",
@@ -34,7 +35,7 @@ pub fn status(d: &Daemon) -> StatusInfo {
     StatusInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_secs: d.started.elapsed().as_secs_f64(),
-        store_path: d.config.db_path().display().to_string(),
+        store_path: d.config().db_path().display().to_string(),
         store_bytes: stats.size_bytes,
         actors: ACTORS
             .iter()
@@ -80,6 +81,8 @@ pub fn detail(d: &StoredJob) -> JobDetail {
         payload_preview: JobDetail::preview(&d.payload),
         payload_bytes: d.payload.len() as u64,
         history: history(d),
+        history_elided: d.history_elided,
+        history_elided_at: d.history_elided_at as u64,
     }
 }
 
@@ -231,7 +234,7 @@ pub fn limits(d: &Daemon) -> LimitsView {
         })
         .collect();
     let queues = d
-        .config
+        .config()
         .queues
         .iter()
         .map(|(name, q)| {

@@ -96,8 +96,13 @@ pub async fn bind(
     Ok((listener, guard))
 }
 
-/// Deletes a socket file left by a crashed run; errors if it is live or not a socket.
-async fn clear_stale(path: &Path) -> Result<(), AdminSocketError> {
+/// Checks, before anything else starts, that no live process answers on the admin
+/// socket `path` and that nothing but a socket sits there. `main` calls it so a
+/// second daemon stops with one clear line before it opens the store.
+///
+/// Errors: [`AdminSocketError::AlreadyServing`], [`AdminSocketError::NotASocket`],
+/// or [`AdminSocketError::Io`] when the path cannot be inspected.
+pub async fn ensure_not_served(path: &Path) -> Result<(), AdminSocketError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -112,6 +117,15 @@ async fn clear_stale(path: &Path) -> Result<(), AdminSocketError> {
         return Err(AdminSocketError::AlreadyServing {
             path: path.to_path_buf(),
         });
+    }
+    Ok(())
+}
+
+/// Deletes a socket file left by a crashed run; errors if it is live or not a socket.
+async fn clear_stale(path: &Path) -> Result<(), AdminSocketError> {
+    ensure_not_served(path).await?;
+    if !path.exists() {
+        return Ok(());
     }
     tracing::info!(path = %path.display(), "Replacing a stale admin socket file.");
     std::fs::remove_file(path).map_err(io_err(path, "remove the stale socket"))

@@ -2,7 +2,8 @@
 //! name, roles and the queues it may use.
 //!
 //! The file is TOML and must not be readable by group or other (mode 0600 or 0400,
-//! like an ssh key); it is read once when the Api starts:
+//! like an ssh key); it is read at start-up and again on every config reload
+//! (SIGHUP, `qctl reload`), which swaps the whole set in [`LiveTokens`]:
 //!
 //! ```toml
 //! [[tokens]]
@@ -24,7 +25,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
@@ -317,13 +318,35 @@ fn unauthorized(message: &str, challenge: &'static str) -> ApiError {
     err
 }
 
+/// The token set in force; a reload replaces it whole, so a request sees either the
+/// old set or the new one, never a mix.
+pub struct LiveTokens(RwLock<Arc<Tokens>>);
+
+impl LiveTokens {
+    /// Starts with `tokens`.
+    pub fn new(tokens: Tokens) -> Self {
+        LiveTokens(RwLock::new(Arc::new(tokens)))
+    }
+
+    /// The set in force.
+    pub fn get(&self) -> Arc<Tokens> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts a freshly loaded set in force.
+    pub fn replace(&self, tokens: Tokens) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tokens);
+    }
+}
+
 /// Middleware for the `/v1` routes: establishes the [`Caller`] (in the request's
 /// extensions) or answers 401 with a `WWW-Authenticate: Bearer` challenge.
 pub async fn authenticate(
-    State(tokens): State<Arc<Tokens>>,
+    State(live): State<Arc<LiveTokens>>,
     mut request: Request,
     next: Next,
 ) -> Response {
+    let tokens = live.get();
     let caller = if tokens.entries.is_empty() {
         Caller::Open
     } else {

@@ -57,8 +57,8 @@ pub async fn lease(
     JsonBody(body): JsonBody<LeaseBody>,
 ) -> Result<Json<Value>, ApiError> {
     caller.allow(Role::Work, &queue)?;
-    let qcfg = args
-        .config
+    let config = args.config();
+    let qcfg = config
         .queues
         .get(&queue)
         .ok_or_else(|| ApiError::from(broker::BrokerError::UnknownQueue(queue.clone())))?;

@@ -4,7 +4,8 @@
 //! `{"tenant"?, "payload" | "payload_b64", "idempotency_key"?, "delay"?, "max_attempts"?}`
 //! answers `202 {"id", "state"}` once the job is durable, or `200 {"id", "duplicate": true}`
 //! when the idempotency key names an existing job with the same payload.
-//! `GET /v1/jobs/{id}` answers the job with every history entry.
+//! `GET /v1/jobs/{id}` answers the job with its history as the history cap keeps it
+//! (the first and last entries, `history_elided` counting those deleted between).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,9 +50,10 @@ pub async fn enqueue(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     caller.allow(Role::Produce, &queue)?;
-    let max = args.config.daemon.max_payload;
+    let config = args.config();
+    let max = config.daemon.max_payload;
     let body = body.map_err(|e| too_large(max, e.to_string()))?;
-    if !args.config.queues.contains_key(&queue) {
+    if !config.queues.contains_key(&queue) {
         return Err(broker::BrokerError::UnknownQueue(queue).into());
     }
     let req = parse_enqueue(&queue, &body, &headers, max)?;
@@ -185,6 +187,8 @@ pub fn job_json(d: &JobDetail, now: i64) -> Value {
         "last_error": j.last_error,
         "payload_bytes": d.payload.len(),
         "history": d.history,
+        "history_elided": d.history_elided,
+        "history_elided_at": d.history_elided_at,
     })
 }
 

@@ -81,6 +81,7 @@ pub struct DlqStats {
 pub struct BrokerState {
     pub(super) store: Store,
     pub(super) accepting: bool,
+    /// The config in force as of the message being handled (see [`Self::follow_config`]).
     config: Arc<Config>,
     limits: Arc<Limits>,
     jobs: HashMap<JobId, Job>,
@@ -106,17 +107,17 @@ pub struct BrokerState {
 
 impl BrokerState {
     pub(super) fn new(args: BrokerArgs, rng: StdRng, myself: ActorRef<BrokerMsg>) -> Self {
-        let counts = args
-            .config
+        let config = args.limits.config();
+        let counts = config
             .queues
             .keys()
             .map(|q| (Arc::<str>::from(q.as_str()), QueueCounts::default()))
             .collect();
-        let labels = TenantLabels::new(args.config.tenants.keys().cloned());
+        let labels = TenantLabels::new(config.tenants.keys().cloned());
         BrokerState {
             store: args.store,
             accepting: true,
-            config: args.config,
+            config,
             limits: args.limits,
             jobs: HashMap::new(),
             deadlines: Deadlines::default(),
@@ -132,6 +133,18 @@ impl BrokerState {
             writing: HashSet::new(),
             store_writable: true,
             parked: Vec::new(),
+        }
+    }
+
+    /// Takes the config in force from its owner ([`Limits`]) before each message, so
+    /// one message sees one config and a reload applies from the next message on
+    /// (new queues, depths, retry and lease settings for new attempts). Tenant labels
+    /// follow the configured tenants.
+    pub(super) fn follow_config(&mut self) {
+        let current = self.limits.config();
+        if !Arc::ptr_eq(&current, &self.config) {
+            self.labels = TenantLabels::new(current.tenants.keys().cloned());
+            self.config = current;
         }
     }
 
@@ -858,24 +871,6 @@ impl BrokerState {
                 (queue.clone(), stats)
             })
             .collect()
-    }
-
-    /// Prunes each queue's finished jobs past that queue's `retention`.
-    pub(super) fn prune(&self, now: UnixMillis) {
-        for (queue, cfg) in &self.config.queues {
-            let retention = i64::try_from(cfg.retention.as_millis()).unwrap_or(i64::MAX / 2);
-            let (before, queue) = (now.saturating_sub(retention), queue.clone());
-            self.store.submit(
-                move |b| b.prune(&queue, before, 10_000).map(|n| (queue, n)),
-                |r| match r {
-                    Ok((_, 0)) => {}
-                    Ok((queue, n)) => {
-                        info!(queue, pruned = n, "Finished jobs past retention pruned.")
-                    }
-                    Err(err) => warn!(error = %err, "Pruning finished jobs failed."),
-                },
-            );
-        }
     }
 }
 

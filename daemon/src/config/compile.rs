@@ -15,7 +15,9 @@ use super::diag::{self, Diagnostics, KeyPath};
 use super::raw::{self, Named, RawDaemon, RawRateLimiter, RawTenant};
 use super::units::{is_valid_name, parse_mode};
 use super::{Config, ConfigError, DaemonConfig, RateLimiterConfig, RestartIntensity, TenantConfig};
+use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
 
+mod environment;
 mod executor;
 mod queue;
 
@@ -23,8 +25,13 @@ mod queue;
 pub(crate) const DEFAULT_TENANT: &str = "default";
 
 /// Compiles a whole document; `source` must be absolute (relative paths in the
-/// file are resolved against its directory).
-pub(crate) fn compile(text: &str, source: &Path) -> Result<Config, Vec<ConfigError>> {
+/// file are resolved against its directory). With `environment`, the checks against
+/// the machine (token file, admin group, executors) run in the same pass.
+pub(crate) fn compile(
+    text: &str,
+    source: &Path,
+    environment: bool,
+) -> Result<Config, Vec<ConfigError>> {
     let (table, syntax) = DeTable::parse_recoverable(text);
     if !syntax.is_empty() {
         return Err(diag::syntax_errors(text, &syntax));
@@ -44,6 +51,9 @@ pub(crate) fn compile(text: &str, source: &Path) -> Result<Config, Vec<ConfigErr
         rate_limiters: names(&doc.rate_limiters),
     };
     let queues = queue::compile_queues(&mut diag, &doc, &scope);
+    if environment {
+        environment::check(&mut diag, &daemon, &queues);
+    }
 
     let errors = diag.into_errors();
     if !errors.is_empty() {
@@ -58,9 +68,23 @@ pub(crate) fn compile(text: &str, source: &Path) -> Result<Config, Vec<ConfigErr
     })
 }
 
-/// `base_dir/path`, or `path` itself when it is absolute.
+/// `base_dir/path`, or `path` itself when it is absolute, with `.` and `..`
+/// resolved lexically (`/etc/qd/../var/qd` is `/etc/var/qd`), so logs and `qctl
+/// status` show the path an operator would write.
 pub(crate) fn resolve(base_dir: &Path, path: &str) -> PathBuf {
-    base_dir.join(path)
+    let mut out = PathBuf::new();
+    for part in base_dir.join(path).components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                if !out.pop() {
+                    out.push(part);
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// Records an error unless `value >= 1`.
@@ -152,6 +176,36 @@ fn compile_daemon(diag: &mut Diagnostics<'_>, raw: &RawDaemon, base_dir: &Path) 
         max_payload,
         api_tokens_file,
         restart: compile_restart(diag, raw),
+        history: compile_history(diag, raw),
+    }
+}
+
+fn compile_history(diag: &mut Diagnostics<'_>, raw: &RawDaemon) -> HistoryLimits {
+    let at = |key: &str| KeyPath::of(&["daemon", "history", key]);
+    let given = raw.history.as_ref();
+    let default = HistoryLimits::default();
+    let keep_last = given.and_then(|h| h.keep_last).unwrap_or(default.keep_last);
+    if keep_last < 1 {
+        diag.error(
+            &at("keep_last"),
+            "must be at least 1: the newest history entry is always kept",
+        );
+    }
+    let max_error = given
+        .and_then(|h| h.max_error)
+        .map_or(default.max_error as u64, |s| s.0);
+    if max_error < MIN_MAX_ERROR as u64 {
+        diag.error(
+            &at("max_error"),
+            format!("must be at least {MIN_MAX_ERROR} bytes (got {max_error})"),
+        );
+    }
+    HistoryLimits {
+        keep_first: given
+            .and_then(|h| h.keep_first)
+            .unwrap_or(default.keep_first),
+        keep_last: keep_last.max(1),
+        max_error: usize::try_from(max_error).unwrap_or(usize::MAX),
     }
 }
 

@@ -31,6 +31,19 @@ pub(crate) struct RawDaemon {
     pub max_payload: Option<Size>,
     pub api_tokens_file: Option<String>,
     pub restart: Option<RawRestart>,
+    pub history: Option<RawHistory>,
+}
+
+/// `daemon.history`: the history cap.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { keep_first = 5, keep_last = 20, max_error = \"2KiB\" }"
+)]
+pub(crate) struct RawHistory {
+    pub keep_first: Option<u32>,
+    pub keep_last: Option<u32>,
+    pub max_error: Option<Size>,
 }
 
 /// `daemon.restart`: supervisor restart intensity.

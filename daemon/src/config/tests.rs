@@ -12,6 +12,7 @@ use super::*;
 use crate::backoff::Jitter;
 use crate::executor::{ErrorClass, ExecutorSpec};
 use crate::scheduler::fair::Fairness;
+use crate::store::HistoryLimits;
 
 const SOURCE: &str = "/etc/qd/qd.toml";
 const QUEUE: &str = r#"
@@ -287,6 +288,43 @@ fn bad_sizes_and_a_public_api_without_tokens_are_daemon_errors() {
 }
 
 #[test]
+fn the_history_cap_defaults_and_refuses_values_that_cannot_work() {
+    let config = parse(QUEUE).expect("no [daemon] history");
+    assert_eq!(config.daemon.history, HistoryLimits::default());
+    let given = format!(
+        "[daemon]\nhistory = {{ keep_first = 0, keep_last = 3, max_error = \"512B\" }}\n{QUEUE}"
+    );
+    let history = parse(&given).expect("valid cap").daemon.history;
+    assert_eq!(
+        (history.keep_first, history.keep_last, history.max_error),
+        (0, 3, 512)
+    );
+    let bad = format!("[daemon]\nhistory = {{ keep_last = 0, max_error = 10 }}\n{QUEUE}");
+    let found = errors(&bad);
+    assert!(
+        error_at(&found, "daemon.history.keep_last")
+            .message
+            .contains("at least 1"),
+        "{found:#?}"
+    );
+    assert_eq!(
+        error_at(&found, "daemon.history.max_error").message,
+        "must be at least 64 bytes (got 10)"
+    );
+    let typo = errors(&format!("[daemon]\nhistory = {{ keep = 3 }}\n{QUEUE}"));
+    assert!(
+        error_at(&typo, "daemon.history.keep")
+            .message
+            .contains("unknown field"),
+        "{typo:#?}"
+    );
+    let negative = errors(&format!(
+        "[daemon]\nhistory = {{ keep_first = -1 }}\n{QUEUE}"
+    ));
+    assert!(!negative.is_empty());
+}
+
+#[test]
 fn every_problem_in_a_file_is_reported_at_once_in_file_order() {
     let text = r#"
 [daemon]
@@ -442,7 +480,11 @@ fn the_example_configs_compile() {
         assert!(config.queues.len() >= 2, "{name}");
     }
     let local = Config::load(&repo_dir().join("config/qd.toml")).expect("qd.toml");
-    assert_eq!(local.daemon.data_dir, repo_dir().join("config/../var/qd"));
+    assert_eq!(
+        local.daemon.data_dir,
+        repo_dir().join("var/qd"),
+        "no config/../ in the path"
+    );
     assert_eq!(local.tenant("acme").weight, 3);
     assert_eq!(local.tenant("acme").max_concurrency, Some(4));
     let demo = &local.queues["demo"];
@@ -553,4 +595,53 @@ proptest! {
             prop_assert!(!e.errors.is_empty());
         }
     }
+}
+
+#[test]
+fn machine_checks_are_reported_in_the_same_pass_as_file_problems() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, "[[tokens]]\nname = \"x\"\n").expect("write tokens");
+    std::fs::set_permissions(&tokens, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("chmod");
+    let text = format!(
+        r#"
+[daemon]
+api_tokens_file = "{}"
+admin_group = "no-such-group-qd-test"
+bogus = 1
+
+[queues.a]
+executor = {{ kind = "http", url = "http://127.0.0.1:1/", headers = {{ "bad header" = "v" }} }}
+lease = "soon"
+"#,
+        tokens.display()
+    );
+    let path = dir.path().join("qd.toml");
+    std::fs::write(&path, &text).expect("write config");
+    let errors = Config::load_checked(&path).expect_err("invalid").errors;
+    let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+    for expected in [
+        "daemon.api_tokens_file",
+        "daemon.admin_group",
+        "daemon.bogus",
+        "queues.a.executor",
+        "queues.a.lease",
+    ] {
+        assert!(paths.contains(&expected), "{expected} in {errors:#?}");
+    }
+    assert!(
+        Config::load(&path).expect_err("still invalid").errors.len() < errors.len(),
+        "Config::load leaves the machine alone"
+    );
+}
+
+#[test]
+fn relative_paths_are_normalised() {
+    let config = Config::parse(
+        "[daemon]\ndata_dir = \"../var/./qd\"\n[queues.q]\nexecutor = { kind = \"external\" }\n",
+        Path::new("/etc/qd/conf/qd.toml"),
+    )
+    .expect("config");
+    assert_eq!(config.daemon.data_dir, Path::new("/etc/qd/var/qd"));
 }

@@ -36,6 +36,10 @@ fn every_event(tenants: &TenantLabels) {
     set_dlq("email", 3, Duration::from_secs(90));
     set_workers("email", 2, 1, 4);
     store_writable(false);
+    config_loaded();
+    config_reloaded(false);
+    jobs_pruned("email", 1_000);
+    set_prune_backlog_age("email", Duration::from_secs(3));
 }
 
 #[derive(Debug, PartialEq)]
@@ -74,6 +78,13 @@ fn every_metric_name_is_exported_with_its_type_and_help() {
         ("qd_rate_limiter_throttled_total", Kind::Counter),
         ("qd_build_info", Kind::Gauge),
         ("qd_store_writable", Kind::Gauge),
+        ("qd_config_reloads_total", Kind::Counter),
+        (
+            "qd_config_last_reload_success_timestamp_seconds",
+            Kind::Gauge,
+        ),
+        ("qd_jobs_pruned_total", Kind::Counter),
+        ("qd_prune_backlog_age_seconds", Kind::Gauge),
     ]);
     assert_eq!(
         METRIC_NAMES.len(),
@@ -198,6 +209,7 @@ fn registration_creates_every_bounded_counter_at_zero() {
     outcomes.sort();
     assert_eq!(zero_labels(JOB_ATTEMPTS, "outcome"), outcomes);
     assert_eq!(zero_labels(LEASES_EXPIRED, "queue"), ["email"]);
+    assert_eq!(zero_labels(JOBS_PRUNED, "queue"), ["email"]);
     assert_eq!(zero_labels(ACTOR_RESTARTS, "actor"), ["broker"]);
 }
 

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{
-    Backend, Engine, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override, StoreError,
-    sort_counts,
+    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override,
+    PruneScope, StoreError, history, prune, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
@@ -24,6 +24,7 @@ pub struct MemoryBackend {
     /// Lengths of `undo` at each open savepoint.
     savepoints: Vec<usize>,
     in_transaction: bool,
+    history_limits: HistoryLimits,
 }
 
 #[derive(Clone)]
@@ -31,18 +32,10 @@ struct Row {
     /// The durable record (never in state leased).
     job: Job,
     payload: Vec<u8>,
-    history: Vec<HistoryEntry>,
+    /// `(seq, entry)`, numbered and capped as SQLite does.
+    history: Vec<(u64, HistoryEntry)>,
     /// The live lease, if any: (token, worker, leased_at).
     lease: Option<(Token, String, UnixMillis)>,
-}
-
-/// A row's state as readers see it: `leased` while it holds a lease.
-fn live_state(row: &Row) -> State {
-    if row.lease.is_some() {
-        State::Leased
-    } else {
-        row.job.state
-    }
 }
 
 impl Row {
@@ -91,6 +84,14 @@ fn key_of(job: &Job) -> Option<(Arc<str>, String)> {
 }
 
 impl MemoryBackend {
+    /// An empty store applying `history_limits` on every append.
+    pub fn new(history_limits: HistoryLimits) -> Self {
+        MemoryBackend {
+            history_limits,
+            ..MemoryBackend::default()
+        }
+    }
+
     /// Sets the row of `id` (or removes it), keeping the key index; returns the old row.
     fn replace(&mut self, id: JobId, row: Option<Row>) -> Option<Row> {
         let old = match row {
@@ -149,7 +150,14 @@ impl MemoryBackend {
         };
         row.job = stored(t, &row.job);
         row.lease = None;
-        row.history.extend(t.entry.clone());
+        if let Some(entry) = &t.entry {
+            let seq = row.history.last().map_or(1, |(seq, _)| seq + 1);
+            let entry = history::bounded(entry, &self.history_limits).into_owned();
+            row.history.push((seq, entry));
+            if let Some((from, to)) = history::doomed(&self.history_limits, seq) {
+                row.history.retain(|(s, _)| *s < from || *s > to);
+            }
+        }
         self.write_job(t.job.id, Some(row));
         true
     }
@@ -270,29 +278,6 @@ impl Backend for MemoryBackend {
             .collect())
     }
 
-    fn prune(
-        &mut self,
-        queue: &str,
-        finished_before: UnixMillis,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        let mut doomed: Vec<(UnixMillis, JobId)> = self
-            .jobs
-            .values()
-            .map(|row| &row.job)
-            .filter(|job| *job.queue == *queue)
-            .filter(|job| matches!(job.state, State::Succeeded | State::Cancelled))
-            .filter(|job| job.updated_at < finished_before)
-            .map(|job| (job.updated_at, job.id))
-            .collect();
-        doomed.sort_unstable();
-        doomed.truncate(limit as usize);
-        for (_, id) in &doomed {
-            self.write_job(*id, None);
-        }
-        Ok(doomed.len() as u64)
-    }
-
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
         let unfinished = |s: State| !matches!(s, State::Succeeded | State::Cancelled);
         Ok(self
@@ -304,10 +289,16 @@ impl Backend for MemoryBackend {
     }
 
     fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError> {
-        Ok(self.jobs.get(&id).map(|row| JobDetail {
-            job: row.view(),
-            payload: row.payload.clone(),
-            history: row.history.clone(),
+        Ok(self.jobs.get(&id).map(|row| {
+            let seqs: Vec<u64> = row.history.iter().map(|(seq, _)| *seq).collect();
+            let (history_elided, history_elided_at) = history::elided(&seqs);
+            JobDetail {
+                job: row.view(),
+                payload: row.payload.clone(),
+                history: row.history.iter().map(|(_, e)| e.clone()).collect(),
+                history_elided,
+                history_elided_at,
+            }
         }))
     }
 
@@ -338,6 +329,45 @@ impl Backend for MemoryBackend {
         }
         jobs.truncate(filter.limit as usize);
         Ok(jobs)
+    }
+
+    fn prune_finished(
+        &mut self,
+        scope: &PruneScope,
+        finished_before: UnixMillis,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        // Succeeded first, then cancelled; each oldest first, ties in id order, as
+        // the SQL does.
+        let mut doomed: Vec<(usize, UnixMillis, JobId)> = self
+            .jobs
+            .values()
+            .filter(|row| scope.covers(&row.job) && row.job.updated_at < finished_before)
+            .filter_map(|row| {
+                let rank = prune::FINISHED.iter().position(|s| *s == row.job.state)?;
+                Some((rank, row.job.updated_at, row.job.id))
+            })
+            .collect();
+        doomed.sort_unstable();
+        doomed.truncate(limit as usize);
+        for (_, _, id) in &doomed {
+            self.write_job(*id, None);
+        }
+        Ok(doomed.len() as u64)
+    }
+
+    fn oldest_finished(&mut self, scope: &PruneScope) -> Result<Option<UnixMillis>, StoreError> {
+        Ok(self
+            .jobs
+            .values()
+            .map(|row| &row.job)
+            .filter(|job| scope.covers(job) && prune::FINISHED.contains(&job.state))
+            .map(|job| job.updated_at)
+            .min())
+    }
+
+    fn release_space(&mut self, _keep_free: u32, _max_pages: u32) -> Result<u32, StoreError> {
+        Ok(0)
     }
 
     fn set_override(
@@ -373,7 +403,12 @@ impl Backend for MemoryBackend {
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
         let mut tally: HashMap<(&str, State), u64> = HashMap::new();
         for row in self.jobs.values() {
-            *tally.entry((&row.job.queue, live_state(row))).or_default() += 1;
+            let state = if row.lease.is_some() {
+                State::Leased
+            } else {
+                row.job.state
+            };
+            *tally.entry((&row.job.queue, state)).or_default() += 1;
         }
         let mut counts: Vec<_> = tally
             .into_iter()
@@ -386,9 +421,13 @@ impl Backend for MemoryBackend {
     fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError> {
         let mut tally: HashMap<(&str, State), u64> = HashMap::new();
         let unfinished = [State::Delayed, State::Ready, State::Leased, State::Dead];
-        for row in self.jobs.values() {
-            let state = live_state(row);
-            if &*row.job.queue == queue && unfinished.contains(&state) {
+        for row in self.jobs.values().filter(|row| &*row.job.queue == queue) {
+            let state = if row.lease.is_some() {
+                State::Leased
+            } else {
+                row.job.state
+            };
+            if unfinished.contains(&state) {
                 *tally.entry((&row.job.tenant, state)).or_default() += 1;
             }
         }

@@ -13,8 +13,8 @@ use rusqlite::{
 use uuid::Uuid;
 
 use super::{
-    Backend, Engine, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override, SqliteOptions,
-    StoreError, sort_counts,
+    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override,
+    PruneScope, SqliteOptions, StoreError, history, prune, sort_counts, space,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
@@ -147,11 +147,11 @@ const JOB_COLUMNS: &str = "j.id, j.queue, j.tenant, j.idempotency_key, \
      j.max_attempts, COALESCE(l.token, j.lease_seq), l.worker, l.leased_at, j.created_at, \
      j.ready_at, j.updated_at, j.last_error";
 
+/// A job's state as readers see it: `leased` while this process holds a lease.
+const EFFECTIVE_STATE: &str = "CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END";
+
 /// The stored jobs with this process's leases laid over them.
 const JOINED: &str = "jobs j LEFT JOIN temp.leases l ON l.id = j.id";
-
-/// A job's state as the daemon sees it over [`JOINED`]: `leased` while it holds a lease.
-const LIVE_STATE: &str = "CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END";
 
 /// The stored states of a job that may be leased (a lease is not stored).
 const CLAIMABLE: &str = "state IN ('ready', 'delayed')";
@@ -161,6 +161,7 @@ const CLAIMABLE: &str = "state IN ('ready', 'delayed')";
 pub struct SqliteBackend {
     conn: Connection,
     path: PathBuf,
+    history: HistoryLimits,
 }
 
 /// Bytes the database at `path` takes on disk: the file plus its `-wal` (0 if absent).
@@ -197,9 +198,13 @@ impl SqliteBackend {
         let mut backend = SqliteBackend {
             conn,
             path: path.to_path_buf(),
+            history: options.history,
         };
         backend.configure(options).map_err(|e| backend.err(e))?;
         backend.migrate()?;
+        // After the migrations: `VACUUM` cannot run inside their transactions, and a
+        // migrated file is rewritten once, compacted, in its final schema.
+        space::adopt(&backend.conn, path).map_err(|e| backend.err(e))?;
         Ok(backend)
     }
 
@@ -389,7 +394,7 @@ impl SqliteBackend {
         if changed == 0 {
             return Ok(false);
         }
-        if let Some(entry) = &t.entry {
+        if let Some(entry) = t.entry.as_ref().map(|e| history::bounded(e, &self.history)) {
             self.conn
                 .prepare_cached(
                     "INSERT INTO history (job_id, seq, attempt, outcome, worker, started_at, \
@@ -405,6 +410,7 @@ impl SqliteBackend {
                     entry.ended_at,
                     entry.error,
                 ])?;
+            history::cap_history(&self.conn, &id_bytes(job.id), &self.history)?;
         }
         Ok(true)
     }
@@ -550,29 +556,26 @@ impl Backend for SqliteBackend {
         self.each(ids, |b, id| b.delete_one(*id, "'dead'"))
     }
 
-    fn prune(
+    fn prune_finished(
         &mut self,
-        queue: &str,
+        scope: &PruneScope,
         finished_before: UnixMillis,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let doomed: Vec<JobId> = self
-            .conn
-            .prepare_cached(
-                "SELECT id FROM jobs WHERE queue = ?1 AND state IN ('succeeded', 'cancelled') \
-                 AND updated_at < ?2 ORDER BY updated_at, id LIMIT ?3",
-            )
-            .and_then(|mut s| {
-                s.query_map(params![queue, finished_before, limit], |r| {
-                    Ok(JobId(Uuid::from_bytes(r.get(0)?)))
-                })?
-                .collect()
-            })
+        let doomed = prune::finished_ids(&self.conn, scope, finished_before, limit)
             .map_err(|e| self.err(e))?;
         let deleted = self.each(&doomed, |b, id| {
             b.delete_one(*id, "'succeeded', 'cancelled'")
         })?;
         Ok(deleted.into_iter().filter(|d| *d).count() as u64)
+    }
+
+    fn oldest_finished(&mut self, scope: &PruneScope) -> Result<Option<UnixMillis>, StoreError> {
+        prune::oldest_finished(&self.conn, scope).map_err(|e| self.err(e))
+    }
+
+    fn release_space(&mut self, keep_free: u32, max_pages: u32) -> Result<u32, StoreError> {
+        space::release(&self.conn, keep_free, max_pages).map_err(|e| self.err(e))
     }
 
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
@@ -598,10 +601,14 @@ impl Backend for SqliteBackend {
                 return Ok(None);
             };
             let history = self.history_of(id)?;
+            let (history_elided, history_elided_at) =
+                history::elided_of(&self.conn, &id_bytes(id))?;
             Ok(Some(JobDetail {
                 job,
                 payload,
                 history,
+                history_elided,
+                history_elided_at,
             }))
         };
         read().map_err(|e| self.err(e))
@@ -720,14 +727,14 @@ impl Backend for SqliteBackend {
 
     fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
         let sql = format!(
-            "SELECT j.queue, {LIVE_STATE} AS s, COUNT(*) FROM {JOINED} GROUP BY j.queue, s"
+            "SELECT j.queue, {EFFECTIVE_STATE} AS s, COUNT(*) FROM {JOINED} GROUP BY j.queue, s"
         );
         count_rows(&self.conn, &sql, []).map_err(|e| self.err(e))
     }
 
     fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError> {
         let sql = format!(
-            "SELECT j.tenant, {LIVE_STATE} AS s, COUNT(*) FROM {JOINED} WHERE j.queue = ?1 \
+            "SELECT j.tenant, {EFFECTIVE_STATE} AS s, COUNT(*) FROM {JOINED} WHERE j.queue = ?1 \
              AND j.state IN ('delayed', 'ready', 'dead') GROUP BY j.tenant, s"
         );
         count_rows(&self.conn, &sql, [queue]).map_err(|e| self.err(e))

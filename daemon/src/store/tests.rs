@@ -12,6 +12,7 @@ use super::*;
 use crate::job::{Outcome, Token};
 
 mod model;
+mod upkeep;
 
 const ANSWER_WITHIN: Duration = Duration::from_secs(60);
 
@@ -212,6 +213,8 @@ fn jobs_history_and_overrides_survive_reopen() {
             job: stored,
             payload: b"hello".to_vec(),
             history: vec![entry],
+            history_elided: 0,
+            history_elided_at: 1,
         })
     );
     let overrides = block(&store, |b| b.overrides()).expect("overrides");
@@ -224,6 +227,7 @@ fn full_disk_fails_inserts_with_full_and_keeps_earlier_rows() {
     let (_dir, path) = temp_db();
     let small = SqliteOptions {
         max_page_count: Some(64),
+        ..SqliteOptions::default()
     };
     let store = Store::open_sqlite_with(&path, &small).expect("open small store");
     let mut stored = 0u128;
@@ -245,6 +249,7 @@ fn full_disk_fails_inserts_with_full_and_keeps_earlier_rows() {
 
     let roomy = SqliteOptions {
         max_page_count: Some(4096),
+        ..SqliteOptions::default()
     };
     let store = Store::open_sqlite_with(&path, &roomy).expect("reopen with room");
     let next = job(stored + 1, "q", None);
@@ -473,9 +478,6 @@ impl Backend for FailingCommit {
     fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError> {
         self.0.purge(ids)
     }
-    fn prune(&mut self, queue: &str, before: UnixMillis, limit: u32) -> Result<u64, StoreError> {
-        self.0.prune(queue, before, limit)
-    }
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
         self.0.load_unfinished()
     }
@@ -484,6 +486,20 @@ impl Backend for FailingCommit {
     }
     fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         self.0.list_jobs(filter)
+    }
+    fn prune_finished(
+        &mut self,
+        scope: &PruneScope,
+        before: UnixMillis,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        self.0.prune_finished(scope, before, limit)
+    }
+    fn oldest_finished(&mut self, scope: &PruneScope) -> Result<Option<UnixMillis>, StoreError> {
+        self.0.oldest_finished(scope)
+    }
+    fn release_space(&mut self, keep_free: u32, max_pages: u32) -> Result<u32, StoreError> {
+        self.0.release_space(keep_free, max_pages)
     }
     fn set_override(
         &mut self,

@@ -24,7 +24,9 @@ use tracing::{debug, warn};
 
 use super::PoolMsg;
 use crate::broker::{self, BrokerError, BrokerMsg, LeasedJob};
-use crate::executor::{ExecResult, Executor, JobRun};
+use crate::executor::{ExecResult, Executors, JobRun};
+use crate::job::Failure;
+use crate::limits::Limits;
 use crate::scheduler::{self, LeaseRequest, SchedulerMsg};
 
 /// How long a worker waits in one long poll for a job.
@@ -41,10 +43,11 @@ pub struct WorkerArgs {
     pub id: String,
     /// Its queue.
     pub queue: Arc<str>,
-    /// The queue's executor.
-    pub executor: Arc<Executor>,
-    /// Heartbeat interval.
-    pub heartbeat: Duration,
+    /// Every queue's executor; this worker looks its queue's up for each attempt, so
+    /// a reload applies to the next attempt.
+    pub executors: Arc<Executors>,
+    /// Owner of the config in force (the queue's heartbeat interval).
+    pub limits: Arc<Limits>,
     /// Its pool, told when the worker is busy or idle.
     pub pool: ActorRef<PoolMsg>,
     /// Cancelled when the pool drains: take no new job.
@@ -123,6 +126,17 @@ async fn lease(state: &WorkerArgs) -> Option<LeasedJob> {
     }
 }
 
+/// The queue's heartbeat interval in the config in force (read at each use, so a
+/// reload reaches the next beat); 10 s if the queue left the config.
+fn heartbeat_every(state: &WorkerArgs) -> Duration {
+    state
+        .limits
+        .config()
+        .queues
+        .get(&*state.queue)
+        .map_or(Duration::from_secs(10), |q| q.heartbeat)
+}
+
 /// Runs the executor, heartbeating; a refused heartbeat interrupts the attempt, and
 /// `revoked` (an operator's cancel, from the pool) stops it gracefully.
 async fn run(state: &WorkerArgs, job: &LeasedJob, revoked: &CancellationToken) -> ExecResult {
@@ -137,11 +151,17 @@ async fn run(state: &WorkerArgs, job: &LeasedJob, revoked: &CancellationToken) -
         idempotency_key: job.idempotency_key.clone(),
         payload: job.payload.clone(),
     };
+    let Some(executor) = state.executors.get(&state.queue) else {
+        return ExecResult::Failure(Failure::Interrupted {
+            reason: "the queue no longer has in-process workers (config reloaded)".into(),
+        });
+    };
+    let every = heartbeat_every(state);
     let cancel = state.interrupt.child_token();
-    let exec = state.executor.run(&run, &cancel, revoked);
+    let exec = executor.run(&run, &cancel, revoked);
     tokio::pin!(exec);
-    let start = tokio::time::Instant::now() + state.heartbeat;
-    let mut beats = tokio::time::interval_at(start, state.heartbeat);
+    let start = tokio::time::Instant::now() + every;
+    let mut beats = tokio::time::interval_at(start, every);
     loop {
         tokio::select! {
             result = &mut exec => return result,
@@ -203,7 +223,7 @@ async fn report(state: &WorkerArgs, job: &LeasedJob, result: ExecResult) {
             return;
         }
         tokio::select! {
-            _ = tokio::time::sleep(state.heartbeat.min(REPORT_RETRY)) => {}
+            _ = tokio::time::sleep(heartbeat_every(state).min(REPORT_RETRY)) => {}
             _ = state.interrupt.cancelled() => return,
         }
     }

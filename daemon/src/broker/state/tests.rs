@@ -58,8 +58,7 @@ fn state(queue: &str, myself: ActorRef<BrokerMsg>) -> BrokerState {
     let text = format!("[queues.{queue}]\nexecutor = {{ kind = \"external\" }}\n");
     let config = Arc::new(Config::parse(&text, Path::new("/tmp/qd.toml")).expect("config"));
     let args = BrokerArgs {
-        limits: Arc::new(Limits::new(config.clone(), Vec::new())),
-        config,
+        limits: Arc::new(Limits::new(config, Vec::new())),
         store: Store::open_memory(),
         restarted: false,
     };

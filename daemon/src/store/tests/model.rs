@@ -16,9 +16,20 @@ const QUEUES: [&str; 2] = ["email", "thumbs"];
 const TENANTS: [&str; 2] = ["default", "acme"];
 const KEYS: [&str; 3] = ["k1", "k2", "k3"];
 const PAYLOADS: [&[u8]; 4] = [b"", b"a", b"bb", b"a\0b"];
-const ERRORS: [&str; 3] = ["Timeout talking to SMTP", "exit 75", "HTTP 503 from api"];
+const ERRORS: [&str; 3] = [
+    "Timeout talking to SMTP",
+    "exit 75",
+    "HTTP 503 from api: <html><body>Service Unavailable; the upstream is being deployed</body></html>",
+];
 const NEEDLES: [&str; 3] = ["timeout", "EXIT", "zzz"];
 const MAX_STEPS: usize = 60;
+/// A history cap small enough for a case's few updates to reach it, and for the
+/// long error text to be cut.
+const TINY_CAP: HistoryLimits = HistoryLimits {
+    keep_first: 1,
+    keep_last: 2,
+    max_error: history::MIN_MAX_ERROR,
+};
 const STEP_MS: i64 = 3;
 
 /// A generated step; job references are indexes into the jobs made so far.
@@ -43,10 +54,11 @@ enum Step {
     Show(Index),
     List(ListSpec),
     Prune {
-        queue: usize,
+        scope: Option<usize>,
         back: i64,
         limit: u32,
     },
+    OldestFinished(Option<usize>),
     SetOverride {
         name: usize,
         key: usize,
@@ -100,7 +112,8 @@ enum Action {
     LoadUnfinished,
     Show(JobId),
     List(JobFilter),
-    Prune(&'static str, UnixMillis, u32),
+    Prune(PruneScope, UnixMillis, u32),
+    OldestFinished(PruneScope),
     SetOverride(String, String, Option<String>),
     Overrides,
     Counts,
@@ -115,6 +128,7 @@ enum Seen {
     Done,
     Count(u64),
     Applied(Vec<bool>),
+    Oldest(Option<UnixMillis>),
     Payloads(Vec<Option<Vec<u8>>>),
     Jobs(Vec<Job>),
     Detail(Option<Box<JobDetail>>),
@@ -153,7 +167,10 @@ fn apply(action: &Action, b: &mut dyn Backend) -> Result<Seen, StoreError> {
         Action::LoadUnfinished => Seen::Jobs(b.load_unfinished()?),
         Action::Show(id) => Seen::Detail(b.job(*id)?.map(Box::new)),
         Action::List(filter) => Seen::Jobs(b.list_jobs(filter)?),
-        Action::Prune(queue, before, limit) => Seen::Count(b.prune(queue, *before, *limit)?),
+        Action::Prune(scope, before, limit) => {
+            Seen::Count(b.prune_finished(scope, *before, *limit)?)
+        }
+        Action::OldestFinished(scope) => Seen::Oldest(b.oldest_finished(scope)?),
         Action::SetOverride(name, key, value) => {
             b.set_override("tenant", name, key, value.as_deref())?;
             Seen::Done
@@ -305,9 +322,10 @@ impl Driver {
                 ][spec.order],
                 limit: spec.limit,
             }),
-            Step::Prune { queue, back, limit } => {
-                Action::Prune(QUEUES[queue], now - STEP_MS * back, limit)
+            Step::Prune { scope, back, limit } => {
+                Action::Prune(prune_scope(scope), now - STEP_MS * back, limit)
             }
+            Step::OldestFinished(scope) => Action::OldestFinished(prune_scope(scope)),
             Step::SetOverride { name, key, value } => Action::SetOverride(
                 TENANTS[name].to_owned(),
                 ["weight", "max_concurrency"][key].to_owned(),
@@ -317,6 +335,14 @@ impl Driver {
             Step::Counts => Action::Counts,
             Step::TenantCounts(queue) => Action::TenantCounts(QUEUES[queue].to_owned()),
         })
+    }
+}
+
+/// One queue's jobs (`Some(i)`), or those of queues other than the first.
+fn prune_scope(scope: Option<usize>) -> PruneScope {
+    match scope {
+        Some(q) => PruneScope::Queue(QUEUES[q].to_owned()),
+        None => PruneScope::Unconfigured(vec![QUEUES[0].to_owned()]),
     }
 }
 
@@ -398,8 +424,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::LoadUnfinished),
         1 => any::<Index>().prop_map(Step::Show),
         3 => list_spec().prop_map(Step::List),
-        2 => (0..2usize, steps_back(), 0..4u32)
-            .prop_map(|(queue, back, limit)| Step::Prune { queue, back, limit }),
+        2 => (proptest::option::of(0..2usize), steps_back(), 0..4u32)
+            .prop_map(|(scope, back, limit)| Step::Prune { scope, back, limit }),
+        1 => proptest::option::of(0..2usize).prop_map(Step::OldestFinished),
         1 => set,
         1 => Just(Step::Overrides),
         1 => Just(Step::Counts),
@@ -442,8 +469,9 @@ proptest! {
             .collect();
         actions.extend(driver.end_claims());
         let (_dir, path) = temp_db();
-        let sqlite = open(&path);
-        let memory = Store::open_memory();
+        let options = SqliteOptions { history: TINY_CAP, ..SqliteOptions::default() };
+        let sqlite = Store::open_sqlite_with(&path, &options).expect("open store");
+        let memory = Store::open_memory_with(TINY_CAP);
         let from_sqlite = observe(&sqlite, &actions);
         let from_memory = observe(&memory, &actions);
         for (n, (s, m)) in from_sqlite.iter().zip(&from_memory).enumerate() {
@@ -451,7 +479,7 @@ proptest! {
         }
         // And what was committed is what a reopened database reads back.
         sqlite.close();
-        let reopened = open(&path);
+        let reopened = Store::open_sqlite_with(&path, &options).expect("reopen store");
         let tail = [Action::LoadUnfinished, Action::Counts, Action::Overrides];
         prop_assert_eq!(observe(&reopened, &tail), observe(&memory, &tail));
     }

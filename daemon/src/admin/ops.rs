@@ -1,0 +1,94 @@
+//! Operations requests: `backup` (an online snapshot of the store) and `reload`
+//! (re-read the config, as SIGHUP does). One function per request.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use qd_proto::{BackupInfo, ErrorBody, ErrorCode, ReloadInfo, Response, StateCount};
+use ractor::ActorRef;
+use tracing::{info, warn};
+
+use crate::backup::{self, BackupError};
+use crate::clock::wall_ms;
+use crate::reload::ReloadError;
+use crate::supervisor::{self, Daemon, SupervisorMsg};
+
+/// How long a reload may take (reading the file, stopping a removed queue's actors).
+const RELOAD_WAIT: Duration = Duration::from_secs(60);
+
+/// `backup`: writes a consistent snapshot of the store to `path` (absolute) while
+/// qd serves. Errors: `bad_request` for a relative path, `conflict` for an existing
+/// file without `force`, `internal` when the copy fails.
+pub(super) async fn backup(
+    daemon: &Daemon,
+    path: String,
+    force: bool,
+    by: &str,
+) -> Result<Response, ErrorBody> {
+    let db = daemon.config().db_path();
+    let dest = PathBuf::from(&path);
+    let taken_at = wall_ms();
+    let done = tokio::task::spawn_blocking(move || backup::snapshot(&db, &dest, force))
+        .await
+        .map_err(|e| ErrorBody::new(ErrorCode::Internal, format!("backup task failed: {e}")))?;
+    match done {
+        Ok(snap) => {
+            let jobs: u64 = snap.jobs.iter().map(|(_, n)| n).sum();
+            info!(path = %snap.path.display(), bytes = snap.size_bytes, jobs, by, "Store backed up.");
+            Ok(Response::Backup(BackupInfo {
+                path: snap.path.display().to_string(),
+                size_bytes: snap.size_bytes,
+                jobs: snap
+                    .jobs
+                    .into_iter()
+                    .map(|(state, count)| StateCount {
+                        state: state.as_str().to_string(),
+                        count,
+                    })
+                    .collect(),
+                taken_at,
+            }))
+        }
+        Err(e) => {
+            warn!(path, error = %e, by, "Backup failed.");
+            let code = match e {
+                BackupError::NotAbsolute(_) => ErrorCode::BadRequest,
+                BackupError::Exists(_) => ErrorCode::Conflict,
+                BackupError::Io { .. } | BackupError::Sqlite { .. } => ErrorCode::Internal,
+            };
+            Err(ErrorBody::new(code, e.to_string()))
+        }
+    }
+}
+
+/// `reload`: asks the Supervisor to reload the config and answers what changed.
+/// Errors: `bad_request` with every problem of an invalid file, `conflict` for
+/// changes that cannot apply live, `unavailable` when qd is shutting down.
+pub(super) async fn reload(daemon: &Daemon, by: &str) -> Result<Response, ErrorBody> {
+    info!(by, "Config reload requested.");
+    let supervisor = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME)
+        .ok_or_else(|| ErrorBody::new(ErrorCode::Unavailable, "the supervisor is not running"))?;
+    let answer = supervisor
+        .call(|tx| SupervisorMsg::Reload(Some(tx)), Some(RELOAD_WAIT))
+        .await;
+    let outcome = match answer {
+        Ok(ractor::rpc::CallResult::Success(outcome)) => outcome,
+        _ => Err(ReloadError::Unavailable(
+            "no answer from the supervisor".into(),
+        )),
+    };
+    match outcome {
+        Ok(changes) => Ok(Response::Reloaded(ReloadInfo {
+            path: daemon.config().source.display().to_string(),
+            changes,
+        })),
+        Err(e) => {
+            let code = match e {
+                ReloadError::Invalid(_) => ErrorCode::BadRequest,
+                ReloadError::Refused(_) => ErrorCode::Conflict,
+                ReloadError::Unavailable(_) => ErrorCode::Unavailable,
+            };
+            Err(ErrorBody::new(code, e.to_string()))
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Pruning finished jobs: which jobs a pass covers ([`PruneScope`]) and the SQL that
+//! picks one bounded batch for the SQLite engine.
+//!
+//! Each batch takes at most `limit` jobs in the caller's (short) transaction, one
+//! state at a time, oldest first with ties in id order (`updated_at, id`: exactly the
+//! order of the `(queue, state, updated_at)` index, whose entries end with the
+//! primary key of the `WITHOUT ROWID` table), so for a configured queue SQLite walks
+//! the index and stops after `limit` rows: no sort, however large the backlog and
+//! however many jobs finished in the same millisecond. Schema 2 has no `(state,
+//! updated_at)` index (one index less to write per job), so a batch of the
+//! [`PruneScope::Unconfigured`] queues (removed from the config: rare, and shrinking)
+//! sorts the matching rows. The engine deletes each picked job with its payload and
+//! history (schema 2 has no foreign keys). The Pruner actor repeats batches until
+//! one comes back short.
+
+use rusqlite::types::Value;
+use rusqlite::{Connection, OptionalExtension, params_from_iter};
+
+use uuid::Uuid;
+
+use crate::job::{Job, JobId, State, UnixMillis};
+
+/// The states pruning removes, in the order a batch takes them.
+pub const FINISHED: [State; 2] = [State::Succeeded, State::Cancelled];
+
+/// Which queues' jobs a prune covers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PruneScope {
+    /// The jobs of one (configured) queue, pruned at that queue's retention.
+    Queue(String),
+    /// The jobs of every queue *not* in this list: queues removed from the config,
+    /// whose finished jobs would otherwise stay forever.
+    Unconfigured(Vec<String>),
+}
+
+impl PruneScope {
+    /// Whether `job` belongs to this scope.
+    pub fn covers(&self, job: &Job) -> bool {
+        match self {
+            PruneScope::Queue(q) => *job.queue == **q,
+            PruneScope::Unconfigured(known) => !known.iter().any(|q| *job.queue == **q),
+        }
+    }
+
+    /// The SQL condition selecting this scope's rows, binding its names from `?first`,
+    /// and the values to bind.
+    fn clause(&self, first: usize) -> (String, Vec<Value>) {
+        match self {
+            PruneScope::Queue(q) => (format!("queue = ?{first}"), vec![Value::Text(q.clone())]),
+            PruneScope::Unconfigured(known) if known.is_empty() => ("1".into(), Vec::new()),
+            PruneScope::Unconfigured(known) => {
+                let marks: Vec<String> = (first..first + known.len())
+                    .map(|n| format!("?{n}"))
+                    .collect();
+                let values = known.iter().cloned().map(Value::Text).collect();
+                (format!("queue NOT IN ({})", marks.join(", ")), values)
+            }
+        }
+    }
+}
+
+/// The ids of at most `limit` finished jobs of `scope` older than `before`, in the
+/// order a prune deletes them; see `Backend::prune_finished`.
+pub fn finished_ids(
+    conn: &Connection,
+    scope: &PruneScope,
+    before: UnixMillis,
+    limit: u32,
+) -> rusqlite::Result<Vec<JobId>> {
+    let (clause, names) = scope.clause(4);
+    let sql = format!(
+        "SELECT id FROM jobs WHERE state = ?1 AND updated_at < ?2 AND {clause} \
+         ORDER BY updated_at, id LIMIT ?3"
+    );
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut ids = Vec::new();
+    for state in FINISHED {
+        let left = u64::from(limit) - ids.len() as u64;
+        if left == 0 {
+            break;
+        }
+        let mut args = vec![
+            Value::Text(state.as_str().into()),
+            Value::Integer(before),
+            Value::Integer(i64::try_from(left).unwrap_or(i64::MAX)),
+        ];
+        args.extend(names.iter().cloned());
+        let batch = stmt
+            .query_map(params_from_iter(args), |r| {
+                Ok(JobId(Uuid::from_bytes(r.get(0)?)))
+            })?
+            .collect::<rusqlite::Result<Vec<JobId>>>()?;
+        ids.extend(batch);
+    }
+    Ok(ids)
+}
+
+/// The oldest `updated_at` of a finished job of `scope`; see `Backend::oldest_finished`.
+pub fn oldest_finished(
+    conn: &Connection,
+    scope: &PruneScope,
+) -> rusqlite::Result<Option<UnixMillis>> {
+    let (clause, names) = scope.clause(2);
+    let sql = format!("SELECT MIN(updated_at) FROM jobs WHERE state = ?1 AND {clause}");
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut oldest: Option<UnixMillis> = None;
+    for state in FINISHED {
+        let mut args = vec![Value::Text(state.as_str().into())];
+        args.extend(names.iter().cloned());
+        let min: Option<UnixMillis> = stmt
+            .query_row(params_from_iter(args), |r| r.get(0))
+            .optional()?
+            .flatten();
+        oldest = oldest.into_iter().chain(min).min();
+    }
+    Ok(oldest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_walks_the_index_without_sorting_the_backlog() {
+        let conn = Connection::open_in_memory().expect("open");
+        conn.execute_batch(
+            "CREATE TABLE jobs (id BLOB PRIMARY KEY, queue TEXT, state TEXT, updated_at INTEGER)
+                 WITHOUT ROWID;
+             CREATE INDEX jobs_queue_state_updated ON jobs (queue, state, updated_at);",
+        )
+        .expect("schema");
+        let (clause, _) = PruneScope::Queue("q".into()).clause(4);
+        let plan: Vec<String> = conn
+            .prepare(&format!(
+                "EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE state = ?1 AND updated_at < ?2 \
+                 AND {clause} ORDER BY updated_at, id LIMIT ?3"
+            ))
+            .expect("plan")
+            .query_map(rusqlite::params!["succeeded", 0, 10, "q"], |r| {
+                r.get::<_, String>(3)
+            })
+            .expect("rows")
+            .collect::<rusqlite::Result<_>>()
+            .expect("plan rows");
+        let plan = plan.join("; ");
+        assert!(plan.contains("jobs_queue_state_updated"), "{plan}");
+        assert!(!plan.contains("TEMP B-TREE"), "a sort per batch: {plan}");
+    }
+}

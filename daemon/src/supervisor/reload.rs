@@ -1,0 +1,185 @@
+//! The Supervisor's half of a config reload: check, then apply a [`Plan`].
+//!
+//! Order: read and validate the file ([`Config::load_checked`], the checks of `qd
+//! check-config`), plan the changes ([`reload::plan`]), refuse the removal of a queue
+//! that still holds jobs, build the executors; only then swap the config in
+//! [`crate::limits::Limits`], the executors, the rate limiters and the API tokens,
+//! stop the actors of removed queues, start those of added ones and tell every
+//! Scheduler and WorkerPool to reread their limits. Runtime overrides (`qctl
+//! limits`) live beside the config in `Limits` and keep their precedence.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::ActorRef;
+use tracing::{error, info, warn};
+
+use super::{Child, SupervisorMsg, SupervisorState};
+use crate::api::auth::Tokens;
+use crate::broker::{self, BrokerMsg};
+use crate::config::Config;
+use crate::executor::Executors;
+use crate::metrics;
+use crate::reload::{self, Plan, ReloadError};
+use crate::scheduler::{self, SchedulerMsg};
+use crate::worker_pool::{self, PoolMsg};
+
+/// The executors built for a reload, by queue, ready to swap in.
+type ExecutorMap = std::collections::HashMap<String, Arc<crate::executor::Executor>>;
+
+/// How long a stopping queue's actors get to finish.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+impl SupervisorState {
+    /// Reloads the config file in force; returns the changes made. Logs the outcome
+    /// (every problem of a refused reload, file:line:col first) and counts it in
+    /// `qd_config_reloads_total`. On error nothing was changed.
+    pub(super) async fn reload(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+    ) -> Result<Vec<String>, ReloadError> {
+        let old = self.daemon.config();
+        let outcome = self.check(&old).await;
+        let (new, plan, executors, tokens) = match outcome {
+            Ok(checked) => checked,
+            Err(err) => {
+                metrics::config_reloaded(false);
+                for line in err.to_string().lines() {
+                    error!(file = %old.source.display(), "Config reload refused; the old config stays in force: {line}");
+                }
+                return Err(err);
+            }
+        };
+        self.daemon.limits.replace_config(new);
+        self.daemon.executors.replace(executors);
+        self.daemon.limiters.sync(&self.daemon.limits);
+        self.daemon.tokens.replace(tokens);
+        for queue in &plan.removed {
+            self.stop_queue(queue).await;
+        }
+        for queue in plan.added.iter().chain(&plan.rescheduled) {
+            if plan.rescheduled.contains(queue) {
+                self.stop_child(scheduler::name(queue)).await;
+            } else {
+                metrics::register_queue(queue);
+            }
+            self.start_queue(myself, queue, plan.added.contains(queue))
+                .await;
+        }
+        for queue in self.daemon.config().queues.keys() {
+            if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
+                let _ = s.cast(SchedulerMsg::LimitsChanged);
+            }
+            if let Some(p) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
+                let _ = p.cast(PoolMsg::LimitsChanged);
+            }
+        }
+        metrics::config_reloaded(true);
+        if plan.changes.is_empty() {
+            info!(file = %old.source.display(), "Config reloaded; nothing changed.");
+        }
+        for change in &plan.changes {
+            info!(change = %change, "Config reloaded.");
+        }
+        Ok(plan.changes)
+    }
+
+    /// Everything that can fail, before anything changes.
+    async fn check(
+        &self,
+        old: &Config,
+    ) -> Result<(Arc<Config>, Plan, ExecutorMap, Tokens), ReloadError> {
+        let path = old.source.clone();
+        let new = tokio::task::spawn_blocking(move || Config::load_checked(&path))
+            .await
+            .map_err(|e| ReloadError::Unavailable(e.to_string()))?
+            .map_err(|errors| ReloadError::Invalid(errors.to_string()))?;
+        let plan = reload::plan(old, &new).map_err(ReloadError::Refused)?;
+        self.check_removable(&plan.removed).await?;
+        let executors = Executors::build(&new, Some((old, &self.daemon.executors)))
+            .map_err(ReloadError::Refused)?;
+        let tokens = Tokens::from_config(&new).map_err(|e| ReloadError::Invalid(e.to_string()))?;
+        Ok((Arc::new(new), plan, executors, tokens))
+    }
+
+    /// Refuses the removal of a queue that still holds jobs (waiting, leased, dead).
+    async fn check_removable(&self, removed: &[String]) -> Result<(), ReloadError> {
+        if removed.is_empty() {
+            return Ok(());
+        }
+        let counts = broker::request(BrokerMsg::Counts, Duration::from_secs(10))
+            .await
+            .map_err(|e| ReloadError::Unavailable(e.to_string()))?;
+        let held: Vec<String> = removed
+            .iter()
+            .filter_map(|q| {
+                let c = counts.get(q.as_str())?;
+                let jobs = c.depth() + c.dead;
+                (jobs > 0).then(|| {
+                    format!(
+                        "queues.{q}: removed from the file but still holds {jobs} jobs; \
+                         let them finish (or purge its DLQ) and reload again; its jobs are kept"
+                    )
+                })
+            })
+            .collect();
+        if held.is_empty() {
+            Ok(())
+        } else {
+            Err(ReloadError::Refused(held))
+        }
+    }
+
+    /// Stops a removed queue's pool (drained first) and scheduler.
+    async fn stop_queue(&mut self, queue: &str) {
+        if let Some(pool) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
+            let _ = pool.call(PoolMsg::Drain, Some(STOP_WAIT)).await;
+        }
+        self.stop_child(worker_pool::name(queue)).await;
+        self.stop_child(scheduler::name(queue)).await;
+    }
+
+    /// Stops the child registered as `name` without it counting as a failure.
+    async fn stop_child(&mut self, name: String) {
+        let Some(cell) = ractor::registry::where_is(name.clone()) else {
+            return;
+        };
+        self.children.remove(&cell.get_id());
+        if let Err(e) = cell
+            .stop_and_wait(Some("config reloaded".into()), Some(STOP_WAIT))
+            .await
+        {
+            warn!(actor = %name, error = %e, "Actor did not stop in time after a reload.");
+        }
+    }
+
+    /// Starts a queue's scheduler (and, when `with_pool`, its pool if it has an
+    /// in-process executor). A failure is handled as a failed child: restarted.
+    async fn start_queue(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        queue: &str,
+        with_pool: bool,
+    ) {
+        let q: Arc<str> = Arc::from(queue);
+        let mut children = vec![Child::Scheduler(q.clone())];
+        if with_pool && self.daemon.executors.has(queue) {
+            children.push(Child::Pool(q));
+        }
+        for child in children {
+            metrics::register_actor(child.kind());
+            if let Err(err) = self.spawn(myself, child.clone()).await {
+                self.failed(myself, child, &err.to_string());
+            }
+        }
+    }
+
+    /// Whether `child` still belongs to the config in force (a pending restart of a
+    /// removed queue's actor is dropped).
+    pub(super) fn still_configured(&self, child: &Child) -> bool {
+        match child {
+            Child::Scheduler(q) | Child::Pool(q) => self.daemon.config().queues.contains_key(&**q),
+            _ => true,
+        }
+    }
+}
