@@ -263,6 +263,11 @@ pub enum DlqCmd {
         /// At most N jobs per second (e.g. 20/s), so a redrive cannot become a retry storm.
         #[arg(long, value_name = "N/s", value_parser = parse_rate)]
         rate: Option<f64>,
+        /// Fix the data: replace the payload of the one dead job named by ID with
+        /// FILE's bytes, in the same commit as its redrive (at most max_payload; the
+        /// idempotency key stays). Exactly one ID; no filter, --all, --dry-run or --rate.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["queue", "tenant", "error", "since", "all", "dry_run", "rate"])]
+        payload_file: Option<PathBuf>,
     },
     /// Delete dead jobs for good (requires --yes unless --dry-run).
     Purge {
@@ -394,7 +399,7 @@ mod tests {
             "dlq", "redrive", "--queue", "email", "--since", "1h", "--rate", "20/s",
         ])
         .expect("parses");
-        let Command::Dlq(DlqCmd::Redrive { target, rate }) = cli.command else {
+        let Command::Dlq(DlqCmd::Redrive { target, rate, .. }) = cli.command else {
             panic!("wrong command");
         };
         assert_eq!(rate, Some(20.0));

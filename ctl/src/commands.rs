@@ -4,9 +4,10 @@
 //! sent in batches paced by `--rate`, so a redrive cannot become a retry storm.
 
 use std::io::{IsTerminal, Read};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use qd_proto::{DlqSelection, PurgeResult, RedriveResult, Refusal, Request, Response};
+use qd_proto::{DlqSelection, Payload, PurgeResult, RedriveResult, Refusal, Request, Response};
 
 use crate::cli::{
     BackupArgs, Command, DlqCmd, DlqTarget, EnqueueArgs, JobsCmd, LimitsCmd, QueueCmd, WorkersCmd,
@@ -42,7 +43,12 @@ pub fn run(
     connect: impl FnOnce() -> Result<Client, CliError>,
 ) -> Result<Output, CliError> {
     match cmd {
-        Command::Dlq(DlqCmd::Redrive { target, rate }) => dlq_redrive(&target, rate, connect),
+        Command::Dlq(DlqCmd::Redrive {
+            target,
+            payload_file: Some(file),
+            ..
+        }) => dlq_redrive_with_payload(&target, &file, connect),
+        Command::Dlq(DlqCmd::Redrive { target, rate, .. }) => dlq_redrive(&target, rate, connect),
         Command::Dlq(DlqCmd::Purge { target, yes }) => dlq_purge(&target, yes, connect),
         Command::Enqueue(args) => {
             let req = enqueue_request(args)?;
@@ -255,6 +261,7 @@ fn dlq_redrive(
             dry_run,
             batch_size,
             rate_per_sec: None,
+            payload: None,
         };
         match client.call(req)? {
             Response::Redrive(r) => Ok(r),
@@ -284,6 +291,36 @@ fn dlq_redrive(
         response: Response::Redrive(result),
         text,
     })
+}
+
+/// `dlq redrive ID --payload-file FILE`: one dead job back to ready with FILE's bytes.
+fn dlq_redrive_with_payload(
+    target: &DlqTarget,
+    file: &Path,
+    connect: impl FnOnce() -> Result<Client, CliError>,
+) -> Result<Output, CliError> {
+    let [id] = target.ids.as_slice() else {
+        return Err(CliError::Usage(
+            "--payload-file replaces the payload of exactly one dead job: name one job id".into(),
+        ));
+    };
+    let bytes = std::fs::read(file)
+        .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", file.display())))?;
+    let req = Request::DlqRedrive {
+        selection: DlqSelection::of_ids(vec![id.clone()]),
+        dry_run: false,
+        batch_size: None,
+        rate_per_sec: None,
+        payload: Some(Payload::from_bytes(bytes)),
+    };
+    match connect()?.call(req)? {
+        Response::Redrive(result) => Ok(Output {
+            text: render::redrive(&result),
+            refused: !result.refused.is_empty(),
+            response: Response::Redrive(result),
+        }),
+        other => Err(unexpected(&other, "dlq_redrive")),
+    }
 }
 
 fn dlq_purge(

@@ -23,7 +23,7 @@ use crate::broker::{self, BrokerError, BrokerMsg, EnqueueRequest};
 use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::{JobId, State};
 use crate::scheduler::{self, SchedulerMsg};
-use crate::store::JobDetail as StoredJob;
+use crate::store::{self, JobDetail as StoredJob};
 use crate::supervisor::{Daemon, SupervisorMsg};
 use crate::worker_pool::{self, PoolMsg};
 
@@ -97,6 +97,18 @@ impl From<BrokerError> for ErrorBody {
     }
 }
 
+/// The one job a `dlq_redrive` with a new payload names: exactly one id, no
+/// filter, no `all`, not a dry run.
+fn one_id(selection: &DlqSelection, dry_run: bool) -> Result<JobId, ErrorBody> {
+    match selection.ids.as_slice() {
+        [id] if !selection.has_filter() && !selection.all && !dry_run => parse_id(id),
+        _ => Err(err(
+            ErrorCode::BadRequest,
+            "a new payload redrives exactly one dead job: name one id, no filter, no all, no dry_run",
+        )),
+    }
+}
+
 fn parse_id(id: &str) -> Result<JobId, ErrorBody> {
     id.parse().map_err(|_| {
         err(
@@ -146,6 +158,9 @@ impl AdminHandler for Handler {
                     Err(BrokerError::UnknownJob(_)) => return Err(self.not_cancellable(id).await),
                     other => other?,
                 };
+                if previous == State::Leased {
+                    self.revoke(id);
+                }
                 audit::change(
                     peer.uid,
                     req_op,
@@ -199,8 +214,33 @@ impl AdminHandler for Handler {
             Request::DlqRedrive {
                 selection,
                 dry_run,
+                payload: Some(payload),
+                ..
+            } => {
+                let id = one_id(&selection, dry_run)?;
+                let payload = payload
+                    .into_bytes()
+                    .map_err(|e| err(ErrorCode::BadRequest, e))?;
+                let summary = store::payload_summary(&payload);
+                broker::request(
+                    |tx| BrokerMsg::RedriveWithPayload(id, payload, by, tx),
+                    CALL,
+                )
+                .await??;
+                let after = format!("ready, payload {summary}");
+                audit::change(peer.uid, req_op, &format!("job {id}"), "dead", &after);
+                let moved = broker::BatchOutcome {
+                    moved: vec![id],
+                    refused: Vec::new(),
+                };
+                Ok(Response::Redrive(views::redrive(moved, false)))
+            }
+            Request::DlqRedrive {
+                selection,
+                dry_run,
                 batch_size,
                 rate_per_sec,
+                payload: None,
             } => {
                 selection
                     .check_mutation()
@@ -458,12 +498,22 @@ impl Handler {
 
     /// Why the broker, which holds only unfinished jobs, did not know `id`: a finished
     /// (succeeded or cancelled) job is a `conflict` naming its state, else `not_found`.
+    /// Tells every pool that job `id` was cancelled while leased: the one whose worker
+    /// runs it stops the attempt (an external lessee learns it from its next call).
+    fn revoke(&self, id: JobId) {
+        for queue in self.daemon.config().queues.keys() {
+            if let Some(pool) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
+                let _ = pool.cast(PoolMsg::Revoke(id));
+            }
+        }
+    }
+
     async fn not_cancellable(&self, id: JobId) -> ErrorBody {
         match self.stored(&id.to_string()).await {
             Ok(d) => err(
                 ErrorCode::Conflict,
                 format!(
-                    "job {id} is {}; only ready, delayed or dead jobs can be cancelled",
+                    "job {id} is {}; only ready, delayed, leased or dead jobs can be cancelled",
                     d.job.state
                 ),
             ),

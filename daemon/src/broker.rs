@@ -244,9 +244,24 @@ pub enum BrokerMsg {
         String,
         RpcReplyPort<Result<BatchOutcome, BrokerError>>,
     ),
+    /// Move one dead job back to ready with a new payload (the operator fixed the
+    /// data): payload and state change in one commit; the history entry records old
+    /// and new size and SHA-256. The idempotency key stays. Answers after it is
+    /// durable; a job that is not dead is refused ([`BrokerError::Transition`]) and
+    /// a payload over `max_payload` is [`BrokerError::PayloadTooLarge`], with
+    /// nothing changed.
+    RedriveWithPayload(
+        JobId,
+        Vec<u8>,
+        String,
+        RpcReplyPort<Result<(), BrokerError>>,
+    ),
     /// Delete dead jobs (one atomic write).
     Purge(Vec<JobId>, RpcReplyPort<Result<BatchOutcome, BrokerError>>),
-    /// Cancel a ready, delayed or dead job; answers the state it was cancelled from.
+    /// Cancel a job; a leased one loses its lease and its attempt ends `cancelled`
+    /// (the lessee learns it from its next heartbeat or report, or sooner from its
+    /// pool: see [`crate::worker_pool::PoolMsg::Revoke`]). Answers the state it was
+    /// cancelled from.
     Cancel(JobId, String, RpcReplyPort<Result<State, BrokerError>>),
     /// A derived actor (re)started and needs the current state.
     Resync(Resync),
@@ -421,6 +436,9 @@ impl Actor for Broker {
             BrokerMsg::Tick => state.expire_due(now, Instant::now()),
             BrokerMsg::WorkerLost(worker, error) => state.worker_lost(&worker, &error, now),
             BrokerMsg::Redrive(ids, by, reply) => state.redrive(ids, &by, reply, now),
+            BrokerMsg::RedriveWithPayload(id, payload, by, reply) => {
+                state.redrive_with_payload(id, payload, &by, reply, now)
+            }
             BrokerMsg::Purge(ids, reply) => state.purge(ids, reply),
             BrokerMsg::Cancel(id, by, reply) => state.cancel(id, &by, reply, now),
             BrokerMsg::Resync(what) => state.resync(what),

@@ -183,12 +183,25 @@ impl Executor {
     /// Runs one attempt of `job` to its end and classifies the outcome.
     ///
     /// When `cancel` fires (shutdown grace spent, lease lost) the work is stopped at
-    /// once and the result is [`Failure::Interrupted`]. Dropping the returned future
-    /// also stops the work (a command's whole process group is SIGKILLed).
-    pub async fn run(&self, job: &JobRun, cancel: &CancellationToken) -> ExecResult {
+    /// once and the result is [`Failure::Interrupted`]. When `revoked` fires (an
+    /// operator cancelled the job) the work is stopped as on timeout: a command's
+    /// process group gets SIGTERM, then SIGKILL after `kill_grace`; a webhook request
+    /// is aborted; the result is again [`Failure::Interrupted`]. Dropping the returned
+    /// future also stops the work (a command's whole process group is SIGKILLed).
+    pub async fn run(
+        &self,
+        job: &JobRun,
+        cancel: &CancellationToken,
+        revoked: &CancellationToken,
+    ) -> ExecResult {
         match self {
-            Executor::Command(c) => c.run(job, cancel).await,
-            Executor::Http(h) => h.run(job, cancel).await,
+            Executor::Command(c) => c.run(job, cancel, revoked).await,
+            Executor::Http(h) => tokio::select! {
+                result = h.run(job, cancel) => result,
+                () = revoked.cancelled() => ExecResult::Failure(Failure::Interrupted {
+                    reason: "cancelled by an operator; request aborted".to_owned(),
+                }),
+            },
         }
     }
 }

@@ -153,7 +153,8 @@ pub enum Outcome {
     Throttled,
     /// An operator redrove the job from the dead-letter queue (an event, not an attempt).
     Redriven,
-    /// An operator cancelled the job (an event, not an attempt).
+    /// An operator cancelled the job: an event, or the end of the attempt it
+    /// stopped (not charged).
     Cancelled,
 }
 
@@ -437,7 +438,8 @@ pub enum Event {
         /// Who did it (e.g. "uid 1000").
         by: String,
     },
-    /// An operator removes a ready, delayed or dead job.
+    /// An operator removes a job; a leased job's attempt ends with it (its lease is
+    /// revoked).
     Cancel {
         /// Who did it.
         by: String,
@@ -564,6 +566,17 @@ pub fn apply(
                 job,
                 Outcome::Redriven,
                 format!("redriven by {by}"),
+                now,
+            ))
+        }
+        (State::Leased, Event::Cancel { by }) => {
+            next.state = State::Cancelled;
+            let detail = format!("cancelled by {by} while running");
+            Some(end_lease(
+                &mut next,
+                job,
+                Outcome::Cancelled,
+                Some(detail),
                 now,
             ))
         }

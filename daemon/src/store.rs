@@ -80,6 +80,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::{self, JoinHandle};
 
+use sha2::{Digest, Sha256};
+
 use crate::job::{HistoryEntry, Job, JobId, State, Transition, UnixMillis};
 
 pub mod history;
@@ -133,7 +135,8 @@ pub trait Backend: Send {
     /// claimable). Writes nothing durable.
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
 
-    /// Ends attempts (ack, nack, lease expiry, a lost worker): each transition's
+    /// Ends attempts (ack, nack, lease expiry, a lost worker, an operator's cancel of
+    /// a running job): each transition's
     /// `job` is the new record and its `entry` the attempt's history line, written
     /// once, now. Applies only if the stored job is leased under the token
     /// `job.lease_seq`; answers per item whether it applied.
@@ -143,6 +146,38 @@ pub trait Backend: Send {
     /// event). Applies only to a stored job that is dead; per-item answer as
     /// [`Backend::complete`].
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError>;
+
+    /// Replaces a job's payload bytes; answers whether the job exists. Payloads are
+    /// written once and never rewritten, except by [`Backend::redrive_with_payload`],
+    /// inside its transaction.
+    fn set_payload(&mut self, id: JobId, payload: &[u8]) -> Result<bool, StoreError>;
+
+    /// Redrives one dead job with a new payload (an operator fixed the data): the
+    /// payload is replaced and the job moved in the same transaction, and the
+    /// redrive's history entry gains the old and new size and SHA-256
+    /// ([`payload_change`]). Applies only to a stored dead job; answers whether it
+    /// applied (if not, nothing was written).
+    fn redrive_with_payload(
+        &mut self,
+        change: &Transition,
+        payload: &[u8],
+    ) -> Result<bool, StoreError> {
+        let Some(old) = self.job(change.job.id)? else {
+            return Ok(false);
+        };
+        let mut change = change.clone();
+        let note = payload_change(&old.payload, payload);
+        if let Some(entry) = &mut change.entry {
+            entry.error = Some(match entry.error.take() {
+                Some(detail) => format!("{detail}; {note}"),
+                None => note,
+            });
+        }
+        if self.redrive(std::slice::from_ref(&change))? != [true] {
+            return Ok(false);
+        }
+        self.set_payload(change.job.id, payload)
+    }
 
     /// Cancels jobs (`job` is the new, cancelled record, `entry` the event). Applies
     /// only to a stored job that is ready, delayed or dead and not leased; per-item
@@ -212,6 +247,25 @@ pub trait Backend: Send {
     /// dead, ordered by tenant then life-cycle order; only non-zero counts. For the
     /// per-tenant view of `qctl top`.
     fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError>;
+}
+
+/// How a payload changed, for history: `payload replaced: 12 bytes (sha256 9f86…)
+/// -> 10 bytes (sha256 2c26…)`, with the full hex digests.
+pub fn payload_change(old: &[u8], new: &[u8]) -> String {
+    format!(
+        "payload replaced: {} -> {}",
+        payload_summary(old),
+        payload_summary(new)
+    )
+}
+
+/// Size and SHA-256 of a payload: `12 bytes (sha256 9f86…)`, the digest in full hex.
+pub fn payload_summary(bytes: &[u8]) -> String {
+    let digest: String = Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{} bytes (sha256 {digest})", bytes.len())
 }
 
 /// A new job and its payload, as [`Backend::enqueue`] takes it.

@@ -9,8 +9,14 @@
 //! decides, logs each change with its reason, and exports `qd_workers` and
 //! `qd_workers_desired`.
 //!
+//! An operator's cancel of a running job reaches the attempt through its pool
+//! ([`PoolMsg::Revoke`]): the worker that runs it is stopped gracefully (see
+//! [`crate::executor::Executor::run`]) and goes on to its next job. A revoke that
+//! arrives before the worker reported the job finds nothing; that worker's next
+//! heartbeat is refused and cuts the attempt short instead.
+//!
 //! Messages ([`PoolMsg`]): `Busy` (from Workers), `Tick`, `Respawn` (its timers),
-//! `LimitsChanged` (from admin), `Drain`, `Interrupt` (from the Supervisor during
+//! `LimitsChanged`, `Revoke` (from admin), `Drain`, `Interrupt` (from the Supervisor during
 //! shutdown), `Stats`. Supervised by the Supervisor.
 
 pub mod autoscale;
@@ -30,6 +36,7 @@ use tracing::{info, warn};
 use crate::broker::{self, BrokerMsg};
 use crate::config::WorkersConfig;
 use crate::executor::Executors;
+use crate::job::JobId;
 use crate::limits::Limits;
 use crate::metrics;
 use crate::scheduler::{self, SchedulerMsg};
@@ -58,8 +65,12 @@ pub struct PoolStats {
 
 /// Messages the pool takes.
 pub enum PoolMsg {
-    /// A worker started (true) or finished (false) a job.
-    Busy(String, bool),
+    /// A worker started a job (with the token that stops its attempt gracefully) or
+    /// finished it (`None`).
+    Busy(String, Option<(JobId, CancellationToken)>),
+    /// An operator cancelled this job (the Broker already revoked its lease): stop
+    /// its attempt if one of this pool's workers runs it.
+    Revoke(JobId),
     /// Autoscaler timer.
     Tick,
     /// Restart the worker of this slot (after a crash backoff).
@@ -93,6 +104,8 @@ struct Slot {
     id: String,
     actor: Option<ActorRef<WorkerMsg>>,
     busy: bool,
+    /// The job it runs and the token that stops that attempt gracefully.
+    running: Option<(JobId, CancellationToken)>,
     idle_since: Instant,
     crashes: u32,
 }
@@ -148,7 +161,8 @@ impl Actor for WorkerPool {
         state: &mut PoolState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            PoolMsg::Busy(id, busy) => state.set_busy(&id, busy),
+            PoolMsg::Busy(id, running) => state.set_busy(&id, running),
+            PoolMsg::Revoke(job) => state.revoke(job),
             PoolMsg::Tick => state.autoscale(&myself).await?,
             PoolMsg::Respawn(slot) => state.spawn(&myself, slot).await?,
             PoolMsg::LimitsChanged => state.autoscale(&myself).await?,
@@ -205,12 +219,22 @@ impl PoolState {
             .workers(&self.args.queue, &workers_config(&self.args))
     }
 
-    fn set_busy(&mut self, id: &str, busy: bool) {
+    fn set_busy(&mut self, id: &str, running: Option<(JobId, CancellationToken)>) {
         if let Some(slot) = self.slots.values_mut().find(|s| s.id == id) {
-            slot.busy = busy;
-            if !busy {
+            slot.busy = running.is_some();
+            slot.running = running;
+            if !slot.busy {
                 slot.idle_since = Instant::now();
             }
+        }
+    }
+
+    /// Stops the attempt of `job`, if a worker of this pool runs it.
+    fn revoke(&mut self, job: JobId) {
+        let mut running = self.slots.values().filter_map(|s| s.running.as_ref());
+        if let Some((_, stop)) = running.find(|(id, _)| *id == job) {
+            info!(queue = %self.args.queue, job = %job, "Stopping the attempt of a cancelled job.");
+            stop.cancel();
         }
     }
 
@@ -316,6 +340,7 @@ impl PoolState {
                 id,
                 actor: Some(actor),
                 busy: false,
+                running: None,
                 idle_since: Instant::now(),
                 crashes,
             },
@@ -332,6 +357,7 @@ impl PoolState {
         };
         slot.actor = None;
         slot.busy = false;
+        slot.running = None;
         slot.crashes += 1;
         let delay =
             Duration::from_millis(100 * 2u64.pow(slot.crashes.min(7))).min(Duration::from_secs(10));

@@ -268,7 +268,7 @@ fn filtered_redrive_moves_exactly_the_matching_jobs_once_and_purge_needs_yes() {
 }
 
 #[test]
-fn cancel_takes_ready_delayed_and_dead_jobs_and_names_the_state_otherwise() {
+fn cancel_takes_every_unfinished_job_and_names_the_state_of_a_finished_one() {
     let qd = Qd::start(EXTERNAL);
     let ready = enqueue_as(&qd, "acme", "r");
     let delayed = ok(&qd, &["enqueue", "ext", "--delay", "1h", "--payload", "d"])
@@ -281,8 +281,10 @@ fn cancel_takes_ready_delayed_and_dead_jobs_and_names_the_state_otherwise() {
         &json!({"worker_id": "t", "max_jobs": 1}),
     );
     assert_eq!(leased.1["jobs"][0]["id"], ready.as_str(), "{leased:?}");
-    assert!(fails(&qd, &["jobs", "cancel", &ready], 1).contains("is leased"));
     assert!(fails(&qd, &["dlq", "redrive", &ready], 1).contains("leased"));
+    let out = ok(&qd, &["jobs", "cancel", &ready]);
+    assert!(out.contains("was leased"), "{out}");
+    assert!(fails(&qd, &["jobs", "cancel", &ready], 1).contains("is cancelled"));
     assert!(fails(&qd, &["jobs", "cancel", &delayed], 1).contains("is cancelled"));
 
     let dead = enqueue_as(&qd, "acme", "x");

@@ -115,6 +115,11 @@ pub enum Request {
         /// Upper bound on jobs moved per second across batches; unlimited when absent.
         #[serde(default)]
         rate_per_sec: Option<f64>,
+        /// A new payload for the job (an operator fixed the data): the selection must
+        /// be exactly one id and `dry_run` false; the payload is replaced in the same
+        /// commit as the redrive, and at most `max_payload` bytes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        payload: Option<Payload>,
     },
     /// Deletes dead jobs for good. Answered with [`crate::Response::Purge`].
     DlqPurge {

@@ -39,6 +39,7 @@ fn sample_requests() -> Vec<Request> {
             dry_run: true,
             batch_size: Some(100),
             rate_per_sec: Some(20.0),
+            payload: Some(Payload::Text("fixed".into())),
         },
         Request::DlqPurge {
             selection: sel,
@@ -127,6 +128,7 @@ fn request_wire_shape_matches_the_spec() {
             dry_run: true,
             batch_size: None,
             rate_per_sec: None,
+            payload: None,
         }
     );
 }

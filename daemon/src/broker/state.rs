@@ -775,6 +775,36 @@ impl BrokerState {
         });
     }
 
+    pub(super) fn redrive_with_payload(
+        &mut self,
+        id: JobId,
+        payload: Vec<u8>,
+        by: &str,
+        reply: RpcReplyPort<Result<(), BrokerError>>,
+        now: UnixMillis,
+    ) {
+        let max = self.config.daemon.max_payload;
+        if payload.len() > max {
+            let size = payload.len();
+            let _ = reply.send(Err(BrokerError::PayloadTooLarge { size, max }));
+            return;
+        }
+        match self.plan(id, Event::Redrive { by: by.to_string() }, now) {
+            Ok(planned) => {
+                let (intent, by) = (Intent::RedriveWithPayload(payload.into()), by.to_string());
+                self.commit(intent, vec![planned], move |r| {
+                    if r.is_ok() {
+                        info!(job = %id, by, "Dead job redriven with a new payload.");
+                    }
+                    let _ = reply.send(r.map_err(BrokerError::from));
+                });
+            }
+            Err(err) => {
+                let _ = reply.send(Err(err));
+            }
+        }
+    }
+
     pub(super) fn purge(
         &mut self,
         ids: Vec<JobId>,
@@ -811,7 +841,12 @@ impl BrokerState {
         match self.plan(id, Event::Cancel { by: by.to_string() }, now) {
             Ok(planned) => {
                 let previous = planned.0.state;
-                self.commit(Intent::Cancel, vec![planned], move |r| {
+                // A running job's cancel ends its attempt (and lease) like an ack would.
+                let intent = match previous {
+                    State::Leased => Intent::End,
+                    _ => Intent::Cancel,
+                };
+                self.commit(intent, vec![planned], move |r| {
                     let _ = reply.send(r.map(|()| previous).map_err(BrokerError::from));
                 });
             }
@@ -886,6 +921,7 @@ fn record_end(labels: &TenantLabels, old: &Job, t: &Transition, now: UnixMillis)
     let completion = match t.job.state {
         State::Succeeded => Some(Completion::Succeeded),
         State::Dead => Some(Completion::Dead),
+        State::Cancelled => Some(Completion::Cancelled),
         _ => None,
     };
     if let Some(c) = completion {

@@ -3,8 +3,8 @@
 //! The program gets the payload on stdin (then EOF), the job's identity in `QD_JOB_ID`,
 //! `QD_IDEMPOTENCY_KEY`, `QD_ATTEMPT`, `QD_QUEUE` and `QD_TENANT` (these win over the
 //! queue's `env`), and runs in its own process group ([`group`]) so the whole tree is
-//! stopped together. Past `timeout` the group gets SIGTERM, and SIGKILL `kill_grace`
-//! later. The exit status is classified by the queue's [`ExitCodes`] (sysexits.h
+//! stopped together. Past `timeout`, or when an operator cancels the job, the group
+//! gets SIGTERM, and SIGKILL `kill_grace` later. The exit status is classified by the queue's [`ExitCodes`] (sysexits.h
 //! conventions: 75 transient, 64/65 permanent); the last [`OUTPUT_LIMIT`] bytes of
 //! stderr go into the error text and those of stdout into the success detail.
 //!
@@ -21,6 +21,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{ChildStdin, Command};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use self::group::ProcessGroup;
@@ -49,6 +50,8 @@ enum Ending {
     TimedOut { sigkill: bool },
     /// The worker cancelled the attempt.
     Cancelled,
+    /// An operator cancelled the job; `sigkill` as for `TimedOut`.
+    Revoked { sigkill: bool },
 }
 
 impl CommandExecutor {
@@ -90,9 +93,15 @@ impl CommandExecutor {
     }
 
     /// Runs one attempt: spawn, feed stdin, drain stdout/stderr, enforce the timeout,
-    /// reap exactly once, classify. Never leaves a process of the group running, even
-    /// when this future is dropped.
-    pub async fn run(&self, job: &JobRun, cancel: &CancellationToken) -> ExecResult {
+    /// reap exactly once, classify. `cancel` SIGKILLs the group at once; `revoked`
+    /// stops it like a timeout (SIGTERM, SIGKILL after `kill_grace`). Never leaves a
+    /// process of the group running, even when this future is dropped.
+    pub async fn run(
+        &self,
+        job: &JobRun,
+        cancel: &CancellationToken,
+        revoked: &CancellationToken,
+    ) -> ExecResult {
         let mut group = match ProcessGroup::spawn(&mut self.command(job)) {
             Ok(group) => group,
             Err(e) => {
@@ -113,7 +122,7 @@ impl CommandExecutor {
                 err.read_from(stderr)
             )
         };
-        let ending = drive(self.supervise(&group, cancel), io).await;
+        let ending = drive(self.supervise(&group, cancel, revoked), io).await;
         let status = group.reap().await;
         match (ending, status) {
             (Ending::Exited, Ok(status)) => {
@@ -129,6 +138,12 @@ impl CommandExecutor {
             (Ending::Cancelled, _) => ExecResult::Failure(Failure::Interrupted {
                 reason: "cancelled by the worker (shutdown or lost lease); process group killed"
                     .to_owned(),
+            }),
+            (Ending::Revoked { sigkill }, _) => ExecResult::Failure(Failure::Interrupted {
+                reason: with_output(
+                    format!("cancelled by an operator; {}", self.stop_text(sigkill)),
+                    &err.text(),
+                ),
             }),
         }
     }
@@ -153,9 +168,14 @@ impl CommandExecutor {
         cmd
     }
 
-    /// Waits for the leader to exit, stopping the group on timeout or cancel; then
-    /// SIGKILLs whatever is left of the group while the leader's pid is still pinned.
-    async fn supervise(&self, group: &ProcessGroup, cancel: &CancellationToken) -> Ending {
+    /// Waits for the leader to exit, stopping the group on timeout, revoke or cancel;
+    /// then SIGKILLs whatever is left of the group while the leader's pid is still pinned.
+    async fn supervise(
+        &self,
+        group: &ProcessGroup,
+        cancel: &CancellationToken,
+        revoked: &CancellationToken,
+    ) -> Ending {
         let mut exited = group.leader_exit();
         let ending = tokio::select! {
             _ = &mut exited => Ending::Exited,
@@ -163,16 +183,12 @@ impl CommandExecutor {
                 group.signal(Signal::SIGKILL);
                 Ending::Cancelled
             }
-            () = tokio::time::sleep(self.spec.timeout) => {
-                group.signal(Signal::SIGTERM);
-                let sigkill = tokio::select! {
-                    _ = &mut exited => false,
-                    () = cancel.cancelled() => true,
-                    () = tokio::time::sleep(self.spec.kill_grace) => true,
-                };
-                group.signal(Signal::SIGKILL);
-                Ending::TimedOut { sigkill }
-            }
+            () = revoked.cancelled() => Ending::Revoked {
+                sigkill: self.terminate(group, &mut exited, cancel).await,
+            },
+            () = tokio::time::sleep(self.spec.timeout) => Ending::TimedOut {
+                sigkill: self.terminate(group, &mut exited, cancel).await,
+            },
         };
         if !exited.is_finished() {
             let _ = exited.await;
@@ -181,13 +197,36 @@ impl CommandExecutor {
         ending
     }
 
+    /// SIGTERM to the group, then SIGKILL once the leader exited or `kill_grace`
+    /// passed (at once on `cancel`); true if the leader outlived the grace.
+    async fn terminate(
+        &self,
+        group: &ProcessGroup,
+        exited: &mut JoinHandle<()>,
+        cancel: &CancellationToken,
+    ) -> bool {
+        group.signal(Signal::SIGTERM);
+        let sigkill = tokio::select! {
+            _ = exited => false,
+            () = cancel.cancelled() => true,
+            () = tokio::time::sleep(self.spec.kill_grace) => true,
+        };
+        group.signal(Signal::SIGKILL);
+        sigkill
+    }
+
     fn timeout_text(&self, sigkill: bool) -> String {
         let limit = humantime::format_duration(self.spec.timeout);
+        format!("timed out after {limit}; {}", self.stop_text(sigkill))
+    }
+
+    /// How [`CommandExecutor::terminate`] ended the group.
+    fn stop_text(&self, sigkill: bool) -> String {
         if sigkill {
             let grace = humantime::format_duration(self.spec.kill_grace);
-            format!("timed out after {limit}; still running {grace} after SIGTERM, so SIGKILLed")
+            format!("still running {grace} after SIGTERM, so SIGKILLed")
         } else {
-            format!("timed out after {limit}; stopped by SIGTERM")
+            "stopped by SIGTERM".to_owned()
         }
     }
 }

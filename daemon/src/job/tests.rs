@@ -110,7 +110,42 @@ fn illegal_transitions_are_refused() {
         )
         .is_err()
     );
-    assert!(step(&leased, Event::Cancel { by: "op".into() }).is_err());
+    let cancelled = step(&cancelled_of(&leased), Event::Cancel { by: "op".into() });
+    assert!(
+        cancelled.is_err(),
+        "a cancelled job cannot be cancelled again"
+    );
+}
+
+fn cancelled_of(leased: &Job) -> Job {
+    step(leased, Event::Cancel { by: "op".into() }).expect("cancel")
+}
+
+#[test]
+fn cancel_of_a_leased_job_ends_its_attempt_uncharged_and_revokes_the_lease() {
+    let leased = lease(&job(3));
+    let t = apply(
+        &leased,
+        Event::Cancel { by: "uid 7".into() },
+        &backoff(),
+        10,
+    )
+    .expect("cancel");
+    assert_eq!(t.job.state, State::Cancelled);
+    assert_eq!(t.job.attempts, leased.attempts, "not charged");
+    assert_eq!(t.job.worker, None);
+    let entry = t.entry.expect("the attempt's line");
+    assert_eq!(entry.outcome, Outcome::Cancelled);
+    assert_eq!(entry.worker, leased.worker);
+    assert_eq!(entry.started_at, leased.leased_at);
+    assert!(entry.error.is_some_and(|e| e.contains("uid 7")));
+    let late_ack = step(
+        &t.job,
+        Event::Ack {
+            token: leased.lease_seq,
+        },
+    );
+    assert!(matches!(late_ack, Err(TransitionError::StaleToken { .. })));
 }
 
 #[test]

@@ -252,6 +252,15 @@ impl Backend for MemoryBackend {
             .collect())
     }
 
+    fn set_payload(&mut self, id: JobId, payload: &[u8]) -> Result<bool, StoreError> {
+        let Some(mut row) = self.jobs.get(&id).cloned() else {
+            return Ok(false);
+        };
+        row.payload = payload.to_vec();
+        self.write_job(id, Some(row));
+        Ok(true)
+    }
+
     fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         let cancellable = |r: &Row| {
             r.lease.is_none() && matches!(r.job.state, State::Ready | State::Delayed | State::Dead)

@@ -538,6 +538,14 @@ impl Backend for SqliteBackend {
         self.each(changes, |b, t| b.change_one(t, "'dead'"))
     }
 
+    fn set_payload(&mut self, id: JobId, payload: &[u8]) -> Result<bool, StoreError> {
+        self.conn
+            .prepare_cached("UPDATE payloads SET body = ?2 WHERE job_id = ?1")
+            .and_then(|mut s| s.execute(params![id_bytes(id), payload]))
+            .map(|n| n == 1)
+            .map_err(|e| self.err(e))
+    }
+
     fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         self.each(changes, |b, t| {
             b.change_one(t, "'ready', 'delayed', 'dead'")

@@ -469,6 +469,9 @@ impl Backend for FailingCommit {
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         self.0.redrive(changes)
     }
+    fn set_payload(&mut self, id: JobId, payload: &[u8]) -> Result<bool, StoreError> {
+        self.0.set_payload(id, payload)
+    }
     fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         self.0.cancel(changes)
     }
@@ -778,4 +781,63 @@ fn a_version_1_database_is_migrated_keeping_its_jobs_payloads_and_history() {
         block(&store, |b| b.purge(&[JobId(Uuid::from_u128(2))])),
         Ok(vec![true])
     );
+}
+
+#[test]
+fn redrive_with_payload_replaces_the_payload_only_of_a_dead_job_and_notes_both_digests() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let dead = Job {
+        state: State::Dead,
+        ..job(1, "q", Some("k"))
+    };
+    let ready = job(2, "q", None);
+    for stored in [dead.clone(), ready.clone()] {
+        block(&store, move |b| insert(b, &stored, b"old")).expect("insert");
+    }
+    let redrive = |j: &Job| Transition {
+        job: Job {
+            state: State::Ready,
+            ..j.clone()
+        },
+        entry: Some(HistoryEntry {
+            attempt: 0,
+            outcome: Outcome::Redriven,
+            worker: None,
+            started_at: None,
+            ended_at: 5,
+            error: Some("redriven by uid 7".into()),
+        }),
+    };
+    let (fix_dead, fix_ready) = (redrive(&dead), redrive(&ready));
+    let applied = block(&store, move |b| {
+        Ok((
+            b.redrive_with_payload(&fix_dead, b"new")?,
+            b.redrive_with_payload(&fix_ready, b"new")?,
+        ))
+    });
+    assert_eq!(applied, Ok((true, false)));
+
+    let (dead_id, ready_id) = (dead.id, ready.id);
+    let fixed = block(&store, move |b| b.job(dead_id))
+        .expect("read")
+        .expect("kept");
+    assert_eq!(fixed.payload, b"new");
+    assert_eq!(fixed.job.state, State::Ready);
+    assert_eq!(fixed.job.idempotency_key.as_deref(), Some("k"));
+    let note = fixed.history.last().and_then(|e| e.error.clone());
+    let expected = format!("redriven by uid 7; {}", payload_change(b"old", b"new"));
+    assert_eq!(note.as_deref(), Some(expected.as_str()));
+    assert!(expected.contains(
+        "3 bytes (sha256 11507a0e2f5e69d5dfa40a62a1bd7b6ee57e6bcd85c67c9b8431b36fff21c437)"
+    ));
+
+    let untouched = block(&store, move |b| b.job(ready_id))
+        .expect("read")
+        .expect("kept");
+    assert_eq!(
+        untouched.payload, b"old",
+        "nothing written for a job that is not dead"
+    );
+    assert!(untouched.history.is_empty());
 }

@@ -92,10 +92,12 @@ impl Actor for Worker {
             return Ok(());
         }
         if let Some(job) = lease(state).await {
-            let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), true));
-            let result = run(state, &job).await;
+            let revoked = CancellationToken::new();
+            let running = Some((job.id, revoked.clone()));
+            let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), running));
+            let result = run(state, &job, &revoked).await;
             report(state, &job, result).await;
-            let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), false));
+            let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), None));
         }
         myself.cast(WorkerMsg::Next)?;
         Ok(())
@@ -135,8 +137,9 @@ fn heartbeat_every(state: &WorkerArgs) -> Duration {
         .map_or(Duration::from_secs(10), |q| q.heartbeat)
 }
 
-/// Runs the executor, heartbeating; a refused heartbeat interrupts the attempt.
-async fn run(state: &WorkerArgs, job: &LeasedJob) -> ExecResult {
+/// Runs the executor, heartbeating; a refused heartbeat interrupts the attempt, and
+/// `revoked` (an operator's cancel, from the pool) stops it gracefully.
+async fn run(state: &WorkerArgs, job: &LeasedJob, revoked: &CancellationToken) -> ExecResult {
     if state.test_hooks {
         test_hook(job);
     }
@@ -155,7 +158,7 @@ async fn run(state: &WorkerArgs, job: &LeasedJob) -> ExecResult {
     };
     let every = heartbeat_every(state);
     let cancel = state.interrupt.child_token();
-    let exec = executor.run(&run, &cancel);
+    let exec = executor.run(&run, &cancel, revoked);
     tokio::pin!(exec);
     let start = tokio::time::Instant::now() + every;
     let mut beats = tokio::time::interval_at(start, every);

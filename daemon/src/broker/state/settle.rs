@@ -30,12 +30,16 @@ use std::sync::Arc;
 pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// Which store intent a planned batch of transitions is written as.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Intent {
-    /// The end of attempts (ack, nack, expiry, lost worker): [`crate::store::Backend::complete`].
+    /// The end of attempts (ack, nack, expiry, lost worker, cancel of a running job):
+    /// [`crate::store::Backend::complete`].
     End,
     /// Dead jobs back to ready: [`crate::store::Backend::redrive`].
     Redrive,
+    /// One dead job back to ready with these new payload bytes:
+    /// [`crate::store::Backend::redrive_with_payload`].
+    RedriveWithPayload(Arc<[u8]>),
     /// Operator cancels: [`crate::store::Backend::cancel`].
     Cancel,
 }
@@ -103,10 +107,15 @@ impl BrokerState {
         self.writing.extend(planned.iter().map(|(old, _)| old.id));
         let writes: Vec<Transition> = planned.iter().map(|(_, t)| t.clone()).collect();
         let myself = self.myself.clone();
+        let op = intent.clone();
         self.store.submit(
-            move |b| match intent {
+            move |b| match op {
                 Intent::End => b.complete(&writes),
                 Intent::Redrive => b.redrive(&writes),
+                Intent::RedriveWithPayload(payload) => writes
+                    .iter()
+                    .map(|t| b.redrive_with_payload(t, &payload))
+                    .collect(),
                 Intent::Cancel => b.cancel(&writes),
             },
             move |result| {
@@ -146,7 +155,7 @@ impl BrokerState {
         self.store_accepted(now, mono);
         for ((old, t), applied) in planned.into_iter().zip(applied) {
             if applied {
-                self.apply(intent, old, t, now);
+                self.apply(&intent, old, t, now);
             } else {
                 error!(job = %old.id, state = %old.state, "The store did not hold the state the Broker expected; the change was not written.");
             }
@@ -154,7 +163,7 @@ impl BrokerState {
     }
 
     /// Applies a committed transition to memory, the derived actors and the metrics.
-    fn apply(&mut self, intent: Intent, old: Job, t: Transition, now: UnixMillis) {
+    fn apply(&mut self, intent: &Intent, old: Job, t: Transition, now: UnixMillis) {
         debug!(queue = %old.queue, job = %old.id, from = %old.state, to = %t.job.state,
             attempts = t.job.attempts, "Job state changed.");
         self.replace(t.job.clone());
@@ -167,7 +176,7 @@ impl BrokerState {
                 if entry.outcome == Outcome::LeaseExpired {
                     metrics::lease_expired(&old.queue);
                 }
-                if entry.outcome != Outcome::Succeeded {
+                if !matches!(entry.outcome, Outcome::Succeeded | Outcome::Cancelled) {
                     warn!(queue = %old.queue, tenant = %old.tenant, job = %old.id, attempt = entry.attempt,
                         outcome = %entry.outcome, next = %t.job.state,
                         error = entry.error.as_deref().unwrap_or(""), "Attempt failed.");
@@ -176,7 +185,7 @@ impl BrokerState {
             Intent::Cancel => {
                 metrics::job_completed(&self.labels, &old.queue, &old.tenant, Completion::Cancelled)
             }
-            Intent::Redrive => {}
+            Intent::Redrive | Intent::RedriveWithPayload(_) => {}
         }
     }
 

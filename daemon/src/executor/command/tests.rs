@@ -44,7 +44,8 @@ fn job(payload: &[u8]) -> JobRun {
 async fn run(spec: CommandSpec, payload: &[u8]) -> ExecResult {
     let exec = CommandExecutor::new(spec).expect("valid spec");
     let (job, cancel) = (job(payload), CancellationToken::new());
-    let result = tokio::time::timeout(SOON, exec.run(&job, &cancel)).await;
+    let result =
+        tokio::time::timeout(SOON, exec.run(&job, &cancel, &CancellationToken::new())).await;
     result.expect("the attempt ends within the bound")
 }
 
@@ -128,7 +129,9 @@ async fn success_sees_payload_env_and_cwd() {
     s.cwd = Some(dir.path().to_owned());
     let exec = CommandExecutor::new(s).expect("valid spec");
     let job = job(b"hello payload");
-    let result = exec.run(&job, &CancellationToken::new()).await;
+    let result = exec
+        .run(&job, &CancellationToken::new(), &CancellationToken::new())
+        .await;
 
     assert_eq!(
         result,
@@ -277,9 +280,9 @@ async fn child_ignoring_sigterm_is_sigkilled_after_grace() {
 async fn cancel_interrupts_and_kills_the_group() {
     let dir = tempfile::tempdir().expect("tempdir");
     let exec = CommandExecutor::new(spec(&pids_then(dir.path(), "wait"))).expect("valid spec");
-    let cancel = CancellationToken::new();
+    let (cancel, revoked) = (CancellationToken::new(), CancellationToken::new());
     let job = job(b"");
-    let attempt = exec.run(&job, &cancel);
+    let attempt = exec.run(&job, &cancel, &revoked);
     let canceller = async {
         let pids = group_pids(dir.path()).await;
         cancel.cancel();
@@ -294,12 +297,48 @@ async fn cancel_interrupts_and_kills_the_group() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_stops_the_group_with_sigterm_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let on_term = format!(
+        "trap 'echo term > {}/term; exit 143' TERM; wait",
+        dir.path().display()
+    );
+    let exec = CommandExecutor::new(spec(&pids_then(dir.path(), &on_term))).expect("spec");
+    let (cancel, revoked) = (CancellationToken::new(), CancellationToken::new());
+    let job = job(b"");
+    let attempt = exec.run(&job, &cancel, &revoked);
+    let revoker = async {
+        let pids = group_pids(dir.path()).await;
+        revoked.cancel();
+        pids
+    };
+    let (result, pids) = tokio::time::timeout(SOON, async { tokio::join!(attempt, revoker) })
+        .await
+        .expect("the attempt ends within the bound");
+
+    let f = failure(result);
+    assert!(
+        matches!(&f, Failure::Interrupted { reason } if reason.contains("cancelled by an operator; stopped by SIGTERM")),
+        "{f:?}"
+    );
+    assert!(dir.path().join("term").exists(), "the leader saw SIGTERM");
+    assert_gone_soon(&pids).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_attempt_kills_the_group() {
     let dir = tempfile::tempdir().expect("tempdir");
     let exec = Arc::new(CommandExecutor::new(spec(&pids_then(dir.path(), "wait"))).expect("spec"));
     let task = tokio::spawn({
         let exec = Arc::clone(&exec);
-        async move { exec.run(&job(b""), &CancellationToken::new()).await }
+        async move {
+            exec.run(
+                &job(b""),
+                &CancellationToken::new(),
+                &CancellationToken::new(),
+            )
+            .await
+        }
     });
     let pids = group_pids(dir.path()).await;
     assert!(pids.iter().all(|&pid| is_running(pid)));

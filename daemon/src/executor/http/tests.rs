@@ -282,6 +282,28 @@ async fn cancel_interrupts_a_pending_request() {
 }
 
 #[tokio::test]
+async fn an_operators_revoke_aborts_a_pending_request() {
+    let addr = serve(Seen::default()).await;
+    let exec = HttpExecutor::new(&spec(format!("http://{addr}/hang"))).expect("valid spec");
+    let exec = crate::executor::Executor::Http(exec);
+    let (cancel, revoked) = (CancellationToken::new(), CancellationToken::new());
+    let job = job();
+    let attempt = exec.run(&job, &cancel, &revoked);
+    let revoker = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        revoked.cancel();
+    };
+    let (result, ()) = tokio::time::timeout(SOON, async { tokio::join!(attempt, revoker) })
+        .await
+        .expect("the attempt ends within the bound");
+    let f = failure(result);
+    assert!(
+        matches!(&f, Failure::Interrupted { reason } if reason.contains("request aborted")),
+        "{f:?}"
+    );
+}
+
+#[tokio::test]
 async fn server_receives_payload_and_identity_headers() {
     let seen = Seen::default();
     let addr = serve(Arc::clone(&seen)).await;
