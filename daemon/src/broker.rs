@@ -8,10 +8,10 @@
 //! Callers are answered only after their write is durable (group commit): a producer
 //! hears "accepted" only once its job survives `kill -9`.
 //!
-//! Messages: [`BrokerMsg`] — enqueue (from the API and the admin socket), lease
-//! (from a Scheduler, on behalf of a worker), heartbeat/ack/nack (from workers),
-//! its lease timer's tick, worker-lost (from a WorkerPool), redrive, cancel
-//! and purge (from the Dlq and admin), resync (from derived actors that restarted),
+//! Messages: [`BrokerMsg`] — enqueue and batch enqueue (from the API and the admin
+//! socket), lease (from a Scheduler, on behalf of a worker), heartbeat/ack/nack
+//! (from workers), its lease timer's tick, worker-lost (from a WorkerPool), redrive,
+//! cancel and purge (from the Dlq and admin), resync (from derived actors that restarted),
 //! stats, flush, and its own settle/probe messages. Supervised by the Supervisor; on
 //! (re)start it reloads from the store (after a daemon start no job is leased: the
 //! leases of an earlier run died with it) and pushes its view to the schedulers,
@@ -68,6 +68,42 @@ pub struct Enqueued {
     pub id: JobId,
     /// True when the idempotency key matched an existing job and nothing was added.
     pub duplicate: bool,
+}
+
+/// Why a batch enqueue ([`BrokerMsg::EnqueueBatch`]) was refused. Nothing of the
+/// batch was enqueued.
+#[derive(Clone, Debug, thiserror::Error)]
+pub struct BatchError {
+    /// The item the refusal is about (0-based), or `None` when it is about the whole
+    /// batch (its size, shutdown, a failed write).
+    pub index: Option<usize>,
+    /// The reason, as a single enqueue of that item would get it; for a depth limit
+    /// the depth counts the items before `index` in the batch.
+    pub error: BrokerError,
+}
+
+impl std::fmt::Display for BatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(index) = self.index else {
+            return write!(f, "{}", self.error);
+        };
+        match &self.error {
+            BrokerError::QueueFull { .. } | BrokerError::TenantFull { .. } => write!(
+                f,
+                "the batch does not fit: at jobs[{index}], {} (counting the {index} jobs \
+                 before it in this batch); nothing of the batch was enqueued",
+                self.error
+            ),
+            _ => write!(f, "jobs[{index}]: {}", self.error),
+        }
+    }
+}
+
+impl BatchError {
+    /// A refusal of the whole batch, not of one item.
+    pub fn whole(error: BrokerError) -> Self {
+        BatchError { index: None, error }
+    }
 }
 
 /// A job handed to a worker under a lease.
@@ -196,6 +232,21 @@ pub enum BrokerMsg {
         Result<Inserted, StoreError>,
         RpcReplyPort<Result<Enqueued, BrokerError>>,
     ),
+    /// Add 1 to [`MAX_BATCH_JOBS`] jobs all or nothing, in one store commit; answered
+    /// in request order after it is durable. Every item is admitted first (as
+    /// [`BrokerMsg::Enqueue`] would, and counted against `max_depth` with the items
+    /// before it); any refusal, or a key held by a job with a different payload,
+    /// refuses the whole batch ([`BatchError`]).
+    EnqueueBatch(
+        Vec<EnqueueRequest>,
+        RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
+    ),
+    /// Internal: a batch enqueue's store write finished.
+    InsertedBatch(
+        Vec<Job>,
+        Result<Vec<Inserted>, StoreError>,
+        RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
+    ),
     /// Lease these jobs (chosen by the queue's Scheduler) to `worker`; the reply goes
     /// straight to the worker once the store recorded the claims and read the
     /// payloads (nothing is written to disk; while the store refuses writes the
@@ -297,6 +348,22 @@ pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
 pub const MAX_KEY_BYTES: usize = 255;
 /// The longest delay a producer may ask for (HTTP API and `qctl enqueue` alike).
 pub const MAX_DELAY: Duration = Duration::from_secs(365 * 86_400);
+
+/// The most jobs one batch enqueue may carry (HTTP and admin socket alike).
+pub const MAX_BATCH_JOBS: usize = 1000;
+
+/// Checks a batch enqueue's size: 1 to [`MAX_BATCH_JOBS`] jobs.
+///
+/// Errors: [`BrokerError::Invalid`] naming the count.
+pub fn check_batch_len(n: usize) -> Result<(), BrokerError> {
+    if (1..=MAX_BATCH_JOBS).contains(&n) {
+        Ok(())
+    } else {
+        Err(BrokerError::Invalid(format!(
+            "jobs must hold 1 to {MAX_BATCH_JOBS} items, got {n}"
+        )))
+    }
+}
 
 /// Checks a tenant name: 1 to 64 of `A-Z a-z 0-9 _ . -`.
 ///
@@ -414,6 +481,10 @@ impl Actor for Broker {
             BrokerMsg::Enqueue(req, reply) => state.enqueue(req, reply, now),
             BrokerMsg::Inserted(job, result, reply) => {
                 state.inserted(*job, result, reply, now, Instant::now())
+            }
+            BrokerMsg::EnqueueBatch(reqs, reply) => state.enqueue_batch(reqs, reply, now),
+            BrokerMsg::InsertedBatch(jobs, result, reply) => {
+                state.inserted_batch(jobs, result, reply, now, Instant::now())
             }
             BrokerMsg::Settle(settle) => settle.run(state, now, Instant::now()),
             BrokerMsg::Probe => state.probe(now),

@@ -128,6 +128,30 @@ pub trait Backend: Send {
     /// already stored is [`StoreError::Other`].
     fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError>;
 
+    /// [`Backend::enqueue`] for a batch that is accepted whole or not at all (the
+    /// batch enqueue endpoint): if any item's key is held by a job with a different
+    /// payload (a stored one, or one earlier in this batch), fails with
+    /// [`StoreError::KeyConflict`] naming the first such item. Run as one operation
+    /// ([`Store::submit`]), whose savepoint undoes the items already written; a
+    /// duplicate with the same payload is answered as by [`Backend::enqueue`].
+    fn enqueue_all(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
+        let answers = self.enqueue(batch)?;
+        let conflict = answers
+            .iter()
+            .enumerate()
+            .find_map(|(index, answer)| match answer {
+                Inserted::Duplicate {
+                    id,
+                    same_payload: false,
+                } => Some((index, *id)),
+                _ => None,
+            });
+        match conflict {
+            Some((index, id)) => Err(StoreError::KeyConflict { index, id }),
+            None => Ok(answers),
+        }
+    }
+
     /// Takes leases: each of `leased` is the job's record after the lease (state
     /// leased, `lease_seq` = the new token, `worker`, `leased_at`). A claim applies only
     /// if the stored job is ready or delayed and not leased; answers, per item in
@@ -437,6 +461,16 @@ pub enum StoreError {
         found: u32,
         /// The newest version this build can read.
         supported: u32,
+    },
+    /// [`Backend::enqueue_all`] refused its batch: the idempotency key of item
+    /// `index` (0-based) is held by job `id` with a different payload. Nothing of the
+    /// batch was written; the store itself is fine.
+    #[error("item {index}: its idempotency key is held by job {id} with a different payload")]
+    KeyConflict {
+        /// The item's position in the batch.
+        index: usize,
+        /// The job holding the key.
+        id: JobId,
     },
     /// The writer thread is gone (closed or died); the operation did not run, or, if it
     /// was already queued when the writer died, its outcome is unknown.

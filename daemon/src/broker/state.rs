@@ -21,8 +21,8 @@ mod settle;
 use super::deadlines::Deadlines;
 use super::events;
 use super::{
-    BatchOutcome, BrokerArgs, BrokerError, BrokerMsg, EnqueueRequest, Enqueued, LeaseInfo,
-    LeasedJob, Resync,
+    BatchError, BatchOutcome, BrokerArgs, BrokerError, BrokerMsg, EnqueueRequest, Enqueued,
+    LeaseInfo, LeasedJob, Resync,
 };
 use crate::backoff::{Backoff, Jitter};
 use crate::config::{Config, QueueConfig};
@@ -324,17 +324,8 @@ impl BrokerState {
     ) {
         match self.admit(&req) {
             Ok(new) => {
-                let queue = new.queue.clone();
-                self.counts.entry(queue.clone()).or_default().pending += 1;
-                *self
-                    .tenant_depth
-                    .entry((queue, new.tenant.clone()))
-                    .or_default() += 1;
-                let job = Job::new(new, now);
-                let record = NewRecord {
-                    job: job.clone(),
-                    payload: req.payload,
-                };
+                let record = self.reserve(new, req.payload, now);
+                let job = record.job.clone();
                 let myself = self.myself.clone();
                 self.store.submit(
                     move |b| b.enqueue(&[record]).map(first),
@@ -392,6 +383,32 @@ impl BrokerState {
         })
     }
 
+    /// Counts an admitted job as pending (against `max_depth`) until its write
+    /// answers ([`Self::unreserve`]); returns its record for the store.
+    fn reserve(&mut self, new: NewJob, payload: Vec<u8>, now: UnixMillis) -> NewRecord {
+        self.counts.entry(new.queue.clone()).or_default().pending += 1;
+        *self
+            .tenant_depth
+            .entry((new.queue.clone(), new.tenant.clone()))
+            .or_default() += 1;
+        NewRecord {
+            job: Job::new(new, now),
+            payload,
+        }
+    }
+
+    /// Undoes [`Self::reserve`] once the job's write answered (or was never sent).
+    fn unreserve(&mut self, job: &Job) {
+        let counts = self.counts.entry(job.queue.clone()).or_default();
+        counts.pending = counts.pending.saturating_sub(1);
+        if let Some(n) = self
+            .tenant_depth
+            .get_mut(&(job.queue.clone(), job.tenant.clone()))
+        {
+            *n = n.saturating_sub(1);
+        }
+    }
+
     pub(super) fn inserted(
         &mut self,
         job: Job,
@@ -400,19 +417,23 @@ impl BrokerState {
         now: UnixMillis,
         mono: Instant,
     ) {
-        let queue = job.queue.clone();
-        let counts = self.counts.entry(queue.clone()).or_default();
-        counts.pending = counts.pending.saturating_sub(1);
-        if let Some(n) = self
-            .tenant_depth
-            .get_mut(&(job.queue.clone(), job.tenant.clone()))
-        {
-            *n = n.saturating_sub(1);
-        }
+        self.unreserve(&job);
         match &result {
             Ok(_) => self.store_accepted(now, mono),
             Err(err) => self.store_refused(err),
         }
+        let _ = reply.send(self.accept(job, result));
+    }
+
+    /// Applies one enqueue's store answer (the job was unreserved): a new job joins
+    /// memory and its Scheduler; a duplicate answers the holder's id, or a key
+    /// conflict when its payload differs.
+    fn accept(
+        &mut self,
+        job: Job,
+        result: Result<Inserted, StoreError>,
+    ) -> Result<Enqueued, BrokerError> {
+        let queue = job.queue.clone();
         let answer = match result {
             Ok(Inserted::New) => {
                 debug!(queue = %job.queue, tenant = %job.tenant, job = %job.id, "Job accepted.");
@@ -432,11 +453,7 @@ impl BrokerState {
                 id,
                 duplicate: true,
             }),
-            Ok(Inserted::Duplicate { id, .. }) => Err(BrokerError::KeyConflict {
-                queue: job.queue.to_string(),
-                key: job.idempotency_key.clone().unwrap_or_default(),
-                id,
-            }),
+            Ok(Inserted::Duplicate { id, .. }) => Err(key_conflict(&job, id)),
             Err(err) => {
                 warn!(queue = %job.queue, error = %err, "Enqueue failed in the store; nothing was accepted.");
                 Err(BrokerError::Store(err))
@@ -445,7 +462,115 @@ impl BrokerState {
         if let Err(err) = &answer {
             metrics::enqueue_rejected(Some(&queue), reject_reason(err));
         }
-        let _ = reply.send(answer);
+        answer
+    }
+
+    // ---- batch enqueue (the single enqueue's steps, per item, one commit) ----
+
+    /// Admits every item, then writes them all in one store operation that is
+    /// undone whole on a key conflict ([`crate::store::Backend::enqueue_all`]).
+    pub(super) fn enqueue_batch(
+        &mut self,
+        reqs: Vec<EnqueueRequest>,
+        reply: RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
+        now: UnixMillis,
+    ) {
+        let queue = reqs.first().map(|r| r.queue.clone()).unwrap_or_default();
+        match self.admit_all(reqs, now) {
+            Ok(records) => {
+                let jobs = records.iter().map(|r| r.job.clone()).collect();
+                let myself = self.myself.clone();
+                self.store.submit(
+                    move |b| b.enqueue_all(&records),
+                    move |result| {
+                        let _ = myself.cast(BrokerMsg::InsertedBatch(jobs, result, reply));
+                    },
+                );
+            }
+            Err(err) => {
+                metrics::enqueue_rejected(self.known_queue(&queue), reject_reason(&err.error));
+                let _ = reply.send(Err(err));
+            }
+        }
+    }
+
+    /// Admits and reserves each item in order, so each one's depth check counts the
+    /// items before it; on the first refusal, unreserves them all.
+    fn admit_all(
+        &mut self,
+        reqs: Vec<EnqueueRequest>,
+        now: UnixMillis,
+    ) -> Result<Vec<NewRecord>, BatchError> {
+        super::check_batch_len(reqs.len()).map_err(BatchError::whole)?;
+        let mut records: Vec<NewRecord> = Vec::with_capacity(reqs.len());
+        for (index, req) in reqs.into_iter().enumerate() {
+            match self.admit(&req) {
+                Ok(new) => records.push(self.reserve(new, req.payload, now)),
+                Err(error) => {
+                    for record in &records {
+                        self.unreserve(&record.job);
+                    }
+                    let whole = matches!(
+                        error,
+                        BrokerError::ShuttingDown | BrokerError::UnknownQueue(_)
+                    );
+                    let index = (!whole).then_some(index);
+                    return Err(BatchError { index, error });
+                }
+            }
+        }
+        Ok(records)
+    }
+
+    pub(super) fn inserted_batch(
+        &mut self,
+        jobs: Vec<Job>,
+        result: Result<Vec<Inserted>, StoreError>,
+        reply: RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
+        now: UnixMillis,
+        mono: Instant,
+    ) {
+        for job in &jobs {
+            self.unreserve(job);
+        }
+        let queue = jobs.first().map(|j| j.queue.clone());
+        let refused = match result {
+            Ok(answers) => {
+                self.store_accepted(now, mono);
+                // enqueue_all answered Ok: no item is a key conflict.
+                let answer = jobs
+                    .into_iter()
+                    .zip(answers)
+                    .enumerate()
+                    .map(|(index, (job, inserted))| {
+                        self.accept(job, Ok(inserted)).map_err(|error| BatchError {
+                            index: Some(index),
+                            error,
+                        })
+                    })
+                    .collect();
+                let _ = reply.send(answer);
+                return;
+            }
+            Err(StoreError::KeyConflict { index, id }) => {
+                self.store_accepted(now, mono);
+                let error = jobs.get(index).map_or(
+                    BrokerError::Store(StoreError::KeyConflict { index, id }),
+                    |job| key_conflict(job, id),
+                );
+                BatchError {
+                    index: Some(index),
+                    error,
+                }
+            }
+            Err(err) => {
+                self.store_refused(&err);
+                warn!(queue = ?queue, error = %err, "Batch enqueue failed in the store; nothing was accepted.");
+                BatchError::whole(BrokerError::Store(err))
+            }
+        };
+        metrics::enqueue_rejected(queue.as_deref(), reject_reason(&refused.error));
+        let _ = reply.send(Err(refused));
     }
 
     // ---- workers ----
@@ -897,6 +1022,15 @@ fn reject_reason(err: &BrokerError) -> RejectReason {
         BrokerError::Store(_) => RejectReason::StoreError,
         BrokerError::PayloadTooLarge { .. } => RejectReason::PayloadTooLarge,
         _ => RejectReason::BadRequest,
+    }
+}
+
+/// `job`'s idempotency key is held by job `id` with a different payload.
+fn key_conflict(job: &Job, id: JobId) -> BrokerError {
+    BrokerError::KeyConflict {
+        queue: job.queue.to_string(),
+        key: job.idempotency_key.clone().unwrap_or_default(),
+        id,
     }
 }
 

@@ -402,6 +402,66 @@ fn failing_op_is_rolled_back_alone() {
     assert_eq!(counts, Ok(vec![("q".to_owned(), State::Ready, 1)]));
 }
 
+/// `enqueue_all` on both backends: a key conflict anywhere undoes the whole batch;
+/// same-payload duplicates (stored or earlier in the batch) are answered, not refused.
+#[test]
+fn enqueue_all_is_all_or_nothing_on_a_key_conflict() {
+    let (_dir, path) = temp_db();
+    for store in [open(&path), Store::open_memory()] {
+        let stored = block(&store, |b| insert(b, &job(1, "q", Some("k1")), b"one"));
+        assert_eq!(stored, Ok(Inserted::New));
+        let records = |items: &[(u128, Option<&str>, &[u8])]| -> Vec<NewRecord> {
+            items
+                .iter()
+                .map(|(n, key, payload)| NewRecord {
+                    job: job(*n, "q", *key),
+                    payload: payload.to_vec(),
+                })
+                .collect()
+        };
+        let refused = records(&[
+            (2, None, b"a"),
+            (3, Some("k3"), b"b"),
+            (4, Some("k1"), b"x"),
+        ]);
+        let err = block(&store, move |b| b.enqueue_all(&refused));
+        assert_eq!(
+            err,
+            Err(StoreError::KeyConflict {
+                index: 2,
+                id: job(1, "q", None).id
+            })
+        );
+        let inside = records(&[(5, Some("k5"), b"a"), (6, Some("k5"), b"b")]);
+        let err = block(&store, move |b| b.enqueue_all(&inside));
+        assert_eq!(
+            err,
+            Err(StoreError::KeyConflict {
+                index: 1,
+                id: job(5, "q", None).id
+            })
+        );
+        let counts = block(&store, |b| b.counts());
+        assert_eq!(
+            counts,
+            Ok(vec![("q".to_owned(), State::Ready, 1)]),
+            "nothing of either batch"
+        );
+        let fine = records(&[
+            (7, Some("k1"), b"one"),
+            (8, Some("k8"), b"c"),
+            (9, Some("k8"), b"c"),
+        ]);
+        let answers = block(&store, move |b| b.enqueue_all(&fine));
+        let dup = |n: u128| Inserted::Duplicate {
+            id: job(n, "q", None).id,
+            same_payload: true,
+        };
+        assert_eq!(answers, Ok(vec![dup(1), Inserted::New, dup(8)]));
+        store.close();
+    }
+}
+
 #[test]
 fn close_finishes_queued_work_then_answers_closed_at_once() {
     let store = Store::open_memory();
