@@ -548,6 +548,43 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_error_names_its_item_and_a_depth_refusal_says_the_batch_does_not_fit() {
+        let invalid = BatchError {
+            index: Some(3),
+            error: BrokerError::Invalid("max_attempts must be between 1 and 1000, got 0".into()),
+        };
+        assert_eq!(
+            invalid.to_string(),
+            "jobs[3]: max_attempts must be between 1 and 1000, got 0"
+        );
+        let full = BatchError {
+            index: Some(2),
+            error: BrokerError::QueueFull {
+                queue: "q".into(),
+                depth: 10,
+                max: 10,
+            },
+        };
+        let text = full.to_string();
+        assert!(
+            text.starts_with("the batch does not fit: at jobs[2], queue \"q\" is full"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("nothing of the batch was enqueued"),
+            "{text}"
+        );
+        assert_eq!(
+            BatchError::whole(BrokerError::ShuttingDown).to_string(),
+            "qd is shutting down"
+        );
+        assert!(check_batch_len(0).is_err());
+        assert!(check_batch_len(1).is_ok() && check_batch_len(MAX_BATCH_JOBS).is_ok());
+        let err = check_batch_len(MAX_BATCH_JOBS + 1).expect_err("too many");
+        assert!(err.to_string().contains("got 1001"), "{err}");
+    }
+
+    #[test]
     fn validate_refuses_a_delay_past_a_year_from_every_entry_point() {
         assert!(validate(&request(MAX_DELAY), 16).is_ok());
         let err = validate(&request(MAX_DELAY + Duration::from_secs(1)), 16)
