@@ -165,6 +165,49 @@ fn a_bad_item_is_named_by_its_index_and_nothing_of_the_batch_is_enqueued() {
 }
 
 #[test]
+fn a_batch_body_may_pass_the_single_enqueue_limit_up_to_its_own() {
+    let qd = Qd::start(EXTERNAL);
+    // 8 jobs of 900 KB: a 7.2 MB body, over a single enqueue's 6 MiB + 64 KiB.
+    let big = "x".repeat(900_000);
+    let ids = accepted(batch(&qd, "ext", (0..8).map(|_| job(&big)).collect()));
+    assert_eq!(ids.len(), 8);
+    assert_eq!(qd.job(&ids[7].0)["payload_bytes"], 900_000);
+    // A body declared over the batch limit of 16 MiB is refused before it is sent.
+    let answer = declared_only(&qd, "/v1/queues/ext/jobs/batch", 17_000_000);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("batch limit of 16777216 bytes"), "{answer}");
+    assert_eq!(depth(&qd, "ext"), 8);
+}
+
+/// Sends only the head of a POST declaring `length` body bytes; the answer's text.
+fn declared_only(qd: &Qd, path: &str, length: u64) -> String {
+    use std::io::Read;
+    let addr = qd.api.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: qd\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).expect("write");
+    // Read until the JSON error body is complete (it ends with "}}") or the
+    // server closes the connection.
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.ends_with(b"}}") {
+        let n = stream
+            .read(&mut buf)
+            .expect("the answer comes without the body being sent");
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&answer).to_string()
+}
+
+#[test]
 fn keys_dedupe_inside_a_batch_and_across_batches_and_a_conflict_refuses_the_batch() {
     let qd = Qd::start(EXTERNAL);
     let first = accepted(batch(
