@@ -22,6 +22,7 @@
 
 mod deadlines;
 mod events;
+mod hot;
 mod state;
 
 use std::collections::HashMap;
@@ -190,10 +191,11 @@ pub enum Resync {
 pub enum BrokerMsg {
     /// Add a job; answered after it is durable.
     Enqueue(EnqueueRequest, RpcReplyPort<Result<Enqueued, BrokerError>>),
-    /// Internal: an enqueue's store write finished.
+    /// Internal: an enqueue's store write finished (with the payload back, for the
+    /// hot-payload cache).
     Inserted(
         Box<Job>,
-        Result<Inserted, StoreError>,
+        Result<(Inserted, Vec<u8>), StoreError>,
         RpcReplyPort<Result<Enqueued, BrokerError>>,
     ),
     /// Lease these jobs (chosen by the queue's Scheduler) to `worker`; the reply goes
