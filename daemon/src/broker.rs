@@ -22,6 +22,7 @@
 
 mod deadlines;
 mod events;
+mod hot;
 mod state;
 
 use std::collections::HashMap;
@@ -226,10 +227,11 @@ pub enum Resync {
 pub enum BrokerMsg {
     /// Add a job; answered after it is durable.
     Enqueue(EnqueueRequest, RpcReplyPort<Result<Enqueued, BrokerError>>),
-    /// Internal: an enqueue's store write finished.
+    /// Internal: an enqueue's store write finished (with the payload back, for the
+    /// hot-payload cache).
     Inserted(
         Box<Job>,
-        Result<Inserted, StoreError>,
+        Result<(Inserted, Vec<u8>), StoreError>,
         RpcReplyPort<Result<Enqueued, BrokerError>>,
     ),
     /// Add 1 to [`MAX_BATCH_JOBS`] jobs all or nothing, in one store commit; answered
@@ -241,10 +243,11 @@ pub enum BrokerMsg {
         Vec<EnqueueRequest>,
         RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
     ),
-    /// Internal: a batch enqueue's store write finished.
+    /// Internal: a batch enqueue's store write finished (with each payload back, for
+    /// the hot-payload cache).
     InsertedBatch(
         Vec<Job>,
-        Result<Vec<Inserted>, StoreError>,
+        Result<Vec<(Inserted, Vec<u8>)>, StoreError>,
         RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
     ),
     /// Lease these jobs (chosen by the queue's Scheduler) to `worker`; the reply goes

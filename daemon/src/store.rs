@@ -159,11 +159,21 @@ pub trait Backend: Send {
     /// claimable). Writes nothing durable.
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
 
+    /// Whether leases live in this process only (SQLite: one node, guarded by the data
+    /// directory's lock; the model). Then the process's Broker is the one owner of
+    /// leases, [`Backend::claim`] only records a lease for readers, and a caller may
+    /// hand a job out before its claim ran, provided it submits the claim before any
+    /// later change of that job (the writer runs operations in order). A backend
+    /// shared by several nodes answers `false`: its claim is the lease.
+    fn leases_are_local(&self) -> bool;
+
     /// Ends attempts (ack, nack, lease expiry, a lost worker, an operator's cancel of
     /// a running job): each transition's
     /// `job` is the new record and its `entry` the attempt's history line, written
-    /// once, now. Applies only if the stored job is leased under the token
-    /// `job.lease_seq`; answers per item whether it applied.
+    /// once, now. Applies only if the stored job is ready or delayed with a token
+    /// older than `job.lease_seq` and no other token's lease is recorded for it (the
+    /// ending lease's own record, if any, is removed); answers per item whether it
+    /// applied.
     fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError>;
 
     /// Moves dead jobs back to ready (`job` is the new record, `entry` the redrive
@@ -528,6 +538,8 @@ struct Shared {
     writer: Mutex<Option<JoinHandle<()>>>,
     counters: Arc<Counters>,
     path: Option<PathBuf>,
+    /// [`Backend::leases_are_local`] of the engine, asked once at start.
+    leases_are_local: bool,
 }
 
 impl Store {
@@ -558,14 +570,21 @@ impl Store {
     pub fn open_memory_with(history: HistoryLimits) -> Store {
         Self::start(memory::MemoryBackend::new(history), None).unwrap_or_else(|err| {
             tracing::error!(%err, "In-memory store has no writer thread; every operation fails.");
-            Self::from_parts(None, None, Arc::default(), None)
+            Self::from_parts(None, None, Arc::default(), None, false)
         })
     }
 
     fn start<E: Engine + 'static>(engine: E, path: Option<PathBuf>) -> Result<Store, StoreError> {
         let counters = Arc::new(Counters::default());
+        let local = engine.leases_are_local();
         let (sender, writer) = writer::spawn(engine, Arc::clone(&counters))?;
-        Ok(Self::from_parts(Some(sender), Some(writer), counters, path))
+        Ok(Self::from_parts(
+            Some(sender),
+            Some(writer),
+            counters,
+            path,
+            local,
+        ))
     }
 
     fn from_parts(
@@ -573,6 +592,7 @@ impl Store {
         writer: Option<JoinHandle<()>>,
         counters: Arc<Counters>,
         path: Option<PathBuf>,
+        leases_are_local: bool,
     ) -> Store {
         Store {
             shared: Arc::new(Shared {
@@ -580,8 +600,15 @@ impl Store {
                 writer: Mutex::new(writer),
                 counters,
                 path,
+                leases_are_local,
             }),
         }
+    }
+
+    /// [`Backend::leases_are_local`] of the engine behind this store (`false` for a
+    /// store without a writer thread).
+    pub fn leases_are_local(&self) -> bool {
+        self.shared.leases_are_local
     }
 
     /// Queues `op` for the writer thread and returns at once (never blocks on disk).

@@ -14,12 +14,13 @@ use ractor::{ActorRef, RpcReplyPort};
 use rand::Rng;
 use rand::rngs::StdRng;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 mod settle;
 
 use super::deadlines::Deadlines;
 use super::events;
+use super::hot::HotPayloads;
 use super::{
     BatchError, BatchOutcome, BrokerArgs, BrokerError, BrokerMsg, EnqueueRequest, Enqueued,
     LeaseInfo, LeasedJob, Resync,
@@ -37,6 +38,10 @@ use crate::store::{Inserted, NewRecord, Store, StoreError};
 pub(crate) use settle::PROBE_EVERY;
 pub use settle::Settle;
 use settle::{Intent, Parked};
+
+/// The bytes of payloads the Broker keeps for jobs not yet leased (see
+/// [`HotPayloads`]): 16 MiB, 16 bytes per job with a million queued.
+const HOT_PAYLOAD_BYTES: usize = 16 << 20;
 
 /// Unfinished jobs of one queue, by state, plus enqueues not yet durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -103,6 +108,8 @@ pub struct BrokerState {
     store_writable: bool,
     /// Lease requests that arrived while the store refused writes.
     parked: Vec<Parked>,
+    /// Payloads of recently accepted jobs, so their first lease needs no store read.
+    hot: HotPayloads,
 }
 
 impl BrokerState {
@@ -133,6 +140,7 @@ impl BrokerState {
             writing: HashSet::new(),
             store_writable: true,
             parked: Vec::new(),
+            hot: HotPayloads::new(HOT_PAYLOAD_BYTES),
         }
     }
 
@@ -181,6 +189,9 @@ impl BrokerState {
             && let Some(worker) = &job.worker
         {
             self.by_worker.entry(worker.clone()).or_default().insert(id);
+        }
+        if job.state.is_final() {
+            self.hot.forget(id);
         }
         if !job.state.is_final() || job.state == State::Dead {
             self.jobs.insert(id, job);
@@ -328,7 +339,10 @@ impl BrokerState {
                 let job = record.job.clone();
                 let myself = self.myself.clone();
                 self.store.submit(
-                    move |b| b.enqueue(&[record]).map(first),
+                    move |b| {
+                        let inserted = b.enqueue(std::slice::from_ref(&record)).map(first)?;
+                        Ok((inserted, record.payload))
+                    },
                     move |result| {
                         let _ = myself.cast(BrokerMsg::Inserted(Box::new(job), result, reply));
                     },
@@ -412,7 +426,7 @@ impl BrokerState {
     pub(super) fn inserted(
         &mut self,
         job: Job,
-        result: Result<Inserted, StoreError>,
+        result: Result<(Inserted, Vec<u8>), StoreError>,
         reply: RpcReplyPort<Result<Enqueued, BrokerError>>,
         now: UnixMillis,
         mono: Instant,
@@ -431,14 +445,15 @@ impl BrokerState {
     fn accept(
         &mut self,
         job: Job,
-        result: Result<Inserted, StoreError>,
+        result: Result<(Inserted, Vec<u8>), StoreError>,
     ) -> Result<Enqueued, BrokerError> {
         let queue = job.queue.clone();
         let answer = match result {
-            Ok(Inserted::New) => {
+            Ok((Inserted::New, payload)) => {
                 debug!(queue = %job.queue, tenant = %job.tenant, job = %job.id, "Job accepted.");
                 metrics::job_enqueued(&self.labels, &job.queue, &job.tenant);
                 let id = job.id;
+                self.hot.insert(id, payload);
                 events::ready(&job);
                 self.replace(job);
                 Ok(Enqueued {
@@ -446,14 +461,17 @@ impl BrokerState {
                     duplicate: false,
                 })
             }
-            Ok(Inserted::Duplicate {
-                id,
-                same_payload: true,
-            }) => Ok(Enqueued {
+            Ok((
+                Inserted::Duplicate {
+                    id,
+                    same_payload: true,
+                },
+                _,
+            )) => Ok(Enqueued {
                 id,
                 duplicate: true,
             }),
-            Ok(Inserted::Duplicate { id, .. }) => Err(key_conflict(&job, id)),
+            Ok((Inserted::Duplicate { id, .. }, _)) => Err(key_conflict(&job, id)),
             Err(err) => {
                 warn!(queue = %job.queue, error = %err, "Enqueue failed in the store; nothing was accepted.");
                 Err(BrokerError::Store(err))
@@ -481,7 +499,11 @@ impl BrokerState {
                 let jobs = records.iter().map(|r| r.job.clone()).collect();
                 let myself = self.myself.clone();
                 self.store.submit(
-                    move |b| b.enqueue_all(&records),
+                    move |b| {
+                        let answers = b.enqueue_all(&records)?;
+                        let payloads = records.into_iter().map(|r| r.payload);
+                        Ok(answers.into_iter().zip(payloads).collect())
+                    },
                     move |result| {
                         let _ = myself.cast(BrokerMsg::InsertedBatch(jobs, result, reply));
                     },
@@ -525,7 +547,7 @@ impl BrokerState {
     pub(super) fn inserted_batch(
         &mut self,
         jobs: Vec<Job>,
-        result: Result<Vec<Inserted>, StoreError>,
+        result: Result<Vec<(Inserted, Vec<u8>)>, StoreError>,
         reply: RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
         now: UnixMillis,
         mono: Instant,
@@ -626,6 +648,10 @@ impl BrokerState {
             metrics::job_waited(queue, millis(now - ready_since));
         }
         let (before, jobs): (Vec<Job>, Vec<Job>) = granted.into_iter().unzip();
+        if self.store.leases_are_local() && jobs.iter().all(|j| self.hot.contains(j.id)) {
+            self.lease_hot(jobs, reply, lease, deadline_ms, now);
+            return;
+        }
         let myself = self.myself.clone();
         self.store.submit(
             move |b| b.claim(&jobs).map(|p| (jobs, p)),
@@ -646,6 +672,39 @@ impl BrokerState {
                 }
             },
         );
+    }
+
+    /// Hands out leases whose payloads are all hot, without waiting for the store:
+    /// leases are local ([`crate::store::Backend::leases_are_local`]), so the claim
+    /// only records them for readers. It is submitted before the reply, so it runs
+    /// before any later change of these jobs.
+    fn lease_hot(
+        &mut self,
+        jobs: Vec<Job>,
+        reply: RpcReplyPort<Vec<LeasedJob>>,
+        lease: Duration,
+        deadline_ms: UnixMillis,
+        now: UnixMillis,
+    ) {
+        let leased: Vec<LeasedJob> = jobs
+            .iter()
+            .map(|job| {
+                let payload = self.hot.take(job.id).unwrap_or_default();
+                leased_job(job.clone(), payload, lease, deadline_ms)
+            })
+            .collect();
+        self.store.submit(
+            move |b| b.claim(&jobs),
+            |result| match result {
+                Ok(claims) if claims.iter().all(Option::is_some) => {}
+                Ok(_) => error!("A local lease was not recorded for readers: its job was not claimable in the store."),
+                Err(err) => warn!(error = %err, "Local leases were not recorded for readers; they stand."),
+            },
+        );
+        let tokens: Vec<(JobId, Token)> = leased.iter().map(|l| (l.id, l.token)).collect();
+        if reply.send(leased).is_err() {
+            self.abandoned(tokens, now);
+        }
     }
 
     /// Takes back leases the store did not record (`before` are the jobs' records

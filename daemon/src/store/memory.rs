@@ -216,6 +216,10 @@ impl Backend for MemoryBackend {
         Ok(answers)
     }
 
+    fn leases_are_local(&self) -> bool {
+        true
+    }
+
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let mut payloads = Vec::with_capacity(leased.len());
         for job in leased {
@@ -240,7 +244,16 @@ impl Backend for MemoryBackend {
             .iter()
             .map(|t| {
                 let token = t.job.lease_seq;
-                self.change(t, |r| r.lease.as_ref().is_some_and(|l| l.0 == token))
+                if let Some(row) = self.jobs.get_mut(&t.job.id)
+                    && row.lease.as_ref().is_some_and(|l| l.0 == token)
+                {
+                    row.lease = None;
+                }
+                self.change(t, |r| {
+                    r.lease.is_none()
+                        && matches!(r.job.state, State::Ready | State::Delayed)
+                        && r.job.lease_seq < token
+                })
             })
             .collect())
     }

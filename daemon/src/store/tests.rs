@@ -523,6 +523,9 @@ impl Backend for FailingCommit {
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         self.0.claim(leased)
     }
+    fn leases_are_local(&self) -> bool {
+        self.0.leases_are_local()
+    }
     fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError> {
         self.0.complete(ends)
     }
@@ -712,6 +715,54 @@ fn every_change_is_conditioned_on_the_stored_state_and_answered_per_item() {
             ("q".to_owned(), State::Cancelled, 1)
         ]
     );
+}
+
+/// Local leases ([`Backend::leases_are_local`]): the Broker may end a lease whose
+/// claim the store has not recorded; the store still refuses a token that is not
+/// newer than the stored one, and one that is not the recorded lease's.
+#[test]
+fn an_unrecorded_local_lease_ends_only_with_a_newer_token() {
+    let (_dir, backends) = backends();
+    for mut b in backends {
+        assert!(b.leases_are_local());
+        let stored = job(1, "q", None);
+        insert(b.as_mut(), &stored, b"p").expect("insert");
+        let end = |token| Transition {
+            job: Job {
+                state: State::Ready,
+                attempts: 1,
+                lease_seq: token,
+                ..stored.clone()
+            },
+            entry: None,
+        };
+        assert_eq!(
+            b.complete(&[end(1)]),
+            Ok(vec![true]),
+            "never recorded, newer"
+        );
+        assert_eq!(b.complete(&[end(1)]), Ok(vec![false]), "same token again");
+        assert_eq!(b.complete(&[end(0)]), Ok(vec![false]), "older token");
+        assert_eq!(b.claim(&[leased(&stored, 3)]).map(|p| p.len()), Ok(1));
+        assert_eq!(
+            b.complete(&[end(2)]),
+            Ok(vec![false]),
+            "another lease is recorded"
+        );
+        assert_eq!(
+            b.complete(&[end(3)]),
+            Ok(vec![true]),
+            "the recorded lease's own"
+        );
+    }
+}
+
+/// One SQLite backend on a temp file and the memory model, for contract tests.
+fn backends() -> (tempfile::TempDir, Vec<Box<dyn Backend>>) {
+    let (dir, path) = temp_db();
+    let sqlite = sqlite::SqliteBackend::open(&path, &SqliteOptions::default()).expect("open");
+    let model = memory::MemoryBackend::new(HistoryLimits::default());
+    (dir, vec![Box::new(sqlite), Box::new(model)])
 }
 
 #[test]
