@@ -531,6 +531,7 @@ impl Actor for Broker {
             ),
         }
         state.arm();
+        state.out.flush();
         Ok(())
     }
 }

@@ -7,7 +7,7 @@
 //! never payloads. It arms one timer for the soonest of: a delayed job's due time, a
 //! waiter's deadline, or the rate limiter's next token — it never polls.
 //!
-//! Messages ([`SchedulerMsg`]): `Ready`, `Remove`, `Finished`, `Running`, `Reset`,
+//! Messages ([`SchedulerMsg`]): `Ready`, `Remove`, `Finished`, `Running`, `Reset`, `Batch`,
 //! `Throttled` (from the Broker), `Lease` (from Workers and the API), `LimitsChanged`, `Pause`,
 //! `Drain`, `Stats`, and its own `Tick`. Chosen jobs go to the Broker as one `Lease`
 //! message whose reply port is the lessee's, so the scheduler never waits on the
@@ -88,6 +88,9 @@ pub enum SchedulerMsg {
     Drain,
     /// Snapshot for metrics, qctl and the autoscaler.
     Stats(RpcReplyPort<SchedulerStats>),
+    /// Several of the Broker's messages at once (the changes of one Broker message,
+    /// in order), applied before one dispatch.
+    Batch(Vec<SchedulerMsg>),
     /// Timer.
     Tick,
 }
@@ -168,48 +171,57 @@ impl Actor for Scheduler {
         msg: SchedulerMsg,
         state: &mut SchedulerState,
     ) -> Result<(), ActorProcessingErr> {
-        let now = Instant::now();
-        match msg {
-            SchedulerMsg::Ready(tenant, id, ready_at) => state.ready(tenant, id, ready_at, now),
-            SchedulerMsg::Remove(id) => {
-                if !state.fair.remove(id) {
-                    state.delayed.remove(id);
-                }
-            }
-            SchedulerMsg::Finished(tenant, run) => state.fair.finish(&tenant, run),
-            SchedulerMsg::Running(tenant) => state.fair.start_running(&tenant),
-            SchedulerMsg::Reset => {
-                state.fair.clear();
-                state.delayed.clear();
-            }
-            SchedulerMsg::Throttled(pause) => {
-                if let Some(limiter) = &state.limiter {
-                    limiter.pause(pause);
-                }
-            }
-            SchedulerMsg::Lease(request, reply) => state.enlist(request, reply, now),
-            SchedulerMsg::LimitsChanged => {
-                state.paused = state.limits.paused(&state.queue);
-                state.apply_limits();
-            }
-            SchedulerMsg::Pause(paused) => state.paused = paused,
-            SchedulerMsg::Drain => {
-                state.draining = true;
-                for w in state.waiters.drain(..) {
-                    let _ = w.reply.send(Vec::new());
-                }
-            }
-            SchedulerMsg::Stats(reply) => {
-                let _ = reply.send(state.stats());
-            }
-            SchedulerMsg::Tick => state.timer = None,
-        }
+        state.take(msg, Instant::now());
         state.dispatch(Instant::now());
         Ok(())
     }
 }
 
 impl SchedulerState {
+    /// Applies one message to the state (dispatch follows once per actor message).
+    fn take(&mut self, msg: SchedulerMsg, now: Instant) {
+        match msg {
+            SchedulerMsg::Batch(msgs) => {
+                for msg in msgs {
+                    self.take(msg, now);
+                }
+            }
+            SchedulerMsg::Ready(tenant, id, ready_at) => self.ready(tenant, id, ready_at, now),
+            SchedulerMsg::Remove(id) => {
+                if !self.fair.remove(id) {
+                    self.delayed.remove(id);
+                }
+            }
+            SchedulerMsg::Finished(tenant, run) => self.fair.finish(&tenant, run),
+            SchedulerMsg::Running(tenant) => self.fair.start_running(&tenant),
+            SchedulerMsg::Reset => {
+                self.fair.clear();
+                self.delayed.clear();
+            }
+            SchedulerMsg::Throttled(pause) => {
+                if let Some(limiter) = &self.limiter {
+                    limiter.pause(pause);
+                }
+            }
+            SchedulerMsg::Lease(request, reply) => self.enlist(request, reply, now),
+            SchedulerMsg::LimitsChanged => {
+                self.paused = self.limits.paused(&self.queue);
+                self.apply_limits();
+            }
+            SchedulerMsg::Pause(paused) => self.paused = paused,
+            SchedulerMsg::Drain => {
+                self.draining = true;
+                for w in self.waiters.drain(..) {
+                    let _ = w.reply.send(Vec::new());
+                }
+            }
+            SchedulerMsg::Stats(reply) => {
+                let _ = reply.send(self.stats());
+            }
+            SchedulerMsg::Tick => self.timer = None,
+        }
+    }
+
     fn apply_limits(&mut self) {
         let default = self.limits.tenant("default");
         self.fair.set_default_limits(TenantLimits {

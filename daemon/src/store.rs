@@ -159,6 +159,12 @@ pub trait Backend: Send {
     /// claimable). Writes nothing durable.
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
 
+    /// [`Backend::claim`] without reading the payloads (the caller holds them):
+    /// answers per item whether the lease was recorded.
+    fn record_leases(&mut self, leased: &[Job]) -> Result<Vec<bool>, StoreError> {
+        Ok(self.claim(leased)?.iter().map(Option::is_some).collect())
+    }
+
     /// Whether leases live in this process only (SQLite: one node, guarded by the data
     /// directory's lock; the model). Then the process's Broker is the one owner of
     /// leases, [`Backend::claim`] only records a lease for readers, and a caller may

@@ -3,6 +3,10 @@
 //! result, from qd's own workers or an external one, pauses the queue's shared rate
 //! limiter through its Scheduler until the job's retry time.
 //!
+//! The changes of one Broker message are collected in an [`Outbox`] and sent when the
+//! message is done, as one actor message per queue ([`SchedulerMsg::Batch`] when there
+//! are several): a batch of 1,000 acks is one Scheduler message, not 1,000.
+//!
 //! Actors are looked up by registered name on every send, so a restarted actor is
 //! found under its old name; a send to an actor that is restarting is dropped, which
 //! is safe because every derived actor asks for a full [`super::Resync`] on start.
@@ -15,50 +19,88 @@ use crate::job::{Job, Outcome, State, Transition, UnixMillis};
 use crate::scheduler::{self, SchedulerMsg};
 
 /// Sends `msg` to the Scheduler of `queue`, if it is running.
-pub fn to_scheduler(queue: &str, msg: SchedulerMsg) {
+fn to_scheduler(queue: &str, msg: SchedulerMsg) {
     if let Some(actor) = ractor::ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
         let _ = actor.cast(msg);
     }
 }
 
+/// Scheduler messages produced while the Broker handles one message, in order.
+#[derive(Default)]
+pub struct Outbox(Vec<(Arc<str>, SchedulerMsg)>);
+
+impl Outbox {
+    fn push(&mut self, queue: &Arc<str>, msg: SchedulerMsg) {
+        self.0.push((queue.clone(), msg));
+    }
+
+    /// Sends everything collected, in order, one actor message per queue.
+    pub fn flush(&mut self) {
+        let mut by_queue: Vec<(Arc<str>, Vec<SchedulerMsg>)> = Vec::new();
+        for (queue, msg) in self.0.drain(..) {
+            match by_queue.iter_mut().find(|(q, _)| *q == queue) {
+                Some((_, msgs)) => msgs.push(msg),
+                None => by_queue.push((queue, vec![msg])),
+            }
+        }
+        for (queue, mut msgs) in by_queue {
+            let msg = match msgs.len() {
+                1 => msgs.pop().expect("invariant: one message"),
+                _ => SchedulerMsg::Batch(msgs),
+            };
+            to_scheduler(&queue, msg);
+        }
+    }
+}
+
 /// Tells the derived actors that `old` became `new` (the same job) at wall time `now`.
-pub fn changed(old: &Job, new: &Job, now: UnixMillis) {
+pub fn changed(out: &mut Outbox, old: &Job, new: &Job, now: UnixMillis) {
     if old.state == State::Leased && new.state != State::Leased {
         let run = old
             .leased_at
             .map(|at| Duration::from_millis(u64::try_from(now - at).unwrap_or(0)))
             .unwrap_or_default();
-        to_scheduler(&old.queue, SchedulerMsg::Finished(old.tenant.clone(), run));
+        out.push(&old.queue, SchedulerMsg::Finished(old.tenant.clone(), run));
     }
     if matches!(old.state, State::Ready | State::Delayed) && new.state == State::Cancelled {
-        to_scheduler(&old.queue, SchedulerMsg::Remove(old.id));
+        out.push(&old.queue, SchedulerMsg::Remove(old.id));
     }
     if matches!(new.state, State::Ready | State::Delayed)
         && !matches!(old.state, State::Ready | State::Delayed)
     {
-        ready(new);
+        ready(out, new);
     }
 }
 
 /// After a throttled result, pauses the queue's shared rate limiter (through its
 /// Scheduler) until the job's retry time: at least `retry_after` from now, plus the
 /// job's jitter (see [`crate::job::Failure::Throttled`]).
-pub fn throttled(t: &Transition, now: UnixMillis) {
+pub fn throttled(out: &mut Outbox, t: &Transition, now: UnixMillis) {
     if t.entry.as_ref().map(|e| e.outcome) == Some(Outcome::Throttled) {
         let pause = until(t.job.ready_at, now);
-        to_scheduler(&t.job.queue, SchedulerMsg::Throttled(pause));
+        out.push(&t.job.queue, SchedulerMsg::Throttled(pause));
     }
 }
 
 /// Hands a ready or delayed job to its queue's Scheduler.
-pub fn ready(job: &Job) {
-    to_scheduler(
+pub fn ready(out: &mut Outbox, job: &Job) {
+    out.push(
         &job.queue,
         SchedulerMsg::Ready(job.tenant.clone(), job.id, job.ready_at),
     );
 }
 
+/// Tells a queue's Scheduler to forget its jobs and running counts (a resync follows).
+pub fn reset(out: &mut Outbox, queue: &Arc<str>) {
+    out.push(queue, SchedulerMsg::Reset);
+}
+
+/// Counts a leased job as running in its queue's Scheduler (resync).
+pub fn running(out: &mut Outbox, job: &Job) {
+    out.push(&job.queue, SchedulerMsg::Running(job.tenant.clone()));
+}
+
 /// Tells a queue's Scheduler that a job it handed out was not leased after all.
-pub fn release(queue: &str, tenant: Arc<str>) {
-    to_scheduler(queue, SchedulerMsg::Finished(tenant, Duration::ZERO));
+pub fn release(out: &mut Outbox, queue: &Arc<str>, tenant: Arc<str>) {
+    out.push(queue, SchedulerMsg::Finished(tenant, Duration::ZERO));
 }

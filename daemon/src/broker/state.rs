@@ -19,7 +19,7 @@ use tracing::{debug, error, info, warn};
 mod settle;
 
 use super::deadlines::Deadlines;
-use super::events;
+use super::events::{self, Outbox};
 use super::hot::HotPayloads;
 use super::{
     BatchError, BatchOutcome, BrokerArgs, BrokerError, BrokerMsg, EnqueueRequest, Enqueued,
@@ -33,7 +33,6 @@ use crate::job::{
 };
 use crate::limits::Limits;
 use crate::metrics::{self, Completion, RejectReason, TenantLabels};
-use crate::scheduler::SchedulerMsg;
 use crate::store::{Inserted, NewRecord, Store, StoreError};
 pub(crate) use settle::PROBE_EVERY;
 pub use settle::Settle;
@@ -110,6 +109,8 @@ pub struct BrokerState {
     parked: Vec<Parked>,
     /// Payloads of recently accepted jobs, so their first lease needs no store read.
     hot: HotPayloads,
+    /// Scheduler messages of the Broker message being handled, sent when it is done.
+    pub(super) out: Outbox,
 }
 
 impl BrokerState {
@@ -141,6 +142,7 @@ impl BrokerState {
             store_writable: true,
             parked: Vec::new(),
             hot: HotPayloads::new(HOT_PAYLOAD_BYTES),
+            out: Outbox::default(),
         }
     }
 
@@ -311,16 +313,16 @@ impl BrokerState {
     pub(super) fn resync(&self, what: Resync) {
         match what {
             Resync::Scheduler(queue) => {
-                events::to_scheduler(&queue, SchedulerMsg::Reset);
+                let mut out = Outbox::default();
+                events::reset(&mut out, &queue);
                 for job in self.jobs.values().filter(|j| j.queue == queue) {
                     match job.state {
-                        State::Ready | State::Delayed => events::ready(job),
-                        State::Leased => {
-                            events::to_scheduler(&queue, SchedulerMsg::Running(job.tenant.clone()))
-                        }
+                        State::Ready | State::Delayed => events::ready(&mut out, job),
+                        State::Leased => events::running(&mut out, job),
                         _ => {}
                     }
                 }
+                out.flush();
             }
         }
     }
@@ -454,7 +456,7 @@ impl BrokerState {
                 metrics::job_enqueued(&self.labels, &job.queue, &job.tenant);
                 let id = job.id;
                 self.hot.insert(id, payload);
-                events::ready(&job);
+                events::ready(&mut self.out, &job);
                 self.replace(job);
                 Ok(Enqueued {
                     id,
@@ -632,7 +634,7 @@ impl BrokerState {
                 Ok(pair) => granted.push(pair),
                 Err(err) => {
                     debug!(queue = %queue, job = %id, error = %err, "Scheduler pick not leasable.");
-                    events::release(queue, tenant);
+                    events::release(&mut self.out, queue, tenant);
                 }
             }
         }
@@ -694,9 +696,9 @@ impl BrokerState {
             })
             .collect();
         self.store.submit(
-            move |b| b.claim(&jobs),
+            move |b| b.record_leases(&jobs),
             |result| match result {
-                Ok(claims) if claims.iter().all(Option::is_some) => {}
+                Ok(recorded) if recorded.iter().all(|r| *r) => {}
                 Ok(_) => error!("A local lease was not recorded for readers: its job was not claimable in the store."),
                 Err(err) => warn!(error = %err, "Local leases were not recorded for readers; they stand."),
             },
@@ -720,7 +722,7 @@ impl BrokerState {
             };
             debug!(queue = %job.queue, job = %job.id, "Lease taken back: the store did not record it.");
             self.replace(job.clone());
-            events::changed(&leased, &job, now);
+            events::changed(&mut self.out, &leased, &job, now);
         }
     }
 

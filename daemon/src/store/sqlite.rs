@@ -154,8 +154,19 @@ const EFFECTIVE_STATE: &str = "CASE WHEN l.id IS NULL THEN j.state ELSE 'leased'
 /// The stored jobs with this process's leases laid over them.
 const JOINED: &str = "jobs j LEFT JOIN temp.leases l ON l.id = j.id";
 
-/// The stored states of a job that may be leased (a lease is not stored).
-const CLAIMABLE: &str = "state IN ('ready', 'delayed')";
+/// The `UPDATE jobs` statement of [`SqliteBackend::change_one`] under `$condition`
+/// (SQL over the stored row; `?5` is the transition's token), built at compile time
+/// so the statement cache is hit without formatting a string per job.
+macro_rules! change_sql {
+    ($condition:literal) => {
+        concat!(
+            "UPDATE jobs SET state = ?2, attempts = ?3, budget_start = ?4, lease_seq = ?5, ",
+            "ready_at = ?6, updated_at = ?7, last_error = ?8 WHERE id = ?1 AND ",
+            $condition,
+            " AND id NOT IN (SELECT id FROM temp.leases)"
+        )
+    };
+}
 
 /// The production [`Backend`]: one SQLite connection in WAL mode with `synchronous=FULL`,
 /// owned by the writer thread.
@@ -351,22 +362,27 @@ impl SqliteBackend {
     }
 
     /// Records one lease in `temp.leases` if the stored job is claimable and not
-    /// leased; answers its payload then.
-    fn claim_one(&self, job: &Job) -> rusqlite::Result<Option<Vec<u8>>> {
+    /// leased; answers whether it did.
+    fn record_lease(&self, job: &Job) -> rusqlite::Result<bool> {
         let claimed = self
             .conn
-            .prepare_cached(&format!(
+            .prepare_cached(
                 "INSERT INTO temp.leases (id, token, worker, leased_at) \
-                 SELECT id, ?2, ?3, ?4 FROM jobs WHERE id = ?1 AND {CLAIMABLE} \
-                 ON CONFLICT DO NOTHING"
-            ))?
+                 SELECT id, ?2, ?3, ?4 FROM jobs WHERE id = ?1 AND state IN ('ready', 'delayed') \
+                 ON CONFLICT DO NOTHING",
+            )?
             .execute(params![
                 id_bytes(job.id),
                 stored_seq(job.lease_seq),
                 job.worker.as_deref().unwrap_or(""),
                 job.leased_at.unwrap_or(job.updated_at),
             ])?;
-        if claimed == 0 {
+        Ok(claimed == 1)
+    }
+
+    /// [`Self::record_lease`], then the job's payload if the lease was recorded.
+    fn claim_one(&self, job: &Job) -> rusqlite::Result<Option<Vec<u8>>> {
+        if !self.record_lease(job)? {
             return Ok(None);
         }
         self.conn
@@ -375,51 +391,58 @@ impl SqliteBackend {
             .optional()
     }
 
-    /// Writes a transition's mutable columns and its history line if the stored job
-    /// meets `condition` (SQL over the stored row; `?5` is the transition's token) and
-    /// no lease is recorded for it.
-    fn change_one(&self, t: &Transition, condition: &str) -> rusqlite::Result<bool> {
+    /// Writes a transition's mutable columns and its history line with `update`, one
+    /// of the `UPDATE jobs` statements made by [`change_sql!`] (each conditions the
+    /// change on the stored row and on no lease being recorded for the job).
+    fn change_one(&self, t: &Transition, update: &str) -> rusqlite::Result<bool> {
         let job = &t.job;
-        let changed = self
-            .conn
-            .prepare_cached(&format!(
-                "UPDATE jobs SET state = ?2, attempts = ?3, budget_start = ?4, lease_seq = ?5, \
-                 ready_at = ?6, updated_at = ?7, last_error = ?8 \
-                 WHERE id = ?1 AND {condition} \
-                 AND id NOT IN (SELECT id FROM temp.leases)"
-            ))?
-            .execute(params![
-                id_bytes(job.id),
-                job.state.as_str(),
-                job.attempts,
-                job.budget_start,
-                stored_seq(job.lease_seq),
-                job.ready_at,
-                job.updated_at,
-                job.last_error,
-            ])?;
+        let changed = self.conn.prepare_cached(update)?.execute(params![
+            id_bytes(job.id),
+            job.state.as_str(),
+            job.attempts,
+            job.budget_start,
+            stored_seq(job.lease_seq),
+            job.ready_at,
+            job.updated_at,
+            job.last_error,
+        ])?;
         if changed == 0 {
             return Ok(false);
         }
         if let Some(entry) = t.entry.as_ref().map(|e| history::bounded(e, &self.history)) {
-            self.conn
-                .prepare_cached(
-                    "INSERT INTO history (job_id, seq, attempt, outcome, worker, started_at, \
-                     ended_at, error) SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4, ?5, \
-                     ?6, ?7 FROM history WHERE job_id = ?1",
-                )?
-                .execute(params![
-                    id_bytes(job.id),
-                    entry.attempt,
-                    entry.outcome.as_str(),
-                    entry.worker,
-                    entry.started_at,
-                    entry.ended_at,
-                    entry.error,
-                ])?;
-            history::cap_history(&self.conn, &id_bytes(job.id), &self.history)?;
+            self.append_history(job.id, &entry)?;
         }
         Ok(true)
+    }
+
+    /// Appends one history line after the job's newest, then applies the history cap
+    /// once the job has more entries than the cap keeps.
+    fn append_history(&self, id: JobId, entry: &HistoryEntry) -> rusqlite::Result<()> {
+        let id = id_bytes(id);
+        let seq: i64 = self
+            .conn
+            .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM history WHERE job_id = ?1")?
+            .query_row([id], |r| r.get(0))?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO history (job_id, seq, attempt, outcome, worker, started_at, \
+                 ended_at, error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                id,
+                seq,
+                entry.attempt,
+                entry.outcome.as_str(),
+                entry.worker,
+                entry.started_at,
+                entry.ended_at,
+                entry.error,
+            ])?;
+        let kept = i64::from(self.history.keep_first) + i64::from(self.history.keep_last.max(1));
+        if seq > kept {
+            history::cap_history(&self.conn, &id, &self.history)?;
+        }
+        Ok(())
     }
 
     /// Ends the lease `t.job.lease_seq` of the job, then writes `t` if the stored job
@@ -430,7 +453,10 @@ impl SqliteBackend {
         self.conn
             .prepare_cached("DELETE FROM temp.leases WHERE id = ?1 AND token = ?2")?
             .execute(params![id, token])?;
-        self.change_one(t, "state IN ('ready', 'delayed') AND lease_seq < ?5")
+        self.change_one(
+            t,
+            change_sql!("state IN ('ready', 'delayed') AND lease_seq < ?5"),
+        )
     }
 
     /// Deletes one job with its payload and history.
@@ -543,12 +569,18 @@ impl Backend for SqliteBackend {
         true
     }
 
+    fn record_leases(&mut self, leased: &[Job]) -> Result<Vec<bool>, StoreError> {
+        self.each(leased, Self::record_lease)
+    }
+
     fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError> {
         self.each(ends, Self::complete_one)
     }
 
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        self.each(changes, |b, t| b.change_one(t, "state = 'dead'"))
+        self.each(changes, |b, t| {
+            b.change_one(t, change_sql!("state = 'dead'"))
+        })
     }
 
     fn set_payload(&mut self, id: JobId, payload: &[u8]) -> Result<bool, StoreError> {
@@ -561,7 +593,7 @@ impl Backend for SqliteBackend {
 
     fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         self.each(changes, |b, t| {
-            b.change_one(t, "state IN ('ready', 'delayed', 'dead')")
+            b.change_one(t, change_sql!("state IN ('ready', 'delayed', 'dead')"))
         })
     }
 

@@ -167,8 +167,8 @@ impl BrokerState {
         debug!(queue = %old.queue, job = %old.id, from = %old.state, to = %t.job.state,
             attempts = t.job.attempts, "Job state changed.");
         self.replace(t.job.clone());
-        events::changed(&old, &t.job, now);
-        events::throttled(&t, now);
+        events::changed(&mut self.out, &old, &t.job, now);
+        events::throttled(&mut self.out, &t, now);
         match intent {
             Intent::End => {
                 record_end(&self.labels, &old, &t, now);
@@ -297,15 +297,15 @@ impl BrokerState {
 
     /// Returns the Scheduler's picks unleased: each slot is released and each job
     /// still waiting is handed to the Scheduler again.
-    pub(super) fn hand_back(&self, queue: &str, picks: Vec<(Arc<str>, JobId)>) {
+    pub(super) fn hand_back(&mut self, queue: &Arc<str>, picks: Vec<(Arc<str>, JobId)>) {
         for (tenant, id) in picks {
-            events::release(queue, tenant);
+            events::release(&mut self.out, queue, tenant);
             if let Some(job) = self
                 .jobs
                 .get(&id)
                 .filter(|j| matches!(j.state, State::Ready | State::Delayed))
             {
-                events::ready(job);
+                events::ready(&mut self.out, job);
             }
         }
     }

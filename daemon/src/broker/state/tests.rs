@@ -7,6 +7,7 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::job::NewJob;
+use crate::scheduler::SchedulerMsg;
 
 /// A Scheduler stand-in that forwards the tenants of `Finished` messages.
 struct FakeScheduler;
@@ -30,8 +31,14 @@ impl Actor for FakeScheduler {
         msg: SchedulerMsg,
         tx: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if let SchedulerMsg::Finished(tenant, _) = msg {
-            let _ = tx.send(tenant);
+        let msgs = match msg {
+            SchedulerMsg::Batch(msgs) => msgs,
+            msg => vec![msg],
+        };
+        for msg in msgs {
+            if let SchedulerMsg::Finished(tenant, _) = msg {
+                let _ = tx.send(tenant);
+            }
         }
         Ok(())
     }
@@ -104,6 +111,7 @@ async fn a_pick_cancelled_before_its_lease_frees_the_tenants_concurrency_slot() 
         2_000,
         Instant::now(),
     );
+    state.out.flush();
 
     let tenant = tokio::time::timeout(Duration::from_secs(5), finished.recv())
         .await
