@@ -478,36 +478,48 @@ impl Actor for Broker {
         msg: BrokerMsg,
         state: &mut BrokerState,
     ) -> Result<(), ActorProcessingErr> {
-        let now = wall_ms();
+        state.take(msg, wall_ms(), Instant::now());
+        Ok(())
+    }
+}
+
+impl BrokerState {
+    /// Handles one message at wall time `now` and monotonic `mono`, synchronously:
+    /// what the actor does with each message, and what the property tests drive.
+    /// Store writes are submitted (their completions come back as messages), the
+    /// lease timer is re-armed, and the Scheduler messages the change produced are
+    /// sent, one per queue.
+    pub(crate) fn take(&mut self, msg: BrokerMsg, now: UnixMillis, mono: Instant) {
+        let state = self;
         state.follow_config();
         match msg {
             BrokerMsg::Enqueue(req, reply) => state.enqueue(req, reply, now),
             BrokerMsg::Inserted(job, result, reply) => {
-                state.inserted(*job, result, reply, now, Instant::now())
+                state.inserted(*job, result, reply, now, mono)
             }
             BrokerMsg::EnqueueBatch(reqs, reply) => state.enqueue_batch(reqs, reply, now),
             BrokerMsg::InsertedBatch(jobs, result, reply) => {
-                state.inserted_batch(jobs, result, reply, now, Instant::now())
+                state.inserted_batch(jobs, result, reply, now, mono)
             }
-            BrokerMsg::Settle(settle) => settle.run(state, now, Instant::now()),
+            BrokerMsg::Settle(settle) => settle.run(state, now, mono),
             BrokerMsg::Probe => state.probe(now),
             BrokerMsg::Lease {
                 queue,
                 picks,
                 worker,
                 reply,
-            } => state.lease(&queue, picks, worker, reply, now, Instant::now()),
+            } => state.lease(&queue, picks, worker, reply, now, mono),
             BrokerMsg::Unclaimed(before) => state.unclaimed(before, now),
             BrokerMsg::Abandoned(leases) => state.abandoned(leases, now),
             BrokerMsg::Heartbeat(id, token, extend, reply) => {
-                let _ = reply.send(state.heartbeat(id, token, extend, now, Instant::now()));
+                let _ = reply.send(state.heartbeat(id, token, extend, now, mono));
             }
             BrokerMsg::Ack(id, token, reply) => state.ack(id, token, reply, now),
             BrokerMsg::AckBatch(acks, reply) => state.ack_batch(acks, reply, now),
             BrokerMsg::Nack(id, token, failure, reply) => {
                 state.fail(id, token, failure, Some(reply), now)
             }
-            BrokerMsg::Tick => state.expire_due(now, Instant::now()),
+            BrokerMsg::Tick => state.expire_due(now, mono),
             BrokerMsg::WorkerLost(worker, error) => state.worker_lost(&worker, &error, now),
             BrokerMsg::Redrive(ids, by, reply) => state.redrive(ids, &by, reply, now),
             BrokerMsg::RedriveWithPayload(id, payload, by, reply) => {
@@ -532,7 +544,6 @@ impl Actor for Broker {
         }
         state.arm();
         state.out.flush();
-        Ok(())
     }
 }
 

@@ -1163,3 +1163,6 @@ fn leased_job(job: Job, payload: Vec<u8>, lease: Duration, deadline_ms: UnixMill
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod props;

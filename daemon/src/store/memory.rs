@@ -244,10 +244,16 @@ impl Backend for MemoryBackend {
             .iter()
             .map(|t| {
                 let token = t.job.lease_seq;
-                if let Some(row) = self.jobs.get_mut(&t.job.id)
-                    && row.lease.as_ref().is_some_and(|l| l.0 == token)
+                if let Some(mut row) = self
+                    .jobs
+                    .get(&t.job.id)
+                    .filter(|r| r.lease.as_ref().is_some_and(|l| l.0 == token))
+                    .cloned()
                 {
+                    // Through the undo log, like every write: a rolled-back savepoint
+                    // restores the lease, as SQLite restores its deleted row.
                     row.lease = None;
+                    self.write_job(t.job.id, Some(row));
                 }
                 self.change(t, |r| {
                     r.lease.is_none()
