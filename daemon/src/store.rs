@@ -86,6 +86,7 @@ use crate::job::{HistoryEntry, Job, JobId, State, Transition, UnixMillis};
 
 pub mod history;
 pub mod memory;
+pub mod postgres;
 pub mod prune;
 mod space;
 pub mod sqlite;
@@ -134,6 +135,20 @@ pub trait Backend: Send {
     /// order, its payload, or `None` if the claim did not apply (unknown job, or not
     /// claimable). Writes nothing durable.
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
+
+    /// [`Backend::claim`] for leases of `lease` (their visibility timeout). A backend
+    /// shared by several nodes stores each lease's deadline, `lease` after the claim
+    /// by the database's clock, after which another node may claim the job; a backend
+    /// whose leases live in this process (the default: `claim`) leaves the timing to
+    /// the broker, since such a lease dies with the process anyway.
+    fn claim_for(
+        &mut self,
+        leased: &[Job],
+        lease: std::time::Duration,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let _ = lease;
+        self.claim(leased)
+    }
 
     /// Ends attempts (ack, nack, lease expiry, a lost worker, an operator's cancel of
     /// a running job): each transition's
@@ -511,6 +526,27 @@ impl Store {
     pub fn open_sqlite_with(path: &Path, options: &SqliteOptions) -> Result<Store, StoreError> {
         let backend = sqlite::SqliteBackend::open(path, options)?;
         Self::start(backend, Some(path.to_path_buf()))
+    }
+
+    /// Connects to the PostgreSQL database `config` names ([`postgres::PgBackend`]),
+    /// migrates its schema and starts the writer thread, which owns the connection.
+    /// Blocks the caller until connected (at most about 20 s when the database does
+    /// not answer); call it at start-up.
+    ///
+    /// Errors name the database, never its password: [`StoreError::Permission`]
+    /// (authentication or privileges refused), [`StoreError::TooNew`] (schema written
+    /// by a newer qd), [`StoreError::Other`] (unreachable, timed out, anything else).
+    pub fn open_postgres(
+        config: &tokio_postgres::Config,
+        options: &postgres::PgOptions,
+    ) -> Result<Store, StoreError> {
+        let counters = Arc::new(Counters::default());
+        let (config, options) = (config.clone(), options.clone());
+        let (sender, writer) = writer::spawn_with(
+            move || postgres::PgBackend::open(&config, &options),
+            Arc::clone(&counters),
+        )?;
+        Ok(Self::from_parts(Some(sender), Some(writer), counters, None))
     }
 
     /// A store kept in memory ([`memory::MemoryBackend`]) behind the same writer thread:
