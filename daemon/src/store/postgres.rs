@@ -289,7 +289,9 @@ impl PgBackend {
         let pool = self.pool.clone();
         let client = self.rt.block_on(pool.get()).map_err(|e| {
             let detail = match &e {
-                deadpool_postgres::PoolError::Backend(pg) => return map_err(&self.target, pg),
+                deadpool_postgres::PoolError::Backend(pg) => {
+                    return map_err(&format!("{}: cannot connect", self.target), pg);
+                }
                 deadpool_postgres::PoolError::Timeout(_) => "timed out connecting".to_owned(),
                 other => other.to_string(),
             };
@@ -337,8 +339,11 @@ impl PgBackend {
             for (from, sql) in (found..).zip(&MIGRATIONS[found as usize..]) {
                 c.batch_execute(sql).await?;
                 let version = i32::try_from(from + 1).unwrap_or(i32::MAX);
-                c.execute("INSERT INTO qd_migrations (version) VALUES ($1)", &[&version])
-                    .await?;
+                c.execute(
+                    "INSERT INTO qd_migrations (version) VALUES ($1)",
+                    &[&version],
+                )
+                .await?;
                 applied.push(from + 1);
             }
             c.batch_execute("COMMIT").await?;
@@ -363,10 +368,7 @@ impl PgBackend {
         op: impl AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
     ) -> Result<T, StoreError> {
         let Some(client) = self.client.as_deref() else {
-            return Err(StoreError::Other(format!(
-                "{}: not connected",
-                self.target
-            )));
+            return Err(StoreError::Other(format!("{}: not connected", self.target)));
         };
         let result = self.rt.block_on(op(client));
         result.map_err(|e| map_err(&self.target, &e))
@@ -385,7 +387,11 @@ impl PgBackend {
         if has_duplicates(&ids) {
             return leased
                 .iter()
-                .map(|job| Ok(self.claim_until(std::slice::from_ref(job), lease)?.remove(0)))
+                .map(|job| {
+                    Ok(self
+                        .claim_until(std::slice::from_ref(job), lease)?
+                        .remove(0))
+                })
                 .collect();
         }
         let uuids = uuids(&ids);
@@ -581,7 +587,11 @@ impl PgBackend {
             .map(|r| {
                 let state: String = r.get(1);
                 let state = state.parse().map_err(|e: String| self.corrupt(e))?;
-                Ok((r.get(0), state, u64::try_from(r.get::<_, i64>(2)).unwrap_or(0)))
+                Ok((
+                    r.get(0),
+                    state,
+                    u64::try_from(r.get::<_, i64>(2)).unwrap_or(0),
+                ))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         sort_counts(&mut counts);
@@ -670,9 +680,7 @@ fn map_err(target: &str, e: &tokio_postgres::Error) -> StoreError {
     let what = format!("{target}: {detail}");
     match e.code() {
         Some(code) if *code == SqlState::DISK_FULL => StoreError::Full(what),
-        Some(code)
-            if *code == SqlState::DATA_CORRUPTED || *code == SqlState::INDEX_CORRUPTED =>
-        {
+        Some(code) if *code == SqlState::DATA_CORRUPTED || *code == SqlState::INDEX_CORRUPTED => {
             StoreError::Corrupt(what)
         }
         Some(code)
@@ -743,9 +751,10 @@ fn job_from_row(r: &Row, target: &str) -> Result<Job, StoreError> {
 fn scope_clause(scope: &PruneScope, n: usize) -> (String, Box<dyn ToSql + Sync + Send>) {
     match scope {
         PruneScope::Queue(q) => (format!("queue = ${n}"), Box::new(q.clone())),
-        PruneScope::Unconfigured(known) => {
-            (format!("queue <> ALL(${n}::text[])"), Box::new(known.clone()))
-        }
+        PruneScope::Unconfigured(known) => (
+            format!("queue <> ALL(${n}::text[])"),
+            Box::new(known.clone()),
+        ),
     }
 }
 

@@ -15,6 +15,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+pub mod pg;
+mod tools;
+
+pub use tools::{have, tool_missing};
+
 /// The `qd` binary under test.
 pub fn qd_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_qd"))
@@ -356,30 +361,6 @@ pub fn signal(pid: i32, sig: &str) {
         .arg(format!("-{sig}"))
         .arg(pid.to_string())
         .status();
-}
-
-/// A test cannot run because `tool` is missing. Under `CI=true` that fails the test
-/// (`.ci/run` installs every tool the tests use); elsewhere the test is skipped with
-/// a line written straight to stderr, past the test harness's output capture, so the
-/// skip shows in a plain `cargo test` run instead of passing as a silent `ok`.
-pub fn tool_missing(tool: &str, hint: &str) {
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "{tool} is missing and CI=true: {hint}"
-    );
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED {}: {tool} is missing ({hint})",
-        std::thread::current().name().unwrap_or("test")
-    );
-}
-
-/// True when `program` is on the PATH.
-pub fn have(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 /// True while a process with this pid exists.
