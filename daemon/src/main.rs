@@ -197,28 +197,29 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
 /// line naming the database, never its password, if it cannot be reached), else
 /// SQLite in `data_dir`.
 fn open_store(config: &Config) -> Result<Store, Failure> {
-    let opened = match &config.daemon.database {
+    let (opened, store) = match &config.daemon.database {
         Some(database) => {
             let client = database.client_config().map_err(Failure::Config)?;
             let options = PgOptions {
                 history: config.daemon.history,
                 ..PgOptions::default()
             };
-            let store = Store::open_postgres(&client, &options);
-            if store.is_ok() {
-                info!(store = %qd::store::postgres::describe(&client), "Store opened.");
-            }
-            store
+            let store = qd::store::postgres::describe(&client);
+            (Store::open_postgres(&client, &options), store)
         }
         None => {
             let options = SqliteOptions {
                 history: config.daemon.history,
                 ..SqliteOptions::default()
             };
-            Store::open_sqlite_with(&config.db_path(), &options)
+            let path = config.db_path();
+            let store = format!("SQLite {}", path.display());
+            (Store::open_sqlite_with(&path, &options), store)
         }
     };
-    opened.map_err(|e| Failure::Runtime(format!("cannot open the store: {e}")))
+    let opened = opened.map_err(|e| Failure::Runtime(format!("cannot open the store: {e}")))?;
+    info!(%store, "Store opened.");
+    Ok(opened)
 }
 
 /// The error and its sources, each once, without ractor's start-up wrappers

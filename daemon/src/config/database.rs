@@ -40,14 +40,18 @@ impl DatabaseConfig {
         let parsed = tokio_postgres::Config::from_str(url)
             .map_err(|e| format!("not a libpq connection string or postgresql:// URL: {e}"))?;
         if parsed.get_password().is_some() {
-            return Err("holds a password; put it in daemon.database_password_file (mode 0600) \
+            return Err(
+                "holds a password; put it in daemon.database_password_file (mode 0600) \
                  or PGPASSWORD instead, so it stays out of the config file"
-                .into());
+                    .into(),
+            );
         }
         if parsed.get_ssl_mode() == SslMode::Require {
-            return Err("sslmode=require: qd's PostgreSQL client does not support TLS yet; \
+            return Err(
+                "sslmode=require: qd's PostgreSQL client does not support TLS yet; \
                  connect over a Unix socket or a trusted network"
-                .into());
+                    .into(),
+            );
         }
         Ok(DatabaseConfig {
             url: url.to_owned(),

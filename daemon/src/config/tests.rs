@@ -687,14 +687,22 @@ fn a_password_in_the_url_or_a_readable_password_file_is_a_config_error() {
         assert!(error.message.contains("holds a password"), "{error:?}");
         assert!(!error.message.contains("hunter2"), "{error:?}");
     }
-    let found = errors(&format!("[daemon]\ndatabase_url = \"host=db port=x\"\n{QUEUE}"));
+    let found = errors(&format!(
+        "[daemon]\ndatabase_url = \"host=db port=x\"\n{QUEUE}"
+    ));
     let error = error_at(&found, "daemon.database_url");
-    assert!(error.message.contains("not a libpq connection string"), "{error:?}");
+    assert!(
+        error.message.contains("not a libpq connection string"),
+        "{error:?}"
+    );
     let found = errors(&format!(
         "[daemon]\ndatabase_password_file = \"/etc/qd/pw\"\n{QUEUE}"
     ));
     let error = error_at(&found, "daemon.database_password_file");
-    assert!(error.message.contains("without daemon.database_url"), "{error:?}");
+    assert!(
+        error.message.contains("without daemon.database_url"),
+        "{error:?}"
+    );
 
     let dir = tempfile::tempdir().expect("tempdir");
     let secret = dir.path().join("db.secret");
@@ -706,9 +714,14 @@ fn a_password_in_the_url_or_a_readable_password_file_is_a_config_error() {
          database_password_file = \"db.secret\"\n{QUEUE}"
     );
     std::fs::write(&path, text).expect("write config");
-    let found = Config::load_checked(&path).expect_err("group-readable").errors;
+    let found = Config::load_checked(&path)
+        .expect_err("group-readable")
+        .errors;
     let error = error_at(&found, "daemon.database_password_file");
-    assert!(error.message.contains(&secret.display().to_string()), "{error:?}");
+    assert!(
+        error.message.contains(&secret.display().to_string()),
+        "{error:?}"
+    );
     assert!(error.message.contains("0640"), "{error:?}");
     assert!(!error.message.contains("hunter2"), "{error:?}");
 }

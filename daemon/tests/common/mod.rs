@@ -18,6 +18,7 @@ use tempfile::TempDir;
 pub mod pg;
 mod tools;
 
+#[allow(unused_imports)]
 pub use tools::{have, tool_missing};
 
 /// The `qd` binary under test.
@@ -64,9 +65,26 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
     }
 }
 
+/// The store the harness runs qd on. A test binary whose name ends in `_postgres`
+/// (e.g. `core_postgres.rs`, which includes `core.rs`) runs on PostgreSQL, a fresh
+/// database of the run's throw-away cluster per daemon ([`pg`]); `QD_TEST_BACKEND=
+/// postgres` or `sqlite` overrides it. Everything else runs on SQLite in `data_dir`.
+pub fn on_postgres() -> bool {
+    match std::env::var("QD_TEST_BACKEND").as_deref() {
+        Ok("postgres") => true,
+        Ok("sqlite") => false,
+        _ => std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.file_name()?.to_str().map(str::to_owned))
+            .is_some_and(|name| name.split('-').next().unwrap_or("").ends_with("_postgres")),
+    }
+}
+
 /// A running (or stopped) qd with its own temp dir.
 pub struct Qd {
     pub dir: TempDir,
+    /// The PostgreSQL database it runs on ([`on_postgres`]), else `None` (SQLite).
+    pub database: Option<pg::Database>,
     pub config: PathBuf,
     pub api: String,
     pub metrics: String,
@@ -95,8 +113,13 @@ impl Qd {
         let (api_port, metrics_port) = (free_port(), free_port());
         let socket = dir.path().join("qctl.sock");
         let config = dir.path().join("qd.toml");
+        let database = if on_postgres() { pg::database() } else { None };
+        let store = database
+            .as_ref()
+            .map(|db| format!("database_url = \"{}\"\n", db.url))
+            .unwrap_or_default();
         let text = format!(
-            "[daemon]\ndata_dir = \"{data}\"\nadmin_socket = \"{sock}\"\napi_listen = \"127.0.0.1:{api_port}\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\nshutdown_grace = \"{grace}\"\n\n{body}",
+            "[daemon]\n{store}data_dir = \"{data}\"\nadmin_socket = \"{sock}\"\napi_listen = \"127.0.0.1:{api_port}\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\nshutdown_grace = \"{grace}\"\n\n{body}",
             data = dir.path().join("data").display(),
             sock = socket.display(),
         );
@@ -113,6 +136,7 @@ impl Qd {
             socket,
             config,
             dir,
+            database,
             child: None,
             agent,
         }
@@ -141,6 +165,16 @@ impl Qd {
         let start = Instant::now();
         loop {
             if agent.get(&url).call().is_ok_and(|r| r.status() == 200) {
+                let on = if self.database.is_some() {
+                    "PostgreSQL database"
+                } else {
+                    "SQLite"
+                };
+                assert!(
+                    self.logs().contains(on),
+                    "qd is not on {on}:\n{}",
+                    self.logs()
+                );
                 return;
             }
             if let Some(status) = self
