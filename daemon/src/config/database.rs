@@ -59,23 +59,13 @@ impl DatabaseConfig {
         })
     }
 
-    /// The client's connection settings: the URL, the password (from the file, else
-    /// `PGPASSWORD`), a Unix socket in `/run/postgresql` when no host is named, and
-    /// the current OS user when no user is named (as libpq does).
+    /// The client's connection settings: [`DatabaseConfig::settings`] plus the
+    /// password (from the file, else `PGPASSWORD`).
     ///
     /// Errors name the problem and the file, never the password: the URL does not
     /// parse, the file cannot be read, or its mode lets group or others read it.
     pub fn client_config(&self) -> Result<tokio_postgres::Config, String> {
-        let mut config = tokio_postgres::Config::from_str(&self.url)
-            .map_err(|e| format!("daemon.database_url: {e}"))?;
-        if config.get_hosts().is_empty() {
-            config.host_path(DEFAULT_SOCKET_DIR);
-        }
-        if config.get_user().is_none()
-            && let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::geteuid())
-        {
-            config.user(&user.name);
-        }
+        let mut config = self.settings()?;
         let password = match &self.password_file {
             Some(path) => Some(read_password_file(path)?),
             None => std::env::var("PGPASSWORD").ok().filter(|p| !p.is_empty()),
@@ -86,11 +76,29 @@ impl DatabaseConfig {
         Ok(config)
     }
 
-    /// Where the store is, for `qd check-config` and logs (no password).
+    /// The URL's settings without a password, with libpq's defaults where it is
+    /// silent: a Unix socket in `/run/postgresql` when no host is named, the current
+    /// OS user when no user is.
+    fn settings(&self) -> Result<tokio_postgres::Config, String> {
+        let mut config = tokio_postgres::Config::from_str(&self.url)
+            .map_err(|e| format!("daemon.database_url: {e}"))?;
+        if config.get_hosts().is_empty() {
+            config.host_path(DEFAULT_SOCKET_DIR);
+        }
+        if config.get_user().is_none()
+            && let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        {
+            config.user(&user.name);
+        }
+        Ok(config)
+    }
+
+    /// Where the store is, for `qd check-config`, `qctl status` and logs: hosts,
+    /// database and user, never the password.
     pub fn describe(&self) -> String {
-        match self.client_config() {
+        match self.settings() {
             Ok(config) => crate::store::postgres::describe(&config),
-            Err(_) => "PostgreSQL (password file unreadable)".into(),
+            Err(e) => format!("PostgreSQL ({e})"),
         }
     }
 }
