@@ -229,3 +229,34 @@ fn claim_next_skips_rows_another_node_is_claiming() {
     b.commit().expect("commit");
     assert!(none.is_empty(), "every job is leased: {none:?}");
 }
+
+#[test]
+fn a_lost_connection_fails_its_batch_and_the_next_batch_reconnects() {
+    let Some(db) = database() else { return };
+    let store = open_pg(&db.url, &PgOptions::default());
+    let first = job(1, "q", None);
+    block(&store, move |b| insert(b, &first, b"1")).expect("insert");
+    let killed = db.psql(&format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE datname = '{}' AND application_name = 'qd'",
+        db.name
+    ));
+    assert_eq!(killed, "1", "the store's one connection");
+    let second = job(2, "q", None);
+    let lost = block(&store, move |b| insert(b, &second, b"2"));
+    assert!(
+        matches!(&lost, Err(StoreError::Other(m)) if m.contains("PostgreSQL database")),
+        "{lost:?}"
+    );
+    let third = job(3, "q", None);
+    assert_eq!(
+        block(&store, move |b| insert(b, &third, b"3")),
+        Ok(Inserted::New)
+    );
+    let ids: Vec<u128> = block(&store, |b| b.load_unfinished())
+        .expect("load")
+        .iter()
+        .map(|j| j.id.0.as_u128())
+        .collect();
+    assert_eq!(ids, vec![1, 3], "the lost batch left nothing behind");
+}
