@@ -1,5 +1,6 @@
 //! The durable store: every job, its payload, its attempt history and the runtime
-//! overrides, in one embedded SQLite database written by one dedicated OS thread.
+//! overrides, in one embedded SQLite database (or, with `[daemon] database_url`, a
+//! PostgreSQL database) written by one dedicated OS thread.
 //!
 //! # Shape
 //! The broker (an actor) never blocks on disk. It hands an operation and a completion
@@ -12,9 +13,11 @@
 //!
 //! Operations see the database through the [`Backend`] trait, shaped by intent
 //! (enqueue, claim, complete, redrive, cancel, purge, prune, reads) with batches as
-//! the unit, so a PostgreSQL backend can follow. Two implementations exist:
-//! [`sqlite::SqliteBackend`] (production) and [`memory::MemoryBackend`] (an in-memory
-//! model used by the property tests and usable where durability is not wanted).
+//! the unit, so several nodes may share one database. Three implementations exist:
+//! [`sqlite::SqliteBackend`] (production default), [`postgres::PgBackend`] (the
+//! same contract on PostgreSQL, leases stored in the row; see its module doc for
+//! what differs) and [`memory::MemoryBackend`] (an in-memory model used by the
+//! property tests and usable where durability is not wanted).
 //!
 //! # Invariants
 //! - **An accepted job is never lost**: a completion runs only after its transaction
