@@ -17,7 +17,8 @@ Examples:
   qctl queues
   qctl dlq list --queue email --since 1h
   qctl dlq redrive --queue email --error timeout --rate 20/s --dry-run
-  echo '{\"to\":\"a@b.c\"}' | qctl enqueue email --tenant acme --key order-17";
+  echo '{\"to\":\"a@b.c\"}' | qctl enqueue email --tenant acme --key order-17
+  qctl enqueue email --ndjson jobs.ndjson   # one {\"payload\": ...} per line";
 
 /// Administer a running qd daemon over its admin Unix socket.
 #[derive(Debug, Parser)]
@@ -50,7 +51,8 @@ pub enum Command {
     /// List, show or cancel jobs.
     #[command(subcommand)]
     Jobs(JobsCmd),
-    /// Enqueue one job; the payload comes from --payload or stdin. Prints the job id.
+    /// Enqueue one job (the payload comes from --payload or stdin), or many with
+    /// --ndjson FILE. Prints the job id (one per job).
     Enqueue(EnqueueArgs),
     /// Inspect, redrive or purge the dead-letter queue.
     #[command(subcommand)]
@@ -161,6 +163,20 @@ pub struct EnqueueArgs {
     /// usually a forgotten pipe).
     #[arg(long)]
     pub allow_empty: bool,
+    /// Enqueue many jobs from FILE ("-" for stdin): one JSON job object per line.
+    ///
+    /// Each line has the shape of the HTTP single enqueue body:
+    /// {"payload": "text" | any JSON, or "payload_b64": "...", "tenant"?: "acme",
+    /// "idempotency_key"?: "order-17", "delay"?: "10s" | seconds, "max_attempts"?: N}.
+    /// Blank lines are skipped. Lines go in batches of up to 1,000 jobs, each batch
+    /// all or nothing in one commit, in file order; one id is printed per job line
+    /// (with --json, one {"line", "id", "duplicate"} object per line). A bad line
+    /// or a refused batch stops qctl (exit 2 for a bad line, 1 for a refusal): the
+    /// batches before stay accepted and the error says how many jobs were accepted
+    /// and from which line to resume. Give jobs idempotency keys to make a rerun of
+    /// the whole file harmless.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tenant", "key", "delay", "max_attempts", "payload", "allow_empty"])]
+    pub ndjson: Option<PathBuf>,
 }
 
 /// Filters over dead jobs, shared by `dlq list`, `redrive` and `purge`.

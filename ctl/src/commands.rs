@@ -179,7 +179,10 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
         Response::Limits(l) => render::limits(l),
         Response::Backup(b) => render::backup(b),
         Response::Reloaded(r) => render::reloaded(r),
-        other @ (Response::Payload(_) | Response::Export { .. } | Response::Top(_)) => {
+        other @ (Response::Payload(_)
+        | Response::Export { .. }
+        | Response::Top(_)
+        | Response::EnqueuedBatch { .. }) => {
             return Err(unexpected(other, "single-answer"));
         }
     };

@@ -8,6 +8,7 @@ mod client;
 mod commands;
 mod exports;
 mod format;
+mod ndjson;
 mod render;
 mod top;
 
@@ -17,7 +18,7 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 
-use crate::cli::{Cli, Command, DlqCmd, JobsCmd};
+use crate::cli::{Cli, Command, DlqCmd, EnqueueArgs, JobsCmd};
 use crate::client::{CliError, Client, resolve_socket};
 
 /// Writes `bytes` to stdout. A reader that went away (`qctl ... | head`) is not an
@@ -85,6 +86,11 @@ fn main() -> ExitCode {
                 Command::Jobs(JobsCmd::Payload { id, output }) => {
                     exports::payload(id, output, json, connect).map(|()| None)
                 }
+                Command::Enqueue(EnqueueArgs {
+                    queue,
+                    ndjson: Some(file),
+                    ..
+                }) => ndjson::enqueue(queue, &file, json, connect).map(|()| None),
                 Command::Dlq(DlqCmd::Export { filter, output }) => {
                     exports::dlq_export(&filter, output, connect).map(|()| None)
                 }

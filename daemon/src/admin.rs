@@ -19,7 +19,8 @@ use qd_proto::{DlqSelection, ErrorBody, ErrorCode, Request, Response};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 use crate::admin_server::{AdminHandler, AdminServer, AdminServerArgs, DEFAULT_IDLE_TIMEOUT, Peer};
-use crate::broker::{self, BrokerError, BrokerMsg, EnqueueRequest};
+use crate::api::JobBody;
+use crate::broker::{self, BatchError, BrokerError, BrokerMsg, EnqueueRequest};
 use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::{JobId, State};
 use crate::scheduler::{self, SchedulerMsg};
@@ -205,6 +206,9 @@ impl AdminHandler for Handler {
                     id: done.id.to_string(),
                     duplicate: done.duplicate,
                 }))
+            }
+            Request::EnqueueBatch { queue, jobs } => {
+                self.enqueue_batch(queue, jobs, peer.uid, req_op).await
             }
             Request::DlqList {
                 selection,
@@ -451,7 +455,56 @@ fn since_ms(secs: u64) -> crate::job::UnixMillis {
     crate::clock::wall_ms() - i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX / 2)
 }
 
+impl From<BatchError> for ErrorBody {
+    fn from(e: BatchError) -> Self {
+        let message = e.to_string();
+        let index = e.index;
+        ErrorBody {
+            message,
+            index,
+            ..ErrorBody::from(e.error)
+        }
+    }
+}
+
 impl Handler {
+    /// `enqueue_batch`: job objects of the HTTP shape ([`JobBody`]), all or nothing
+    /// in one commit. Errors name the job in `index` (`bad_request` for a malformed
+    /// one, the Broker's refusal otherwise).
+    async fn enqueue_batch(
+        &self,
+        queue: String,
+        jobs: Vec<serde_json::Value>,
+        uid: u32,
+        op: &str,
+    ) -> Result<Response, ErrorBody> {
+        self.queue_exists(&queue)?;
+        broker::check_batch_len(jobs.len())?;
+        let max_payload = self.daemon.config().daemon.max_payload;
+        let mut reqs = Vec::with_capacity(jobs.len());
+        for (index, job) in jobs.into_iter().enumerate() {
+            let req = serde_json::from_value::<JobBody>(job)
+                .map_err(|e| BrokerError::Invalid(e.to_string()))
+                .and_then(|body| body.into_request(&queue, None, max_payload))
+                .map_err(|error| BatchError {
+                    index: Some(index),
+                    error,
+                })?;
+            reqs.push(req);
+        }
+        let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), CALL).await??;
+        let new: Vec<JobId> = done.iter().filter(|e| !e.duplicate).map(|e| e.id).collect();
+        audit::jobs(uid, op, &new, "-", &format!("enqueued in queue {queue}"));
+        let jobs = done
+            .into_iter()
+            .map(|e| qd_proto::Enqueued {
+                id: e.id.to_string(),
+                duplicate: e.duplicate,
+            })
+            .collect();
+        Ok(Response::EnqueuedBatch { jobs })
+    }
+
     fn limiter_exists(&self, name: &str) -> Result<(), ErrorBody> {
         if self.daemon.limiters.get(name).is_some() {
             Ok(())

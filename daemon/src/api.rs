@@ -1,6 +1,6 @@
 //! The Api actor: qd's HTTP interface (axum) at `daemon.api_listen`.
 //!
-//! Producers enqueue and read job status (`api/producer.rs`); external workers
+//! Producers enqueue (one job or a batch) and read job status (`api/producer.rs`); external workers
 //! lease, heartbeat, ack and nack (`api/lessee.rs`). Handlers hold no business
 //! logic: they check the caller's role and queue (`api/auth.rs`), validate input,
 //! send one message to the Broker or a Scheduler, and map the answer to a status
@@ -34,6 +34,7 @@ use crate::store::Store;
 use auth::LiveTokens;
 
 pub use error::ApiError;
+pub use producer::JobBody;
 
 /// What the Api actor is started with.
 #[derive(Clone)]
@@ -117,6 +118,17 @@ pub fn body_limit(max_payload: usize) -> usize {
         .saturating_add(ENVELOPE)
 }
 
+/// The smallest body limit of a batch enqueue (16 MiB): 1,000 jobs of up to
+/// about 16 KiB each.
+const BATCH_BODY_MIN: usize = 16 << 20;
+
+/// The largest batch enqueue body accepted (bytes): [`BATCH_BODY_MIN`], or a single
+/// enqueue's [`body_limit`] if that is larger (a job that may be enqueued alone may
+/// also be a batch of one). Larger batches get `413`: split them.
+pub fn batch_body_limit(max_payload: usize) -> usize {
+    body_limit(max_payload).max(BATCH_BODY_MIN)
+}
+
 /// The route table. Every `/v1` route goes through [`auth::authenticate`] with
 /// `args.tokens`; `/healthz` is open. Body size is bounded at the transport by
 /// [`body_limit`] (fixed while the Api runs, which is why a reload refuses a
@@ -124,9 +136,14 @@ pub fn body_limit(max_payload: usize) -> usize {
 pub fn router(args: ApiArgs) -> Router {
     let max_payload = args.config().daemon.max_payload;
     let body_limit = body_limit(max_payload);
+    let batch_limit = batch_body_limit(max_payload);
     let tokens = args.tokens.clone();
     Router::new()
         .route("/v1/queues/{queue}/jobs", post(producer::enqueue))
+        .route(
+            "/v1/queues/{queue}/jobs/batch",
+            post(producer::enqueue_batch).layer(DefaultBodyLimit::max(batch_limit)),
+        )
         .route("/v1/jobs/{id}", get(producer::job))
         .route("/v1/queues/{queue}/leases", post(lessee::lease))
         .route("/v1/jobs/{id}/heartbeat", post(lessee::heartbeat))
@@ -139,7 +156,11 @@ pub fn router(args: ApiArgs) -> Router {
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(
-            (body_limit, max_payload),
+            BodyLimits {
+                single: body_limit,
+                batch: batch_limit,
+                max_payload,
+            },
             refuse_oversized,
         ))
         .with_state(Arc::new(args))
@@ -167,11 +188,22 @@ async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiEr
     )
 }
 
-/// Answers 413 at once when `Content-Length` already exceeds the body limit (bytes),
-/// instead of reading up to the limit first; bodies without a length are still
-/// bounded while they are read ([`DefaultBodyLimit`]).
+/// The body limits [`refuse_oversized`] checks, in bytes.
+#[derive(Clone, Copy)]
+struct BodyLimits {
+    /// Every route but the batch enqueue ([`body_limit`]).
+    single: usize,
+    /// `POST /v1/queues/{queue}/jobs/batch` ([`batch_body_limit`]).
+    batch: usize,
+    /// `daemon.max_payload`, named in the message.
+    max_payload: usize,
+}
+
+/// Answers 413 at once when `Content-Length` already exceeds the route's body limit
+/// (bytes), instead of reading up to the limit first; bodies without a length are
+/// still bounded while they are read ([`DefaultBodyLimit`]).
 async fn refuse_oversized(
-    axum::extract::State((limit, max_payload)): axum::extract::State<(usize, usize)>,
+    axum::extract::State(limits): axum::extract::State<BodyLimits>,
     req: axum::extract::Request,
     next: middleware::Next,
 ) -> axum::response::Response {
@@ -180,12 +212,22 @@ async fn refuse_oversized(
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    let batch = req.uri().path().ends_with("/jobs/batch");
+    let limit = if batch { limits.batch } else { limits.single };
     match declared {
         Some(len) if len > limit as u64 => {
-            let message = format!(
-                "request body of {len} bytes is over the limit of {limit} bytes \
-                 (room for a payload of max_payload = {max_payload} bytes however it is escaped)"
-            );
+            let max_payload = limits.max_payload;
+            let message = if batch {
+                format!(
+                    "request body of {len} bytes is over the batch limit of {limit} bytes \
+                     (the larger of 16 MiB and a single enqueue's limit); split the batch"
+                )
+            } else {
+                format!(
+                    "request body of {len} bytes is over the limit of {limit} bytes \
+                     (room for a payload of max_payload = {max_payload} bytes however it is escaped)"
+                )
+            };
             let err = ApiError::new(
                 axum::http::StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",

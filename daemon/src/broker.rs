@@ -8,10 +8,10 @@
 //! Callers are answered only after their write is durable (group commit): a producer
 //! hears "accepted" only once its job survives `kill -9`.
 //!
-//! Messages: [`BrokerMsg`] — enqueue (from the API and the admin socket), lease
-//! (from a Scheduler, on behalf of a worker), heartbeat/ack/nack (from workers),
-//! its lease timer's tick, worker-lost (from a WorkerPool), redrive, cancel
-//! and purge (from the Dlq and admin), resync (from derived actors that restarted),
+//! Messages: [`BrokerMsg`] — enqueue and batch enqueue (from the API and the admin
+//! socket), lease (from a Scheduler, on behalf of a worker), heartbeat/ack/nack
+//! (from workers), its lease timer's tick, worker-lost (from a WorkerPool), redrive,
+//! cancel and purge (from the Dlq and admin), resync (from derived actors that restarted),
 //! stats, flush, and its own settle/probe messages. Supervised by the Supervisor; on
 //! (re)start it reloads from the store (after a daemon start no job is leased: the
 //! leases of an earlier run died with it) and pushes its view to the schedulers,
@@ -22,6 +22,7 @@
 
 mod deadlines;
 mod events;
+mod hot;
 mod state;
 
 use std::collections::HashMap;
@@ -68,6 +69,42 @@ pub struct Enqueued {
     pub id: JobId,
     /// True when the idempotency key matched an existing job and nothing was added.
     pub duplicate: bool,
+}
+
+/// Why a batch enqueue ([`BrokerMsg::EnqueueBatch`]) was refused. Nothing of the
+/// batch was enqueued.
+#[derive(Clone, Debug, thiserror::Error)]
+pub struct BatchError {
+    /// The item the refusal is about (0-based), or `None` when it is about the whole
+    /// batch (its size, shutdown, a failed write).
+    pub index: Option<usize>,
+    /// The reason, as a single enqueue of that item would get it; for a depth limit
+    /// the depth counts the items before `index` in the batch.
+    pub error: BrokerError,
+}
+
+impl std::fmt::Display for BatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(index) = self.index else {
+            return write!(f, "{}", self.error);
+        };
+        match &self.error {
+            BrokerError::QueueFull { .. } | BrokerError::TenantFull { .. } => write!(
+                f,
+                "the batch does not fit: at jobs[{index}], {} (counting the {index} jobs \
+                 before it in this batch); nothing of the batch was enqueued",
+                self.error
+            ),
+            _ => write!(f, "jobs[{index}]: {}", self.error),
+        }
+    }
+}
+
+impl BatchError {
+    /// A refusal of the whole batch, not of one item.
+    pub fn whole(error: BrokerError) -> Self {
+        BatchError { index: None, error }
+    }
 }
 
 /// A job handed to a worker under a lease.
@@ -190,11 +227,28 @@ pub enum Resync {
 pub enum BrokerMsg {
     /// Add a job; answered after it is durable.
     Enqueue(EnqueueRequest, RpcReplyPort<Result<Enqueued, BrokerError>>),
-    /// Internal: an enqueue's store write finished.
+    /// Internal: an enqueue's store write finished (with the payload back, for the
+    /// hot-payload cache).
     Inserted(
         Box<Job>,
-        Result<Inserted, StoreError>,
+        Result<(Inserted, Vec<u8>), StoreError>,
         RpcReplyPort<Result<Enqueued, BrokerError>>,
+    ),
+    /// Add 1 to [`MAX_BATCH_JOBS`] jobs all or nothing, in one store commit; answered
+    /// in request order after it is durable. Every item is admitted first (as
+    /// [`BrokerMsg::Enqueue`] would, and counted against `max_depth` with the items
+    /// before it); any refusal, or a key held by a job with a different payload,
+    /// refuses the whole batch ([`BatchError`]).
+    EnqueueBatch(
+        Vec<EnqueueRequest>,
+        RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
+    ),
+    /// Internal: a batch enqueue's store write finished (with each payload back, for
+    /// the hot-payload cache).
+    InsertedBatch(
+        Vec<Job>,
+        Result<Vec<(Inserted, Vec<u8>)>, StoreError>,
+        RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
     ),
     /// Lease these jobs (chosen by the queue's Scheduler) to `worker`; the reply goes
     /// straight to the worker once the store recorded the claims and read the
@@ -297,6 +351,22 @@ pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
 pub const MAX_KEY_BYTES: usize = 255;
 /// The longest delay a producer may ask for (HTTP API and `qctl enqueue` alike).
 pub const MAX_DELAY: Duration = Duration::from_secs(365 * 86_400);
+
+/// The most jobs one batch enqueue may carry (HTTP and admin socket alike).
+pub const MAX_BATCH_JOBS: usize = 1000;
+
+/// Checks a batch enqueue's size: 1 to [`MAX_BATCH_JOBS`] jobs.
+///
+/// Errors: [`BrokerError::Invalid`] naming the count.
+pub fn check_batch_len(n: usize) -> Result<(), BrokerError> {
+    if (1..=MAX_BATCH_JOBS).contains(&n) {
+        Ok(())
+    } else {
+        Err(BrokerError::Invalid(format!(
+            "jobs must hold 1 to {MAX_BATCH_JOBS} items, got {n}"
+        )))
+    }
+}
 
 /// Checks a tenant name: 1 to 64 of `A-Z a-z 0-9 _ . -`.
 ///
@@ -415,6 +485,10 @@ impl Actor for Broker {
             BrokerMsg::Inserted(job, result, reply) => {
                 state.inserted(*job, result, reply, now, Instant::now())
             }
+            BrokerMsg::EnqueueBatch(reqs, reply) => state.enqueue_batch(reqs, reply, now),
+            BrokerMsg::InsertedBatch(jobs, result, reply) => {
+                state.inserted_batch(jobs, result, reply, now, Instant::now())
+            }
             BrokerMsg::Settle(settle) => settle.run(state, now, Instant::now()),
             BrokerMsg::Probe => state.probe(now),
             BrokerMsg::Lease {
@@ -474,6 +548,43 @@ mod tests {
             delay,
             max_attempts: None,
         }
+    }
+
+    #[test]
+    fn a_batch_error_names_its_item_and_a_depth_refusal_says_the_batch_does_not_fit() {
+        let invalid = BatchError {
+            index: Some(3),
+            error: BrokerError::Invalid("max_attempts must be between 1 and 1000, got 0".into()),
+        };
+        assert_eq!(
+            invalid.to_string(),
+            "jobs[3]: max_attempts must be between 1 and 1000, got 0"
+        );
+        let full = BatchError {
+            index: Some(2),
+            error: BrokerError::QueueFull {
+                queue: "q".into(),
+                depth: 10,
+                max: 10,
+            },
+        };
+        let text = full.to_string();
+        assert!(
+            text.starts_with("the batch does not fit: at jobs[2], queue \"q\" is full"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("nothing of the batch was enqueued"),
+            "{text}"
+        );
+        assert_eq!(
+            BatchError::whole(BrokerError::ShuttingDown).to_string(),
+            "qd is shutting down"
+        );
+        assert!(check_batch_len(0).is_err());
+        assert!(check_batch_len(1).is_ok() && check_batch_len(MAX_BATCH_JOBS).is_ok());
+        let err = check_batch_len(MAX_BATCH_JOBS + 1).expect_err("too many");
+        assert!(err.to_string().contains("got 1001"), "{err}");
     }
 
     #[test]

@@ -132,6 +132,30 @@ pub trait Backend: Send {
     /// already stored is [`StoreError::Other`].
     fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError>;
 
+    /// [`Backend::enqueue`] for a batch that is accepted whole or not at all (the
+    /// batch enqueue endpoint): if any item's key is held by a job with a different
+    /// payload (a stored one, or one earlier in this batch), fails with
+    /// [`StoreError::KeyConflict`] naming the first such item. Run as one operation
+    /// ([`Store::submit`]), whose savepoint undoes the items already written; a
+    /// duplicate with the same payload is answered as by [`Backend::enqueue`].
+    fn enqueue_all(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
+        let answers = self.enqueue(batch)?;
+        let conflict = answers
+            .iter()
+            .enumerate()
+            .find_map(|(index, answer)| match answer {
+                Inserted::Duplicate {
+                    id,
+                    same_payload: false,
+                } => Some((index, *id)),
+                _ => None,
+            });
+        match conflict {
+            Some((index, id)) => Err(StoreError::KeyConflict { index, id }),
+            None => Ok(answers),
+        }
+    }
+
     /// Takes leases: each of `leased` is the job's record after the lease (state
     /// leased, `lease_seq` = the new token, `worker`, `leased_at`). A claim applies only
     /// if the stored job is ready or delayed and not leased; answers, per item in
@@ -153,11 +177,21 @@ pub trait Backend: Send {
         self.claim(leased)
     }
 
+    /// Whether leases live in this process only (SQLite: one node, guarded by the data
+    /// directory's lock; the model). Then the process's Broker is the one owner of
+    /// leases, [`Backend::claim`] only records a lease for readers, and a caller may
+    /// hand a job out before its claim ran, provided it submits the claim before any
+    /// later change of that job (the writer runs operations in order). A backend
+    /// shared by several nodes answers `false`: its claim is the lease.
+    fn leases_are_local(&self) -> bool;
+
     /// Ends attempts (ack, nack, lease expiry, a lost worker, an operator's cancel of
     /// a running job): each transition's
     /// `job` is the new record and its `entry` the attempt's history line, written
-    /// once, now. Applies only if the stored job is leased under the token
-    /// `job.lease_seq`; answers per item whether it applied.
+    /// once, now. Applies only if the stored job is ready or delayed with a token
+    /// older than `job.lease_seq` and no other token's lease is recorded for it (the
+    /// ending lease's own record, if any, is removed); answers per item whether it
+    /// applied.
     fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError>;
 
     /// Moves dead jobs back to ready (`job` is the new record, `entry` the redrive
@@ -456,6 +490,16 @@ pub enum StoreError {
         /// The newest version this build can read.
         supported: u32,
     },
+    /// [`Backend::enqueue_all`] refused its batch: the idempotency key of item
+    /// `index` (0-based) is held by job `id` with a different payload. Nothing of the
+    /// batch was written; the store itself is fine.
+    #[error("item {index}: its idempotency key is held by job {id} with a different payload")]
+    KeyConflict {
+        /// The item's position in the batch.
+        index: usize,
+        /// The job holding the key.
+        id: JobId,
+    },
     /// The writer thread is gone (closed or died); the operation did not run, or, if it
     /// was already queued when the writer died, its outcome is unknown.
     #[error("store closed")]
@@ -512,6 +556,8 @@ struct Shared {
     writer: Mutex<Option<JoinHandle<()>>>,
     counters: Arc<Counters>,
     path: Option<PathBuf>,
+    /// [`Backend::leases_are_local`] of the engine, asked once at start.
+    leases_are_local: bool,
 }
 
 impl Store {
@@ -549,7 +595,13 @@ impl Store {
             move || postgres::PgBackend::open(&config, &options),
             Arc::clone(&counters),
         )?;
-        Ok(Self::from_parts(Some(sender), Some(writer), counters, None))
+        Ok(Self::from_parts(
+            Some(sender),
+            Some(writer),
+            counters,
+            None,
+            false,
+        ))
     }
 
     /// A store kept in memory ([`memory::MemoryBackend`]) behind the same writer thread:
@@ -563,14 +615,21 @@ impl Store {
     pub fn open_memory_with(history: HistoryLimits) -> Store {
         Self::start(memory::MemoryBackend::new(history), None).unwrap_or_else(|err| {
             tracing::error!(%err, "In-memory store has no writer thread; every operation fails.");
-            Self::from_parts(None, None, Arc::default(), None)
+            Self::from_parts(None, None, Arc::default(), None, false)
         })
     }
 
     fn start<E: Engine + 'static>(engine: E, path: Option<PathBuf>) -> Result<Store, StoreError> {
         let counters = Arc::new(Counters::default());
+        let local = engine.leases_are_local();
         let (sender, writer) = writer::spawn(engine, Arc::clone(&counters))?;
-        Ok(Self::from_parts(Some(sender), Some(writer), counters, path))
+        Ok(Self::from_parts(
+            Some(sender),
+            Some(writer),
+            counters,
+            path,
+            local,
+        ))
     }
 
     fn from_parts(
@@ -578,6 +637,7 @@ impl Store {
         writer: Option<JoinHandle<()>>,
         counters: Arc<Counters>,
         path: Option<PathBuf>,
+        leases_are_local: bool,
     ) -> Store {
         Store {
             shared: Arc::new(Shared {
@@ -585,8 +645,15 @@ impl Store {
                 writer: Mutex::new(writer),
                 counters,
                 path,
+                leases_are_local,
             }),
         }
+    }
+
+    /// [`Backend::leases_are_local`] of the engine behind this store (`false` for a
+    /// store without a writer thread).
+    pub fn leases_are_local(&self) -> bool {
+        self.shared.leases_are_local
     }
 
     /// Queues `op` for the writer thread and returns at once (never blocks on disk).

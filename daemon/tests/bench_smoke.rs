@@ -1,5 +1,5 @@
 //! `qd-bench --smoke` against the qd built for the tests: it completes jobs end to
-//! end and prints the side-by-side table, with beanstalkd's columns filled when
+//! end (also through the batch endpoints) and prints the side-by-side table, with beanstalkd's columns filled when
 //! beanstalkd is installed (required under `CI=true`; a visible skip elsewhere).
 
 use std::process::Command;
@@ -65,13 +65,20 @@ fn smoke_run_completes_jobs_and_prints_the_side_by_side_table() {
             "qd ÷ default"
         ]
     );
-    let row = |metric: &str| -> Vec<String> {
+    let mode_row = |mode: &str, metric: &str| -> Vec<String> {
         let line = stdout
             .lines()
-            .find(|l| l.starts_with("single") && l.contains(metric))
-            .unwrap_or_else(|| panic!("no single {metric} row:\n{stdout}"));
+            .find(|l| l.starts_with(mode) && l.contains(metric))
+            .unwrap_or_else(|| panic!("no {mode} {metric} row:\n{stdout}"));
         cells(line).into_iter().map(str::to_string).collect()
     };
+    let row = |metric: &str| mode_row("single", metric);
+    let batch = mode_row("batch", "end to end (jobs/s)");
+    assert!(
+        figure(&batch[2]) > 0.0,
+        "the batch endpoints completed no job: {batch:?}"
+    );
+    assert!(!stdout.contains("Batch failed"), "{stdout}");
     let end_to_end = row("end to end (jobs/s)");
     assert!(
         figure(&end_to_end[2]) > 0.0,

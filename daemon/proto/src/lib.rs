@@ -131,6 +131,10 @@ pub struct ErrorBody {
     pub code: ErrorCode,
     /// Human explanation naming the offending input.
     pub message: String,
+    /// For a batch request (`enqueue_batch`), the item the error is about (0-based);
+    /// absent when it is about the whole request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
 }
 
 impl ErrorBody {
@@ -139,6 +143,7 @@ impl ErrorBody {
         ErrorBody {
             code,
             message: message.into(),
+            index: None,
         }
     }
 }

@@ -81,6 +81,18 @@ pub enum Request {
         /// The payload bytes.
         payload: Payload,
     },
+    /// Enqueues 1 to 1,000 jobs all or nothing, in one commit (what `qctl enqueue
+    /// --ndjson` sends). Each job is an object of the HTTP single enqueue's shape
+    /// (`{"tenant"?, "payload" | "payload_b64", "idempotency_key"?, "delay"?,
+    /// "max_attempts"?}`, see `daemon/docs/http-api.md`). Answered with
+    /// [`crate::Response::EnqueuedBatch`]; a refusal names the job in
+    /// [`crate::ErrorBody::index`] and nothing of the batch is enqueued.
+    EnqueueBatch {
+        /// Target queue (must be configured).
+        queue: String,
+        /// The job objects, in order.
+        jobs: Vec<serde_json::Value>,
+    },
     /// Dead jobs matching the selection, most recently dead first. Answered with
     /// [`crate::Response::Jobs`]; for dead jobs `updated_at` is when the job died.
     DlqList {
@@ -242,13 +254,14 @@ pub enum Request {
 impl Request {
     /// Every `op` name, in declaration order. `decode_request` answers `unknown_op` for
     /// any other name.
-    pub const OPS: [&'static str; 22] = [
+    pub const OPS: [&'static str; 23] = [
         "status",
         "queues",
         "jobs_list",
         "jobs_show",
         "jobs_cancel",
         "enqueue",
+        "enqueue_batch",
         "dlq_list",
         "dlq_show",
         "dlq_redrive",
@@ -276,6 +289,7 @@ impl Request {
             Request::JobsShow { .. } => "jobs_show",
             Request::JobsCancel { .. } => "jobs_cancel",
             Request::Enqueue { .. } => "enqueue",
+            Request::EnqueueBatch { .. } => "enqueue_batch",
             Request::DlqList { .. } => "dlq_list",
             Request::DlqShow { .. } => "dlq_show",
             Request::DlqRedrive { .. } => "dlq_redrive",

@@ -41,6 +41,11 @@ pub enum Response {
     },
     /// Answer to `enqueue`.
     Enqueued(Enqueued),
+    /// Answer to `enqueue_batch`: one entry per job, in request order.
+    EnqueuedBatch {
+        /// The jobs' ids (the earlier job's for a duplicate).
+        jobs: Vec<Enqueued>,
+    },
     /// Answer to `dlq_redrive`.
     Redrive(RedriveResult),
     /// Answer to `dlq_purge`.
@@ -76,6 +81,7 @@ impl Response {
             Response::Job(_) => "job",
             Response::Cancelled { .. } => "cancelled",
             Response::Enqueued(_) => "enqueued",
+            Response::EnqueuedBatch { .. } => "enqueued_batch",
             Response::Redrive(_) => "redrive",
             Response::Purge(_) => "purge",
             Response::Limits(_) => "limits",

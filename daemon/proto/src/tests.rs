@@ -28,6 +28,10 @@ fn sample_requests() -> Vec<Request> {
             max_attempts: Some(3),
             payload: Payload::Text("hi".into()),
         },
+        Request::EnqueueBatch {
+            queue: "email".into(),
+            jobs: vec![json!({"payload": "hi", "idempotency_key": "k"})],
+        },
         Request::DlqList {
             selection: sel.clone(),
             limit: Some(10),

@@ -1,9 +1,14 @@
-//! Producer endpoints: enqueue a job, read a job's status and history.
+//! Producer endpoints: enqueue a job or a batch of jobs, read a job's status and
+//! history.
 //!
-//! `POST /v1/queues/{queue}/jobs` with
+//! `POST /v1/queues/{queue}/jobs` with a job object
 //! `{"tenant"?, "payload" | "payload_b64", "idempotency_key"?, "delay"?, "max_attempts"?}`
 //! answers `202 {"id", "state"}` once the job is durable, or `200 {"id", "duplicate": true}`
 //! when the idempotency key names an existing job with the same payload.
+//! `POST /v1/queues/{queue}/jobs/batch` with `{"jobs": [job object, ...]}` (1 to
+//! [`broker::MAX_BATCH_JOBS`]) enqueues them all in one commit or none: `202 {"jobs":
+//! [{"id", "duplicate"}, ...]}` in request order; an error names the item
+//! (`jobs[3]: ...`) and nothing is enqueued.
 //! `GET /v1/jobs/{id}` answers the job with its history as the history cap keeps it
 //! (the first and last entries, `history_elided` counting those deleted between).
 
@@ -21,7 +26,7 @@ use serde_json::{Value, json};
 
 use super::auth::{Caller, Role};
 use super::{ApiArgs, ApiError};
-use crate::broker::{self, BrokerMsg, EnqueueRequest};
+use crate::broker::{self, BatchError, BrokerError, BrokerMsg, EnqueueRequest};
 use crate::clock::wall_ms;
 use crate::job::{JobId, State as JobState};
 use crate::store::JobDetail;
@@ -29,16 +34,58 @@ use crate::store::JobDetail;
 /// How long an enqueue may wait for the broker and the group commit.
 const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The enqueue body.
+/// A job object: the single enqueue's body, an item of a batch, a line of
+/// `qctl enqueue --ndjson` (through the admin socket's `enqueue_batch`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct EnqueueBody {
+pub struct JobBody {
     tenant: Option<String>,
     payload: Option<Value>,
     payload_b64: Option<String>,
     idempotency_key: Option<String>,
     delay: Option<Value>,
     max_attempts: Option<u32>,
+}
+
+impl JobBody {
+    /// Validates the job object into a broker request for `queue`; `header_key` is an
+    /// `Idempotency-Key` header's value, used when the body gives no key.
+    ///
+    /// Errors: [`BrokerError::Invalid`] naming the field (payload missing or given
+    /// twice, bad base64, bad delay, tenant, key or retry budget),
+    /// [`BrokerError::PayloadTooLarge`] over `max_payload` decoded bytes.
+    pub fn into_request(
+        self,
+        queue: &str,
+        header_key: Option<String>,
+        max_payload: usize,
+    ) -> Result<EnqueueRequest, BrokerError> {
+        let payload = match (self.payload, self.payload_b64) {
+            (Some(_), Some(_)) => return Err(invalid("give payload or payload_b64, not both")),
+            (None, None) => return Err(invalid("payload or payload_b64 is required")),
+            (Some(Value::String(s)), None) => s.into_bytes(),
+            (Some(v), None) => v.to_string().into_bytes(),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| invalid(format!("payload_b64 is not valid base64: {e}")))?,
+        };
+        let delay = parse_seconds_or_duration("delay", self.delay)
+            .map_err(|e| BrokerError::Invalid(e.message))?;
+        let req = EnqueueRequest {
+            queue: queue.to_string(),
+            tenant: self.tenant,
+            payload,
+            idempotency_key: self.idempotency_key.or(header_key),
+            delay,
+            max_attempts: self.max_attempts,
+        };
+        broker::validate(&req, max_payload)?;
+        Ok(req)
+    }
+}
+
+fn invalid(message: impl Into<String>) -> BrokerError {
+    BrokerError::Invalid(message.into())
 }
 
 /// `POST /v1/queues/{queue}/jobs`.
@@ -91,35 +138,113 @@ fn parse_enqueue(
     headers: &HeaderMap,
     max_payload: usize,
 ) -> Result<EnqueueRequest, ApiError> {
-    let body: EnqueueBody = super::body::parse_json(body)?;
-    let payload = match (body.payload, body.payload_b64) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::bad_request(
-                "give payload or payload_b64, not both",
-            ));
-        }
-        (None, None) => return Err(ApiError::bad_request("payload or payload_b64 is required")),
-        (Some(Value::String(s)), None) => s.into_bytes(),
-        (Some(v), None) => v.to_string().into_bytes(),
-        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-            .decode(b64.as_bytes())
-            .map_err(|e| ApiError::bad_request(format!("payload_b64 is not valid base64: {e}")))?,
-    };
+    let body: JobBody = super::body::parse_json(body)?;
     let header_key = headers
         .get("idempotency-key")
         .map(|v| v.to_str().map(str::to_string))
         .transpose()
         .map_err(|_| ApiError::bad_request("Idempotency-Key header is not visible ASCII"))?;
-    let req = EnqueueRequest {
-        queue: queue.to_string(),
-        tenant: body.tenant,
-        payload,
-        idempotency_key: body.idempotency_key.or(header_key),
-        delay: parse_seconds_or_duration("delay", body.delay)?,
-        max_attempts: body.max_attempts,
+    Ok(body.into_request(queue, header_key, max_payload)?)
+}
+
+/// A batch body with its jobs typed (`JobBody`) or raw (`Value`, to locate an error).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchBody<T> {
+    jobs: Vec<T>,
+}
+
+/// `POST /v1/queues/{queue}/jobs/batch`.
+pub async fn enqueue_batch(
+    State(args): State<Arc<ApiArgs>>,
+    Extension(caller): Extension<Caller>,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    caller.allow(Role::Produce, &queue)?;
+    let config = args.config();
+    let max = config.daemon.max_payload;
+    let body = body.map_err(|e| batch_too_large(max, e.to_string()))?;
+    if !config.queues.contains_key(&queue) {
+        return Err(broker::BrokerError::UnknownQueue(queue).into());
+    }
+    if headers.contains_key("idempotency-key") {
+        return Err(ApiError::bad_request(
+            "the Idempotency-Key header does not apply to a batch: give each job its idempotency_key",
+        ));
+    }
+    let reqs = parse_batch(&queue, &body, max)?;
+    let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), ENQUEUE_TIMEOUT)
+        .await?
+        .map_err(batch_error)?;
+    let jobs: Vec<Value> = done
+        .iter()
+        .map(|e| json!({ "id": e.id, "duplicate": e.duplicate }))
+        .collect();
+    Ok((StatusCode::ACCEPTED, Json(json!({ "jobs": jobs }))))
+}
+
+/// The API error of a refused batch: the status the item alone would get, the
+/// message naming the item.
+fn batch_error(err: BatchError) -> ApiError {
+    let message = err.to_string();
+    let mut api = ApiError::from(err.error);
+    api.message = message;
+    api
+}
+
+/// Validates a batch body into broker requests: 1 to [`broker::MAX_BATCH_JOBS`]
+/// job objects; the first bad item is named by its index.
+fn parse_batch(
+    queue: &str,
+    body: &[u8],
+    max_payload: usize,
+) -> Result<Vec<EnqueueRequest>, ApiError> {
+    let jobs = match super::body::parse_json::<BatchBody<JobBody>>(body) {
+        Ok(batch) => batch.jobs,
+        Err(err) => return Err(locate_bad_item(body).unwrap_or(err)),
     };
-    broker::validate(&req, max_payload)?;
-    Ok(req)
+    broker::check_batch_len(jobs.len())?;
+    jobs.into_iter()
+        .enumerate()
+        .map(|(n, job)| {
+            job.into_request(queue, None, max_payload).map_err(|e| {
+                batch_error(BatchError {
+                    index: Some(n),
+                    error: e,
+                })
+            })
+        })
+        .collect()
+}
+
+/// Why a batch body that is valid JSON with a `jobs` list did not read as job
+/// objects: the size check, or the first item that is not a job object, by index.
+fn locate_bad_item(body: &[u8]) -> Option<ApiError> {
+    let batch: BatchBody<Value> = serde_json::from_slice(body).ok()?;
+    if let Err(err) = broker::check_batch_len(batch.jobs.len()) {
+        return Some(err.into());
+    }
+    batch.jobs.into_iter().enumerate().find_map(|(n, job)| {
+        let err = match job {
+            Value::Object(_) => serde_json::from_value::<JobBody>(job).err()?.to_string(),
+            Value::Array(_) => "must be a job object {\"payload\": ...}, not an array".into(),
+            _ => "must be a job object {\"payload\": ...}".into(),
+        };
+        Some(ApiError::bad_request(format!("jobs[{n}]: {err}")))
+    })
+}
+
+fn batch_too_large(max_payload: usize, detail: String) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!(
+            "request body too large (a batch body may be up to {} bytes; split the batch): {detail}",
+            super::batch_body_limit(max_payload)
+        ),
+    )
 }
 
 /// A duration given as a humantime string ("10s", "5m") or a number of seconds;

@@ -14,15 +14,16 @@ use ractor::{ActorRef, RpcReplyPort};
 use rand::Rng;
 use rand::rngs::StdRng;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 mod settle;
 
 use super::deadlines::Deadlines;
 use super::events;
+use super::hot::HotPayloads;
 use super::{
-    BatchOutcome, BrokerArgs, BrokerError, BrokerMsg, EnqueueRequest, Enqueued, LeaseInfo,
-    LeasedJob, Resync,
+    BatchError, BatchOutcome, BrokerArgs, BrokerError, BrokerMsg, EnqueueRequest, Enqueued,
+    LeaseInfo, LeasedJob, Resync,
 };
 use crate::backoff::{Backoff, Jitter};
 use crate::config::{Config, QueueConfig};
@@ -37,6 +38,10 @@ use crate::store::{Inserted, NewRecord, Store, StoreError};
 pub(crate) use settle::PROBE_EVERY;
 pub use settle::Settle;
 use settle::{Intent, Parked};
+
+/// The bytes of payloads the Broker keeps for jobs not yet leased (see
+/// [`HotPayloads`]): 16 MiB, 16 bytes per job with a million queued.
+const HOT_PAYLOAD_BYTES: usize = 16 << 20;
 
 /// Unfinished jobs of one queue, by state, plus enqueues not yet durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -103,6 +108,8 @@ pub struct BrokerState {
     store_writable: bool,
     /// Lease requests that arrived while the store refused writes.
     parked: Vec<Parked>,
+    /// Payloads of recently accepted jobs, so their first lease needs no store read.
+    hot: HotPayloads,
 }
 
 impl BrokerState {
@@ -133,6 +140,7 @@ impl BrokerState {
             writing: HashSet::new(),
             store_writable: true,
             parked: Vec::new(),
+            hot: HotPayloads::new(HOT_PAYLOAD_BYTES),
         }
     }
 
@@ -181,6 +189,9 @@ impl BrokerState {
             && let Some(worker) = &job.worker
         {
             self.by_worker.entry(worker.clone()).or_default().insert(id);
+        }
+        if job.state.is_final() {
+            self.hot.forget(id);
         }
         if !job.state.is_final() || job.state == State::Dead {
             self.jobs.insert(id, job);
@@ -324,20 +335,14 @@ impl BrokerState {
     ) {
         match self.admit(&req) {
             Ok(new) => {
-                let queue = new.queue.clone();
-                self.counts.entry(queue.clone()).or_default().pending += 1;
-                *self
-                    .tenant_depth
-                    .entry((queue, new.tenant.clone()))
-                    .or_default() += 1;
-                let job = Job::new(new, now);
-                let record = NewRecord {
-                    job: job.clone(),
-                    payload: req.payload,
-                };
+                let record = self.reserve(new, req.payload, now);
+                let job = record.job.clone();
                 let myself = self.myself.clone();
                 self.store.submit(
-                    move |b| b.enqueue(&[record]).map(first),
+                    move |b| {
+                        let inserted = b.enqueue(std::slice::from_ref(&record)).map(first)?;
+                        Ok((inserted, record.payload))
+                    },
                     move |result| {
                         let _ = myself.cast(BrokerMsg::Inserted(Box::new(job), result, reply));
                     },
@@ -392,16 +397,23 @@ impl BrokerState {
         })
     }
 
-    pub(super) fn inserted(
-        &mut self,
-        job: Job,
-        result: Result<Inserted, StoreError>,
-        reply: RpcReplyPort<Result<Enqueued, BrokerError>>,
-        now: UnixMillis,
-        mono: Instant,
-    ) {
-        let queue = job.queue.clone();
-        let counts = self.counts.entry(queue.clone()).or_default();
+    /// Counts an admitted job as pending (against `max_depth`) until its write
+    /// answers ([`Self::unreserve`]); returns its record for the store.
+    fn reserve(&mut self, new: NewJob, payload: Vec<u8>, now: UnixMillis) -> NewRecord {
+        self.counts.entry(new.queue.clone()).or_default().pending += 1;
+        *self
+            .tenant_depth
+            .entry((new.queue.clone(), new.tenant.clone()))
+            .or_default() += 1;
+        NewRecord {
+            job: Job::new(new, now),
+            payload,
+        }
+    }
+
+    /// Undoes [`Self::reserve`] once the job's write answered (or was never sent).
+    fn unreserve(&mut self, job: &Job) {
+        let counts = self.counts.entry(job.queue.clone()).or_default();
         counts.pending = counts.pending.saturating_sub(1);
         if let Some(n) = self
             .tenant_depth
@@ -409,15 +421,39 @@ impl BrokerState {
         {
             *n = n.saturating_sub(1);
         }
+    }
+
+    pub(super) fn inserted(
+        &mut self,
+        job: Job,
+        result: Result<(Inserted, Vec<u8>), StoreError>,
+        reply: RpcReplyPort<Result<Enqueued, BrokerError>>,
+        now: UnixMillis,
+        mono: Instant,
+    ) {
+        self.unreserve(&job);
         match &result {
             Ok(_) => self.store_accepted(now, mono),
             Err(err) => self.store_refused(err),
         }
+        let _ = reply.send(self.accept(job, result));
+    }
+
+    /// Applies one enqueue's store answer (the job was unreserved): a new job joins
+    /// memory and its Scheduler; a duplicate answers the holder's id, or a key
+    /// conflict when its payload differs.
+    fn accept(
+        &mut self,
+        job: Job,
+        result: Result<(Inserted, Vec<u8>), StoreError>,
+    ) -> Result<Enqueued, BrokerError> {
+        let queue = job.queue.clone();
         let answer = match result {
-            Ok(Inserted::New) => {
+            Ok((Inserted::New, payload)) => {
                 debug!(queue = %job.queue, tenant = %job.tenant, job = %job.id, "Job accepted.");
                 metrics::job_enqueued(&self.labels, &job.queue, &job.tenant);
                 let id = job.id;
+                self.hot.insert(id, payload);
                 events::ready(&job);
                 self.replace(job);
                 Ok(Enqueued {
@@ -425,18 +461,17 @@ impl BrokerState {
                     duplicate: false,
                 })
             }
-            Ok(Inserted::Duplicate {
-                id,
-                same_payload: true,
-            }) => Ok(Enqueued {
+            Ok((
+                Inserted::Duplicate {
+                    id,
+                    same_payload: true,
+                },
+                _,
+            )) => Ok(Enqueued {
                 id,
                 duplicate: true,
             }),
-            Ok(Inserted::Duplicate { id, .. }) => Err(BrokerError::KeyConflict {
-                queue: job.queue.to_string(),
-                key: job.idempotency_key.clone().unwrap_or_default(),
-                id,
-            }),
+            Ok((Inserted::Duplicate { id, .. }, _)) => Err(key_conflict(&job, id)),
             Err(err) => {
                 warn!(queue = %job.queue, error = %err, "Enqueue failed in the store; nothing was accepted.");
                 Err(BrokerError::Store(err))
@@ -445,7 +480,119 @@ impl BrokerState {
         if let Err(err) = &answer {
             metrics::enqueue_rejected(Some(&queue), reject_reason(err));
         }
-        let _ = reply.send(answer);
+        answer
+    }
+
+    // ---- batch enqueue (the single enqueue's steps, per item, one commit) ----
+
+    /// Admits every item, then writes them all in one store operation that is
+    /// undone whole on a key conflict ([`crate::store::Backend::enqueue_all`]).
+    pub(super) fn enqueue_batch(
+        &mut self,
+        reqs: Vec<EnqueueRequest>,
+        reply: RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
+        now: UnixMillis,
+    ) {
+        let queue = reqs.first().map(|r| r.queue.clone()).unwrap_or_default();
+        match self.admit_all(reqs, now) {
+            Ok(records) => {
+                let jobs = records.iter().map(|r| r.job.clone()).collect();
+                let myself = self.myself.clone();
+                self.store.submit(
+                    move |b| {
+                        let answers = b.enqueue_all(&records)?;
+                        let payloads = records.into_iter().map(|r| r.payload);
+                        Ok(answers.into_iter().zip(payloads).collect())
+                    },
+                    move |result| {
+                        let _ = myself.cast(BrokerMsg::InsertedBatch(jobs, result, reply));
+                    },
+                );
+            }
+            Err(err) => {
+                metrics::enqueue_rejected(self.known_queue(&queue), reject_reason(&err.error));
+                let _ = reply.send(Err(err));
+            }
+        }
+    }
+
+    /// Admits and reserves each item in order, so each one's depth check counts the
+    /// items before it; on the first refusal, unreserves them all.
+    fn admit_all(
+        &mut self,
+        reqs: Vec<EnqueueRequest>,
+        now: UnixMillis,
+    ) -> Result<Vec<NewRecord>, BatchError> {
+        super::check_batch_len(reqs.len()).map_err(BatchError::whole)?;
+        let mut records: Vec<NewRecord> = Vec::with_capacity(reqs.len());
+        for (index, req) in reqs.into_iter().enumerate() {
+            match self.admit(&req) {
+                Ok(new) => records.push(self.reserve(new, req.payload, now)),
+                Err(error) => {
+                    for record in &records {
+                        self.unreserve(&record.job);
+                    }
+                    let whole = matches!(
+                        error,
+                        BrokerError::ShuttingDown | BrokerError::UnknownQueue(_)
+                    );
+                    let index = (!whole).then_some(index);
+                    return Err(BatchError { index, error });
+                }
+            }
+        }
+        Ok(records)
+    }
+
+    pub(super) fn inserted_batch(
+        &mut self,
+        jobs: Vec<Job>,
+        result: Result<Vec<(Inserted, Vec<u8>)>, StoreError>,
+        reply: RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
+        now: UnixMillis,
+        mono: Instant,
+    ) {
+        for job in &jobs {
+            self.unreserve(job);
+        }
+        let queue = jobs.first().map(|j| j.queue.clone());
+        let refused = match result {
+            Ok(answers) => {
+                self.store_accepted(now, mono);
+                // enqueue_all answered Ok: no item is a key conflict.
+                let answer = jobs
+                    .into_iter()
+                    .zip(answers)
+                    .enumerate()
+                    .map(|(index, (job, inserted))| {
+                        self.accept(job, Ok(inserted)).map_err(|error| BatchError {
+                            index: Some(index),
+                            error,
+                        })
+                    })
+                    .collect();
+                let _ = reply.send(answer);
+                return;
+            }
+            Err(StoreError::KeyConflict { index, id }) => {
+                self.store_accepted(now, mono);
+                let error = jobs.get(index).map_or(
+                    BrokerError::Store(StoreError::KeyConflict { index, id }),
+                    |job| key_conflict(job, id),
+                );
+                BatchError {
+                    index: Some(index),
+                    error,
+                }
+            }
+            Err(err) => {
+                self.store_refused(&err);
+                warn!(queue = ?queue, error = %err, "Batch enqueue failed in the store; nothing was accepted.");
+                BatchError::whole(BrokerError::Store(err))
+            }
+        };
+        metrics::enqueue_rejected(queue.as_deref(), reject_reason(&refused.error));
+        let _ = reply.send(Err(refused));
     }
 
     // ---- workers ----
@@ -501,6 +648,10 @@ impl BrokerState {
             metrics::job_waited(queue, millis(now - ready_since));
         }
         let (before, jobs): (Vec<Job>, Vec<Job>) = granted.into_iter().unzip();
+        if self.store.leases_are_local() && jobs.iter().all(|j| self.hot.contains(j.id)) {
+            self.lease_hot(jobs, reply, lease, deadline_ms, now);
+            return;
+        }
         let myself = self.myself.clone();
         self.store.submit(
             move |b| b.claim(&jobs).map(|p| (jobs, p)),
@@ -521,6 +672,39 @@ impl BrokerState {
                 }
             },
         );
+    }
+
+    /// Hands out leases whose payloads are all hot, without waiting for the store:
+    /// leases are local ([`crate::store::Backend::leases_are_local`]), so the claim
+    /// only records them for readers. It is submitted before the reply, so it runs
+    /// before any later change of these jobs.
+    fn lease_hot(
+        &mut self,
+        jobs: Vec<Job>,
+        reply: RpcReplyPort<Vec<LeasedJob>>,
+        lease: Duration,
+        deadline_ms: UnixMillis,
+        now: UnixMillis,
+    ) {
+        let leased: Vec<LeasedJob> = jobs
+            .iter()
+            .map(|job| {
+                let payload = self.hot.take(job.id).unwrap_or_default();
+                leased_job(job.clone(), payload, lease, deadline_ms)
+            })
+            .collect();
+        self.store.submit(
+            move |b| b.claim(&jobs),
+            |result| match result {
+                Ok(claims) if claims.iter().all(Option::is_some) => {}
+                Ok(_) => error!("A local lease was not recorded for readers: its job was not claimable in the store."),
+                Err(err) => warn!(error = %err, "Local leases were not recorded for readers; they stand."),
+            },
+        );
+        let tokens: Vec<(JobId, Token)> = leased.iter().map(|l| (l.id, l.token)).collect();
+        if reply.send(leased).is_err() {
+            self.abandoned(tokens, now);
+        }
     }
 
     /// Takes back leases the store did not record (`before` are the jobs' records
@@ -897,6 +1081,15 @@ fn reject_reason(err: &BrokerError) -> RejectReason {
         BrokerError::Store(_) => RejectReason::StoreError,
         BrokerError::PayloadTooLarge { .. } => RejectReason::PayloadTooLarge,
         _ => RejectReason::BadRequest,
+    }
+}
+
+/// `job`'s idempotency key is held by job `id` with a different payload.
+fn key_conflict(job: &Job, id: JobId) -> BrokerError {
+    BrokerError::KeyConflict {
+        queue: job.queue.to_string(),
+        key: job.idempotency_key.clone().unwrap_or_default(),
+        id,
     }
 }
 

@@ -25,6 +25,8 @@ pub struct MemoryBackend {
     savepoints: Vec<usize>,
     in_transaction: bool,
     history_limits: HistoryLimits,
+    /// Models a backend shared by several nodes ([`MemoryBackend::shared`]).
+    shared: bool,
 }
 
 #[derive(Clone)]
@@ -89,6 +91,16 @@ impl MemoryBackend {
         MemoryBackend {
             history_limits,
             ..MemoryBackend::default()
+        }
+    }
+
+    /// The model of a backend shared by several nodes (PostgreSQL): leases are not
+    /// local ([`Backend::leases_are_local`] is `false`), so a claim is the lease, and
+    /// an attempt ends only under its recorded lease's token.
+    pub fn shared(history_limits: HistoryLimits) -> Self {
+        MemoryBackend {
+            shared: true,
+            ..MemoryBackend::new(history_limits)
         }
     }
 
@@ -216,6 +228,10 @@ impl Backend for MemoryBackend {
         Ok(answers)
     }
 
+    fn leases_are_local(&self) -> bool {
+        !self.shared
+    }
+
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let mut payloads = Vec::with_capacity(leased.len());
         for job in leased {
@@ -240,7 +256,22 @@ impl Backend for MemoryBackend {
             .iter()
             .map(|t| {
                 let token = t.job.lease_seq;
-                self.change(t, |r| r.lease.as_ref().is_some_and(|l| l.0 == token))
+                if self.shared {
+                    return self.change(t, |r| {
+                        r.lease.as_ref().is_some_and(|l| l.0 == token)
+                            && matches!(r.job.state, State::Ready | State::Delayed)
+                    });
+                }
+                if let Some(row) = self.jobs.get_mut(&t.job.id)
+                    && row.lease.as_ref().is_some_and(|l| l.0 == token)
+                {
+                    row.lease = None;
+                }
+                self.change(t, |r| {
+                    r.lease.is_none()
+                        && matches!(r.job.state, State::Ready | State::Delayed)
+                        && r.job.lease_seq < token
+                })
             })
             .collect())
     }

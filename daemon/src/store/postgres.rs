@@ -875,6 +875,12 @@ impl Backend for PgBackend {
             .collect()
     }
 
+    /// `false`: the lease is the row's, shared with every node; a claim must run
+    /// (and apply) before its job is handed out.
+    fn leases_are_local(&self) -> bool {
+        false
+    }
+
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let lease = self.options.default_lease;
         self.claim_until(leased, lease)

@@ -404,6 +404,66 @@ fn failing_op_is_rolled_back_alone() {
     assert_eq!(counts, Ok(vec![("q".to_owned(), State::Ready, 1)]));
 }
 
+/// `enqueue_all` on both backends: a key conflict anywhere undoes the whole batch;
+/// same-payload duplicates (stored or earlier in the batch) are answered, not refused.
+#[test]
+fn enqueue_all_is_all_or_nothing_on_a_key_conflict() {
+    let (_dir, path) = temp_db();
+    for store in [open(&path), Store::open_memory()] {
+        let stored = block(&store, |b| insert(b, &job(1, "q", Some("k1")), b"one"));
+        assert_eq!(stored, Ok(Inserted::New));
+        let records = |items: &[(u128, Option<&str>, &[u8])]| -> Vec<NewRecord> {
+            items
+                .iter()
+                .map(|(n, key, payload)| NewRecord {
+                    job: job(*n, "q", *key),
+                    payload: payload.to_vec(),
+                })
+                .collect()
+        };
+        let refused = records(&[
+            (2, None, b"a"),
+            (3, Some("k3"), b"b"),
+            (4, Some("k1"), b"x"),
+        ]);
+        let err = block(&store, move |b| b.enqueue_all(&refused));
+        assert_eq!(
+            err,
+            Err(StoreError::KeyConflict {
+                index: 2,
+                id: job(1, "q", None).id
+            })
+        );
+        let inside = records(&[(5, Some("k5"), b"a"), (6, Some("k5"), b"b")]);
+        let err = block(&store, move |b| b.enqueue_all(&inside));
+        assert_eq!(
+            err,
+            Err(StoreError::KeyConflict {
+                index: 1,
+                id: job(5, "q", None).id
+            })
+        );
+        let counts = block(&store, |b| b.counts());
+        assert_eq!(
+            counts,
+            Ok(vec![("q".to_owned(), State::Ready, 1)]),
+            "nothing of either batch"
+        );
+        let fine = records(&[
+            (7, Some("k1"), b"one"),
+            (8, Some("k8"), b"c"),
+            (9, Some("k8"), b"c"),
+        ]);
+        let answers = block(&store, move |b| b.enqueue_all(&fine));
+        let dup = |n: u128| Inserted::Duplicate {
+            id: job(n, "q", None).id,
+            same_payload: true,
+        };
+        assert_eq!(answers, Ok(vec![dup(1), Inserted::New, dup(8)]));
+        store.close();
+    }
+}
+
 #[test]
 fn close_finishes_queued_work_then_answers_closed_at_once() {
     let store = Store::open_memory();
@@ -464,6 +524,9 @@ impl Backend for FailingCommit {
     }
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         self.0.claim(leased)
+    }
+    fn leases_are_local(&self) -> bool {
+        self.0.leases_are_local()
     }
     fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError> {
         self.0.complete(ends)
@@ -656,6 +719,54 @@ fn conditioned_per_item(store: &Store) {
             ("q".to_owned(), State::Cancelled, 1)
         ]
     );
+}
+
+/// Local leases ([`Backend::leases_are_local`]): the Broker may end a lease whose
+/// claim the store has not recorded; the store still refuses a token that is not
+/// newer than the stored one, and one that is not the recorded lease's.
+#[test]
+fn an_unrecorded_local_lease_ends_only_with_a_newer_token() {
+    let (_dir, backends) = backends();
+    for mut b in backends {
+        assert!(b.leases_are_local());
+        let stored = job(1, "q", None);
+        insert(b.as_mut(), &stored, b"p").expect("insert");
+        let end = |token| Transition {
+            job: Job {
+                state: State::Ready,
+                attempts: 1,
+                lease_seq: token,
+                ..stored.clone()
+            },
+            entry: None,
+        };
+        assert_eq!(
+            b.complete(&[end(1)]),
+            Ok(vec![true]),
+            "never recorded, newer"
+        );
+        assert_eq!(b.complete(&[end(1)]), Ok(vec![false]), "same token again");
+        assert_eq!(b.complete(&[end(0)]), Ok(vec![false]), "older token");
+        assert_eq!(b.claim(&[leased(&stored, 3)]).map(|p| p.len()), Ok(1));
+        assert_eq!(
+            b.complete(&[end(2)]),
+            Ok(vec![false]),
+            "another lease is recorded"
+        );
+        assert_eq!(
+            b.complete(&[end(3)]),
+            Ok(vec![true]),
+            "the recorded lease's own"
+        );
+    }
+}
+
+/// One SQLite backend on a temp file and the memory model, for contract tests.
+fn backends() -> (tempfile::TempDir, Vec<Box<dyn Backend>>) {
+    let (dir, path) = temp_db();
+    let sqlite = sqlite::SqliteBackend::open(&path, &SqliteOptions::default()).expect("open");
+    let model = memory::MemoryBackend::new(HistoryLimits::default());
+    (dir, vec![Box::new(sqlite), Box::new(model)])
 }
 
 #[test]

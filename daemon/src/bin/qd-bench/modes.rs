@@ -213,9 +213,7 @@ pub async fn batch(s: &Settings, report: &mut Report) -> Result<()> {
     )
     .await;
     qd.stop().await;
-    outcome.context(
-        "batch mode: needs POST /v1/queues/{queue}/jobs/batch and POST /v1/acks (issue 10)",
-    )?;
+    outcome.context("batch mode (POST /v1/queues/{queue}/jobs/batch, POST /v1/acks)")?;
     report.notes.push(format!(
         "batch: enqueues of {BATCH} jobs, leases of {BATCH}, one ack request per lease; \
          beanstalkd has no batch commands, compare with its single rows"

@@ -157,3 +157,88 @@ async fn a_daemon_start_skips_an_earlier_runs_token_and_a_broker_restart_keeps_l
     broker.stop(None);
     let _ = broker_task.await;
 }
+
+fn request(queue: &str, tenant: Option<&str>) -> EnqueueRequest {
+    EnqueueRequest {
+        queue: queue.into(),
+        tenant: tenant.map(str::to_owned),
+        payload: b"p".to_vec(),
+        idempotency_key: None,
+        delay: Duration::ZERO,
+        max_attempts: None,
+    }
+}
+
+#[tokio::test]
+async fn a_batch_is_admitted_whole_or_not_at_all_and_a_refusal_frees_its_reservations() {
+    let text = "[queues.q]\nexecutor = { kind = \"external\" }\nmax_depth = 4\n\n\
+                [tenants.acme]\nmax_depth = 2\n";
+    let config = Arc::new(Config::parse(text, Path::new("/tmp/qd.toml")).expect("config"));
+    let (broker, broker_task) = Actor::spawn(None, Inert, ()).await.expect("inert broker");
+    let args = BrokerArgs {
+        limits: Arc::new(Limits::new(config, Vec::new())),
+        store: Store::open_memory(),
+        restarted: false,
+    };
+    let mut state = BrokerState::new(args, rand::SeedableRng::seed_from_u64(7), broker.clone());
+    let pending = |s: &BrokerState| s.counts.get("q").map_or(0, |c| c.pending);
+
+    let mut bad = vec![request("q", None); 3];
+    bad[1].max_attempts = Some(0);
+    let err = state.admit_all(bad, 1_000).expect_err("an invalid item");
+    assert_eq!(err.index, Some(1));
+    assert!(matches!(err.error, BrokerError::Invalid(_)), "{err}");
+    assert_eq!(pending(&state), 0, "the first item's reservation is freed");
+
+    let acme = vec![request("q", Some("acme")); 3];
+    let err = state
+        .admit_all(acme, 1_000)
+        .expect_err("over the tenant's depth");
+    assert_eq!(err.index, Some(2));
+    assert!(
+        matches!(err.error, BrokerError::TenantFull { depth: 2, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("counting the 2 jobs before it"),
+        "{err}"
+    );
+    assert_eq!(pending(&state), 0);
+
+    let err = state
+        .admit_all(vec![request("q", None); 5], 1_000)
+        .expect_err("over the queue's depth");
+    assert_eq!(err.index, Some(4));
+    assert!(
+        matches!(err.error, BrokerError::QueueFull { depth: 4, .. }),
+        "{err}"
+    );
+
+    let err = state.admit_all(Vec::new(), 1_000).expect_err("empty");
+    assert_eq!(err.index, None);
+    let err = state
+        .admit_all(vec![request("nope", None)], 1_000)
+        .expect_err("unknown queue");
+    assert_eq!(err.index, None, "about the whole batch: {err}");
+
+    let records = state
+        .admit_all(vec![request("q", None); 4], 1_000)
+        .expect("exactly max_depth fits");
+    assert_eq!(records.len(), 4);
+    assert_eq!(
+        pending(&state),
+        4,
+        "counted as pending until the write answers"
+    );
+    let err = state
+        .admit_all(vec![request("q", None)], 1_000)
+        .expect_err("the pending jobs count");
+    assert_eq!(err.index, Some(0));
+    for record in &records {
+        state.unreserve(&record.job);
+    }
+    assert_eq!(pending(&state), 0);
+
+    broker.stop(None);
+    let _ = broker_task.await;
+}

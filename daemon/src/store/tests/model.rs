@@ -13,6 +13,7 @@ use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
 
 use super::*;
+use crate::store::memory::MemoryBackend;
 use crate::store::postgres::PgOptions;
 
 const QUEUES: [&str; 2] = ["email", "thumbs"];
@@ -38,7 +39,8 @@ const STEP_MS: i64 = 3;
 /// A generated step; job references are indexes into the jobs made so far.
 #[derive(Clone, Debug)]
 enum Step {
-    Insert(Vec<NewSpec>),
+    /// New jobs; `true`: all or nothing ([`Backend::enqueue_all`]).
+    Insert(Vec<NewSpec>, bool),
     InsertThenFail {
         queue: usize,
         key: Option<usize>,
@@ -105,7 +107,7 @@ struct ListSpec {
 /// A concrete operation, applied identically to both stores.
 #[derive(Clone, Debug)]
 enum Action {
-    Insert(Vec<NewRecord>),
+    Insert(Vec<NewRecord>, bool),
     InsertThenFail(Job),
     Complete(Transition),
     Redrive(Transition),
@@ -148,12 +150,14 @@ fn kind(err: &StoreError) -> &'static str {
         StoreError::TooNew { .. } => "too new",
         StoreError::Closed => "closed",
         StoreError::Other(_) => "other",
+        StoreError::KeyConflict { .. } => "key conflict",
     }
 }
 
 fn apply(action: &Action, b: &mut dyn Backend) -> Result<Seen, StoreError> {
     Ok(match action {
-        Action::Insert(batch) => Seen::Inserted(b.enqueue(batch)?),
+        Action::Insert(batch, false) => Seen::Inserted(b.enqueue(batch)?),
+        Action::Insert(batch, true) => Seen::Inserted(b.enqueue_all(batch)?),
         Action::InsertThenFail(job) => {
             let record = NewRecord {
                 job: job.clone(),
@@ -254,11 +258,12 @@ impl Driver {
 
     fn action(&mut self, step: Step, now: i64) -> Option<Action> {
         Some(match step {
-            Step::Insert(specs) => Action::Insert(
+            Step::Insert(specs, all) => Action::Insert(
                 specs
                     .into_iter()
                     .map(|spec| self.new_record(spec, now))
                     .collect(),
+                all,
             ),
             Step::InsertThenFail { queue, key } => {
                 Action::InsertThenFail(self.new_job(queue, 0, key, now))
@@ -395,7 +400,8 @@ fn step() -> impl Strategy<Value = Step> {
             payload,
             delay,
         });
-    let insert = proptest::collection::vec(spec, 1..4).prop_map(Step::Insert);
+    let insert = (proptest::collection::vec(spec, 1..4), any::<bool>())
+        .prop_map(|(specs, all)| Step::Insert(specs, all));
     let fail = (0..2usize, proptest::option::of(0..3usize))
         .prop_map(|(queue, key)| Step::InsertThenFail { queue, key });
     let entry = proptest::option::of((0..Outcome::ALL.len(), any::<bool>()));
@@ -480,7 +486,13 @@ fn agree_with_memory(
     store: Store,
     reopen: impl FnOnce() -> Store,
 ) -> Result<(), TestCaseError> {
-    let memory = Store::open_memory_with(TINY_CAP);
+    // The model of the same lease contract: local leases (SQLite), or leases shared
+    // by several nodes (PostgreSQL).
+    let model = match store.leases_are_local() {
+        true => MemoryBackend::new(TINY_CAP),
+        false => MemoryBackend::shared(TINY_CAP),
+    };
+    let memory = Store::start(model, None).expect("model store");
     let from_store = observe(&store, actions);
     let from_memory = observe(&memory, actions);
     for (n, (s, m)) in from_store.iter().zip(&from_memory).enumerate() {

@@ -1,0 +1,244 @@
+//! `qctl enqueue QUEUE --ndjson FILE`: many jobs from a file (or stdin, `-`), one
+//! JSON job object per line, sent through the admin socket's `enqueue_batch` in
+//! batches of up to 1,000 jobs that fit one frame ([`qd_proto::MAX_FRAME`]).
+//!
+//! Each batch is all or nothing on the daemon and batches go in file order, so
+//! after a failure exactly the job lines before one line (the "resume line") are
+//! accepted: the error says how many and from which line to resume. Ids are
+//! printed as each batch is accepted, one line per job line (with `--json`, one
+//! `{"line", "id", "duplicate"}` object per line).
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Write};
+use std::path::Path;
+
+use qd_proto::{ErrorBody, MAX_FRAME, Request, Response};
+use serde_json::Value;
+
+use crate::client::{CliError, Client};
+use crate::commands::unexpected;
+
+/// The most jobs one `enqueue_batch` carries (the daemon's limit).
+const MAX_JOBS: usize = 1000;
+/// Room in a frame for everything but the jobs (version, id, op, queue name).
+const FRAME_ENVELOPE: usize = 1024;
+
+/// Runs `qctl enqueue QUEUE --ndjson FILE`; `file` `-` reads stdin.
+///
+/// Errors: [`CliError::Usage`] for an unreadable file or a line that is not a JSON
+/// object (naming the line), [`CliError::Daemon`] for a refused batch (naming the
+/// line of the refused job when the daemon names one); both say how many jobs were
+/// accepted before and where to resume.
+pub fn enqueue(
+    queue: String,
+    file: &Path,
+    json: bool,
+    connect: impl FnOnce() -> Result<Client, CliError>,
+) -> Result<(), CliError> {
+    let input: Box<dyn BufRead> = if file == Path::new("-") {
+        Box::new(io::stdin().lock())
+    } else {
+        let f = File::open(file)
+            .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", file.display())))?;
+        Box::new(BufReader::new(f))
+    };
+    let mut sender = Sender {
+        client: connect()?,
+        budget: MAX_FRAME.saturating_sub(FRAME_ENVELOPE + queue.len()),
+        queue,
+        json,
+        out: io::stdout().lock(),
+        batch: Vec::new(),
+        lines: Vec::new(),
+        bytes: 0,
+        accepted: 0,
+        duplicates: 0,
+    };
+    for (n, line) in input.lines().enumerate() {
+        let number = n + 1;
+        let line = line.map_err(|e| sender.stop(number, format!("cannot read line: {e}")));
+        let line = sender.flush_then(line)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let job = parse_line(&line, sender.budget);
+        let (job, size) = sender.flush_then(job.map_err(|e| sender.stop(number, e)))?;
+        if sender.batch.len() == MAX_JOBS || sender.bytes + size > sender.budget {
+            sender.send()?;
+        }
+        sender.batch.push(job);
+        sender.lines.push(number);
+        sender.bytes += size;
+    }
+    sender.send()?;
+    let from = if file == Path::new("-") {
+        "stdin".to_string()
+    } else {
+        file.display().to_string()
+    };
+    eprintln!(
+        "qctl: enqueued {} jobs from {from} ({} of them duplicates of earlier jobs)",
+        sender.accepted, sender.duplicates
+    );
+    Ok(())
+}
+
+/// One line as a job object and its size in the frame (bytes, with its comma).
+fn parse_line(line: &str, budget: usize) -> Result<(Value, usize), String> {
+    let job: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    if !job.is_object() {
+        return Err(
+            "not a job object: each line must be {\"payload\": ...} with the fields of the HTTP enqueue body"
+                .into(),
+        );
+    }
+    let size = job.to_string().len() + 1;
+    if size > budget {
+        return Err(format!(
+            "the job is {size} bytes of JSON; the admin socket carries at most {budget} per frame (use the HTTP API for larger payloads)"
+        ));
+    }
+    Ok((job, size))
+}
+
+/// The batch being filled and what was accepted so far.
+struct Sender<W: Write> {
+    client: Client,
+    queue: String,
+    json: bool,
+    out: W,
+    /// Bytes of jobs one frame may carry.
+    budget: usize,
+    batch: Vec<Value>,
+    /// The file line of each job of `batch`.
+    lines: Vec<usize>,
+    bytes: usize,
+    accepted: usize,
+    duplicates: usize,
+}
+
+impl<W: Write> Sender<W> {
+    /// On a bad line: sends the jobs before it first (so every line before it is
+    /// accepted), then reports it.
+    fn flush_then<T>(&mut self, item: Result<T, CliError>) -> Result<T, CliError> {
+        match item {
+            Ok(item) => Ok(item),
+            Err(err) => {
+                self.send()?;
+                Err(err)
+            }
+        }
+    }
+
+    /// The error for bad line `number`, saying what was accepted (the pending batch
+    /// is sent before it is reported, see [`Self::flush_then`]).
+    fn stop(&self, number: usize, why: String) -> CliError {
+        let accepted = self.accepted + self.batch.len();
+        CliError::Usage(format!(
+            "line {number}: {why}; {}",
+            resume_note(accepted, number)
+        ))
+    }
+
+    /// Sends the batch (if any) and prints its ids.
+    fn send(&mut self) -> Result<(), CliError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let jobs = std::mem::take(&mut self.batch);
+        let lines = std::mem::take(&mut self.lines);
+        self.bytes = 0;
+        let req = Request::EnqueueBatch {
+            queue: self.queue.clone(),
+            jobs,
+        };
+        let resp = match self.client.call(req) {
+            Ok(resp) => resp,
+            Err(CliError::Daemon(body)) => return Err(self.refused(body, &lines)),
+            Err(other) => {
+                let note = resume_note(self.accepted, lines[0]);
+                return Err(CliError::Protocol(format!(
+                    "{other}; the batch from line {} may or may not have been accepted; {note}",
+                    lines[0]
+                )));
+            }
+        };
+        let Response::EnqueuedBatch { jobs } = &resp else {
+            return Err(unexpected(&resp, "enqueue_batch"));
+        };
+        if jobs.len() != lines.len() {
+            return Err(CliError::Protocol(format!(
+                "qd answered {} ids for a batch of {} jobs",
+                jobs.len(),
+                lines.len()
+            )));
+        }
+        for (job, line) in jobs.iter().zip(&lines) {
+            let text = if self.json {
+                serde_json::json!({ "line": line, "id": job.id, "duplicate": job.duplicate })
+                    .to_string()
+            } else {
+                job.id.clone()
+            };
+            let written = writeln!(self.out, "{text}");
+            if let Err(e) = written
+                && e.kind() != io::ErrorKind::BrokenPipe
+            {
+                return Err(CliError::Protocol(format!("cannot write to stdout: {e}")));
+            }
+        }
+        self.accepted += jobs.len();
+        self.duplicates += jobs.iter().filter(|j| j.duplicate).count();
+        Ok(())
+    }
+
+    /// The daemon refused the batch of `lines`: name the line of the refused job.
+    fn refused(&self, mut body: ErrorBody, lines: &[usize]) -> CliError {
+        let at = body
+            .index
+            .and_then(|i| lines.get(i))
+            .map_or_else(String::new, |line| format!("line {line}: "));
+        body.message = format!(
+            "{at}{}; nothing of the batch from line {} was enqueued; {}",
+            body.message,
+            lines[0],
+            resume_note(self.accepted, lines[0])
+        );
+        CliError::Daemon(body)
+    }
+}
+
+/// What a failed run leaves: `accepted` jobs, every job line before `resume`.
+fn resume_note(accepted: usize, resume: usize) -> String {
+    format!(
+        "{accepted} jobs from the lines before line {resume} were accepted; resume from line {resume} (e.g. tail -n +{resume} FILE | qctl enqueue QUEUE --ndjson -)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_must_be_a_job_object_that_fits_a_frame() {
+        let (job, size) = parse_line(r#"{"payload":"hi"}"#, 100).expect("a job");
+        assert_eq!(job["payload"], "hi");
+        assert_eq!(size, r#"{"payload":"hi"}"#.len() + 1);
+        let bad = parse_line("{oops", 100).expect_err("not JSON");
+        assert!(bad.starts_with("not JSON"), "{bad}");
+        let bad = parse_line("[1]", 100).expect_err("an array");
+        assert!(bad.contains("not a job object"), "{bad}");
+        let bad = parse_line(r#"{"payload":"0123456789"}"#, 10).expect_err("too big");
+        assert!(bad.contains("at most 10"), "{bad}");
+    }
+
+    #[test]
+    fn the_resume_note_names_the_count_and_the_line() {
+        let note = resume_note(1000, 1003);
+        assert!(
+            note.starts_with("1000 jobs from the lines before line 1003"),
+            "{note}"
+        );
+        assert!(note.contains("tail -n +1003"), "{note}");
+    }
+}
