@@ -17,7 +17,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use database::DatabaseConfig;
+
 mod compile;
+mod database;
 mod diag;
 mod raw;
 mod units;
@@ -44,8 +47,12 @@ pub struct Config {
 /// `[daemon]`: process-wide settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DaemonConfig {
-    /// Directory of the SQLite store (default `/var/lib/qd`); see [`Config::db_path`].
+    /// Directory of the SQLite store (default `/var/lib/qd`; see [`Config::db_path`])
+    /// and of the node's lock, also when the store is PostgreSQL.
     pub data_dir: PathBuf,
+    /// The PostgreSQL store (`database_url`, `database_password_file`); `None`: the
+    /// SQLite store in `data_dir`.
+    pub database: Option<DatabaseConfig>,
     /// Unix socket `qctl` talks to (default `/run/qd/qctl.sock`).
     pub admin_socket: PathBuf,
     /// Permission bits of the admin socket (default `0o660`, from the octal string "0660").
@@ -264,8 +271,12 @@ impl Config {
     /// `config OK: 2 queues (demo, echo), 2 tenants, 1 rate limiter`.
     pub fn summary(&self) -> String {
         let names: Vec<&str> = self.queues.keys().map(String::as_str).collect();
+        let store = match &self.daemon.database {
+            Some(database) => database.describe(),
+            None => format!("SQLite {}", self.db_path().display()),
+        };
         format!(
-            "config OK: {} ({}), {}, {}",
+            "config OK: {} ({}), {}, {}; store: {store}",
             count(self.queues.len(), "queue"),
             names.join(", "),
             count(self.tenants.len(), "tenant"),

@@ -15,6 +15,7 @@ use qd::data_lock::DataDirLock;
 use qd::executor::Executors;
 use qd::limits::Limits;
 use qd::rate_limit::Limiters;
+use qd::store::postgres::PgOptions;
 use qd::store::{SqliteOptions, Store};
 use qd::supervisor::{self, Daemon, Supervisor, SupervisorMsg};
 use ractor::{Actor, ActorRef};
@@ -144,12 +145,7 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
     qd::admin_server::ensure_not_served(&config.daemon.admin_socket)
         .await
         .map_err(|e| Failure::Runtime(e.to_string()))?;
-    let options = SqliteOptions {
-        history: config.daemon.history,
-        ..SqliteOptions::default()
-    };
-    let store = Store::open_sqlite_with(&config.db_path(), &options)
-        .map_err(|e| Failure::Runtime(format!("cannot open the store: {e}")))?;
+    let store = open_store(&config)?;
     let overrides = store
         .run(|b| b.overrides())
         .await
@@ -195,6 +191,35 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Opens the store the config names: PostgreSQL when `database_url` is set (one
+/// line naming the database, never its password, if it cannot be reached), else
+/// SQLite in `data_dir`.
+fn open_store(config: &Config) -> Result<Store, Failure> {
+    let (opened, store) = match &config.daemon.database {
+        Some(database) => {
+            let client = database.client_config().map_err(Failure::Config)?;
+            let options = PgOptions {
+                history: config.daemon.history,
+                ..PgOptions::default()
+            };
+            let store = qd::store::postgres::describe(&client);
+            (Store::open_postgres(&client, &options), store)
+        }
+        None => {
+            let options = SqliteOptions {
+                history: config.daemon.history,
+                ..SqliteOptions::default()
+            };
+            let path = config.db_path();
+            let store = format!("SQLite {}", path.display());
+            (Store::open_sqlite_with(&path, &options), store)
+        }
+    };
+    let opened = opened.map_err(|e| Failure::Runtime(format!("cannot open the store: {e}")))?;
+    info!(%store, "Store opened.");
+    Ok(opened)
 }
 
 /// The error and its sources, each once, without ractor's start-up wrappers

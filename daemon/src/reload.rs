@@ -44,13 +44,14 @@ pub enum ReloadError {
 }
 
 /// Compares the config in force with `new`. Refuses (every reason at once) a change
-/// of a key that needs a restart (listen addresses, `data_dir`, admin socket,
+/// of a key that needs a restart (listen addresses, `data_dir`, the database, admin socket,
 /// `max_payload`) or of a queue between in-process and external workers.
 pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
     let mut refused = Vec::new();
     let (o, n) = (&old.daemon, &new.daemon);
-    let restart_only: [(&str, bool); 7] = [
+    let restart_only: [(&str, bool); 8] = [
         ("data_dir", o.data_dir != n.data_dir),
+        ("database_url", o.database != n.database),
         ("admin_socket", o.admin_socket != n.admin_socket),
         (
             "admin_socket_mode",

@@ -1,5 +1,6 @@
 //! The durable store: every job, its payload, its attempt history and the runtime
-//! overrides, in one embedded SQLite database written by one dedicated OS thread.
+//! overrides, in one embedded SQLite database (or, with `[daemon] database_url`, a
+//! PostgreSQL database) written by one dedicated OS thread.
 //!
 //! # Shape
 //! The broker (an actor) never blocks on disk. It hands an operation and a completion
@@ -12,9 +13,11 @@
 //!
 //! Operations see the database through the [`Backend`] trait, shaped by intent
 //! (enqueue, claim, complete, redrive, cancel, purge, prune, reads) with batches as
-//! the unit, so a PostgreSQL backend can follow. Two implementations exist:
-//! [`sqlite::SqliteBackend`] (production) and [`memory::MemoryBackend`] (an in-memory
-//! model used by the property tests and usable where durability is not wanted).
+//! the unit, so several nodes may share one database. Three implementations exist:
+//! [`sqlite::SqliteBackend`] (production default), [`postgres::PgBackend`] (the
+//! same contract on PostgreSQL, leases stored in the row; see its module doc for
+//! what differs) and [`memory::MemoryBackend`] (an in-memory model used by the
+//! property tests and usable where durability is not wanted).
 //!
 //! # Invariants
 //! - **An accepted job is never lost**: a completion runs only after its transaction
@@ -86,6 +89,7 @@ use crate::job::{HistoryEntry, Job, JobId, State, Transition, UnixMillis};
 
 pub mod history;
 pub mod memory;
+pub mod postgres;
 pub mod prune;
 mod space;
 pub mod sqlite;
@@ -163,6 +167,20 @@ pub trait Backend: Send {
     /// answers per item whether the lease was recorded.
     fn record_leases(&mut self, leased: &[Job]) -> Result<Vec<bool>, StoreError> {
         Ok(self.claim(leased)?.iter().map(Option::is_some).collect())
+    }
+
+    /// [`Backend::claim`] for leases of `lease` (their visibility timeout). A backend
+    /// shared by several nodes stores each lease's deadline, `lease` after the claim
+    /// by the database's clock, after which another node may claim the job; a backend
+    /// whose leases live in this process (the default: `claim`) leaves the timing to
+    /// the broker, since such a lease dies with the process anyway.
+    fn claim_for(
+        &mut self,
+        leased: &[Job],
+        lease: std::time::Duration,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let _ = lease;
+        self.claim(leased)
     }
 
     /// Whether leases live in this process only (SQLite: one node, guarded by the data
@@ -563,6 +581,33 @@ impl Store {
     pub fn open_sqlite_with(path: &Path, options: &SqliteOptions) -> Result<Store, StoreError> {
         let backend = sqlite::SqliteBackend::open(path, options)?;
         Self::start(backend, Some(path.to_path_buf()))
+    }
+
+    /// Connects to the PostgreSQL database `config` names ([`postgres::PgBackend`]),
+    /// migrates its schema and starts the writer thread, which owns the connection.
+    /// Blocks the caller until connected (at most about 20 s when the database does
+    /// not answer); call it at start-up.
+    ///
+    /// Errors name the database, never its password: [`StoreError::Permission`]
+    /// (authentication or privileges refused), [`StoreError::TooNew`] (schema written
+    /// by a newer qd), [`StoreError::Other`] (unreachable, timed out, anything else).
+    pub fn open_postgres(
+        config: &tokio_postgres::Config,
+        options: &postgres::PgOptions,
+    ) -> Result<Store, StoreError> {
+        let counters = Arc::new(Counters::default());
+        let (config, options) = (config.clone(), options.clone());
+        let (sender, writer) = writer::spawn_with(
+            move || postgres::PgBackend::open(&config, &options),
+            Arc::clone(&counters),
+        )?;
+        Ok(Self::from_parts(
+            Some(sender),
+            Some(writer),
+            counters,
+            None,
+            false,
+        ))
     }
 
     /// A store kept in memory ([`memory::MemoryBackend`]) behind the same writer thread:

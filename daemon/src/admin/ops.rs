@@ -18,13 +18,24 @@ const RELOAD_WAIT: Duration = Duration::from_secs(60);
 
 /// `backup`: writes a consistent snapshot of the store to `path` (absolute) while
 /// qd serves. Errors: `bad_request` for a relative path, `conflict` for an existing
-/// file without `force`, `internal` when the copy fails.
+/// file without `force` or a PostgreSQL store (backed up by the database's own
+/// tools), `internal` when the copy fails.
 pub(super) async fn backup(
     daemon: &Daemon,
     path: String,
     force: bool,
     by: &str,
 ) -> Result<Response, ErrorBody> {
+    if let Some(database) = &daemon.config().daemon.database {
+        return Err(ErrorBody::new(
+            ErrorCode::Conflict,
+            format!(
+                "the store is {}: back it up with pg_dump or the database's own backups \
+                 (qctl backup copies the SQLite store only)",
+                database.describe()
+            ),
+        ));
+    }
     let db = daemon.config().db_path();
     let dest = PathBuf::from(&path);
     let taken_at = wall_ms();

@@ -35,7 +35,10 @@ pub fn status(d: &Daemon) -> StatusInfo {
     StatusInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_secs: d.started.elapsed().as_secs_f64(),
-        store_path: d.config().db_path().display().to_string(),
+        store_path: match &d.config().daemon.database {
+            Some(database) => database.describe(),
+            None => d.config().db_path().display().to_string(),
+        },
         store_bytes: stats.size_bytes,
         actors: ACTORS
             .iter()

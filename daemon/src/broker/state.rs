@@ -656,7 +656,7 @@ impl BrokerState {
         }
         let myself = self.myself.clone();
         self.store.submit(
-            move |b| b.claim(&jobs).map(|p| (jobs, p)),
+            move |b| b.claim_for(&jobs, lease).map(|p| (jobs, p)),
             move |result| {
                 let (leased, unclaimed) = match result {
                     Ok((jobs, payloads)) => claimed(before, jobs, payloads, lease, deadline_ms),

@@ -14,7 +14,10 @@ use toml::de::{DeTable, DeValue};
 use super::diag::{self, Diagnostics, KeyPath};
 use super::raw::{self, Named, RawDaemon, RawRateLimiter, RawTenant};
 use super::units::{is_valid_name, parse_mode};
-use super::{Config, ConfigError, DaemonConfig, RateLimiterConfig, RestartIntensity, TenantConfig};
+use super::{
+    Config, ConfigError, DaemonConfig, DatabaseConfig, RateLimiterConfig, RestartIntensity,
+    TenantConfig,
+};
 use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
 
 mod environment;
@@ -167,6 +170,7 @@ fn compile_daemon(diag: &mut Diagnostics<'_>, raw: &RawDaemon, base_dir: &Path) 
     }
     DaemonConfig {
         data_dir: path(&raw.data_dir, "/var/lib/qd"),
+        database: compile_database(diag, raw, base_dir),
         admin_socket: path(&raw.admin_socket, "/run/qd/qctl.sock"),
         admin_socket_mode,
         admin_group: raw.admin_group.clone(),
@@ -178,6 +182,30 @@ fn compile_daemon(diag: &mut Diagnostics<'_>, raw: &RawDaemon, base_dir: &Path) 
         restart: compile_restart(diag, raw),
         history: compile_history(diag, raw),
     }
+}
+
+fn compile_database(
+    diag: &mut Diagnostics<'_>,
+    raw: &RawDaemon,
+    base_dir: &Path,
+) -> Option<DatabaseConfig> {
+    let at = |key: &str| KeyPath::of(&["daemon", key]);
+    let password_file = raw
+        .database_password_file
+        .as_deref()
+        .map(|p| resolve(base_dir, p));
+    let Some(url) = &raw.database_url else {
+        if password_file.is_some() {
+            diag.error(
+                &at("database_password_file"),
+                "set without daemon.database_url; remove it or name the database",
+            );
+        }
+        return None;
+    };
+    DatabaseConfig::parse(url, password_file)
+        .map_err(|e| diag.error(&at("database_url"), e))
+        .ok()
 }
 
 fn compile_history(diag: &mut Diagnostics<'_>, raw: &RawDaemon) -> HistoryLimits {

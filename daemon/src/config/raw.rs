@@ -30,6 +30,8 @@ pub(crate) struct RawDaemon {
     pub shutdown_grace: Option<Dur>,
     pub max_payload: Option<Size>,
     pub api_tokens_file: Option<String>,
+    pub database_url: Option<String>,
+    pub database_password_file: Option<String>,
     pub restart: Option<RawRestart>,
     pub history: Option<RawHistory>,
 }

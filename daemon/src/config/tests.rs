@@ -169,7 +169,7 @@ fn the_summary_names_queues_and_counts_tenants_and_limiters() {
     let config = parse(GOOD).expect("good config");
     assert_eq!(
         config.summary(),
-        "config OK: 3 queues (email, hooks, pull), 2 tenants, 1 rate limiter"
+        "config OK: 3 queues (email, hooks, pull), 2 tenants, 1 rate limiter; store: SQLite /etc/qd/state/qd.db"
     );
 }
 
@@ -644,4 +644,84 @@ fn relative_paths_are_normalised() {
     )
     .expect("config");
     assert_eq!(config.daemon.data_dir, Path::new("/etc/qd/var/qd"));
+}
+
+#[test]
+fn database_url_selects_postgres_and_never_holds_or_shows_a_password() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = dir.path().join("db.secret");
+    std::fs::write(&secret, "s3cr3t-pw\n").expect("write password");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let text = format!(
+        "[daemon]\ndatabase_url = \"postgresql://qd@db.internal:6543/jobs\"\n\
+         database_password_file = \"{}\"\n{QUEUE}",
+        secret.display()
+    );
+    let path = dir.path().join("qd.toml");
+    std::fs::write(&path, &text).expect("write config");
+    let config = Config::load_checked(&path).expect("valid");
+    let database = config.daemon.database.clone().expect("PostgreSQL store");
+    let client = database.client_config().expect("client config");
+    assert_eq!(client.get_password(), Some(&b"s3cr3t-pw"[..]));
+    assert_eq!(client.get_dbname(), Some("jobs"));
+    let summary = config.summary();
+    assert!(
+        summary.contains("PostgreSQL database \"jobs\" on db.internal:6543 as \"qd\""),
+        "{summary}"
+    );
+    assert!(!summary.contains("s3cr3t"), "{summary}");
+    assert!(!format!("{config:?}").contains("s3cr3t"));
+    let sqlite = parse(QUEUE).expect("no database_url");
+    assert_eq!(sqlite.daemon.database, None);
+    assert!(sqlite.summary().contains("SQLite /var/lib/qd/qd.db"));
+}
+
+#[test]
+fn a_password_in_the_url_or_a_readable_password_file_is_a_config_error() {
+    for url in [
+        "postgresql://qd:hunter2@db/qd",
+        "host=db user=qd password=hunter2 dbname=qd",
+    ] {
+        let found = errors(&format!("[daemon]\ndatabase_url = \"{url}\"\n{QUEUE}"));
+        let error = error_at(&found, "daemon.database_url");
+        assert!(error.message.contains("holds a password"), "{error:?}");
+        assert!(!error.message.contains("hunter2"), "{error:?}");
+    }
+    let found = errors(&format!(
+        "[daemon]\ndatabase_url = \"host=db port=x\"\n{QUEUE}"
+    ));
+    let error = error_at(&found, "daemon.database_url");
+    assert!(
+        error.message.contains("not a libpq connection string"),
+        "{error:?}"
+    );
+    let found = errors(&format!(
+        "[daemon]\ndatabase_password_file = \"/etc/qd/pw\"\n{QUEUE}"
+    ));
+    let error = error_at(&found, "daemon.database_password_file");
+    assert!(
+        error.message.contains("without daemon.database_url"),
+        "{error:?}"
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = dir.path().join("db.secret");
+    std::fs::write(&secret, "hunter2\n").expect("write password");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let path = dir.path().join("qd.toml");
+    let text = format!(
+        "[daemon]\ndatabase_url = \"host=/run/postgresql dbname=qd\"\n\
+         database_password_file = \"db.secret\"\n{QUEUE}"
+    );
+    std::fs::write(&path, text).expect("write config");
+    let found = Config::load_checked(&path)
+        .expect_err("group-readable")
+        .errors;
+    let error = error_at(&found, "daemon.database_password_file");
+    assert!(
+        error.message.contains(&secret.display().to_string()),
+        "{error:?}"
+    );
+    assert!(error.message.contains("0640"), "{error:?}");
+    assert!(!error.message.contains("hunter2"), "{error:?}");
 }

@@ -25,6 +25,8 @@ pub struct MemoryBackend {
     savepoints: Vec<usize>,
     in_transaction: bool,
     history_limits: HistoryLimits,
+    /// Models a backend shared by several nodes ([`MemoryBackend::shared`]).
+    shared: bool,
 }
 
 #[derive(Clone)]
@@ -89,6 +91,16 @@ impl MemoryBackend {
         MemoryBackend {
             history_limits,
             ..MemoryBackend::default()
+        }
+    }
+
+    /// The model of a backend shared by several nodes (PostgreSQL): leases are not
+    /// local ([`Backend::leases_are_local`] is `false`), so a claim is the lease, and
+    /// an attempt ends only under its recorded lease's token.
+    pub fn shared(history_limits: HistoryLimits) -> Self {
+        MemoryBackend {
+            shared: true,
+            ..MemoryBackend::new(history_limits)
         }
     }
 
@@ -217,7 +229,7 @@ impl Backend for MemoryBackend {
     }
 
     fn leases_are_local(&self) -> bool {
-        true
+        !self.shared
     }
 
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
@@ -244,6 +256,12 @@ impl Backend for MemoryBackend {
             .iter()
             .map(|t| {
                 let token = t.job.lease_seq;
+                if self.shared {
+                    return self.change(t, |r| {
+                        r.lease.as_ref().is_some_and(|l| l.0 == token)
+                            && matches!(r.job.state, State::Ready | State::Delayed)
+                    });
+                }
                 if let Some(mut row) = self
                     .jobs
                     .get(&t.job.id)

@@ -12,6 +12,8 @@ use super::*;
 use crate::job::{Outcome, Token};
 
 mod model;
+mod pg;
+mod postgres;
 mod upkeep;
 
 const ANSWER_WITHIN: Duration = Duration::from_secs(60);
@@ -642,7 +644,12 @@ fn failed_commit_answers_every_op_with_its_error_and_keeps_nothing() {
 #[test]
 fn every_change_is_conditioned_on_the_stored_state_and_answered_per_item() {
     let (_dir, path) = temp_db();
-    let store = open(&path);
+    conditioned_per_item(&open(&path));
+}
+
+/// Every change of an existing job applies only over the stored state it expects,
+/// answered per item; `store` is empty. Shared by the engines' tests.
+fn conditioned_per_item(store: &Store) {
     let (a, b_job) = (job(1, "q", None), job(2, "q", None));
     let batch = vec![
         NewRecord {
@@ -655,11 +662,11 @@ fn every_change_is_conditioned_on_the_stored_state_and_answered_per_item() {
         },
     ];
     assert_eq!(
-        block(&store, move |b| b.enqueue(&batch)),
+        block(store, move |b| b.enqueue(&batch)),
         Ok(vec![Inserted::New, Inserted::New])
     );
     let (first, second) = (leased(&a, 1), leased(&a, 2));
-    let claims = block(&store, move |b| b.claim(&[first, second])).expect("claim");
+    let claims = block(store, move |b| b.claim(&[first, second])).expect("claim");
     assert_eq!(
         claims,
         vec![Some(b"a".to_vec()), None],
@@ -673,7 +680,7 @@ fn every_change_is_conditioned_on_the_stored_state_and_answered_per_item() {
         entry: None,
     };
     let (cancel_a, cancel_b) = (cancel(&a), cancel(&b_job));
-    let cancelled = block(&store, move |b| b.cancel(&[cancel_a, cancel_b])).expect("cancel");
+    let cancelled = block(store, move |b| b.cancel(&[cancel_a, cancel_b])).expect("cancel");
     assert_eq!(
         cancelled,
         vec![false, true],
@@ -689,7 +696,7 @@ fn every_change_is_conditioned_on_the_stored_state_and_answered_per_item() {
         entry: None,
     };
     let (stale, current) = (done(7), done(1));
-    let ends = block(&store, move |b| b.complete(&[stale, current])).expect("complete");
+    let ends = block(store, move |b| b.complete(&[stale, current])).expect("complete");
     assert_eq!(ends, vec![false, true], "a stale token changes nothing");
     let redrive = Transition {
         job: Job {
@@ -699,15 +706,12 @@ fn every_change_is_conditioned_on_the_stored_state_and_answered_per_item() {
         entry: None,
     };
     assert_eq!(
-        block(&store, move |b| b.redrive(&[redrive])),
+        block(store, move |b| b.redrive(&[redrive])),
         Ok(vec![false])
     );
     let ids = [a.id, b_job.id];
-    assert_eq!(
-        block(&store, move |b| b.purge(&ids)),
-        Ok(vec![false, false])
-    );
-    let counts = block(&store, |b| b.counts()).expect("counts");
+    assert_eq!(block(store, move |b| b.purge(&ids)), Ok(vec![false, false]));
+    let counts = block(store, |b| b.counts()).expect("counts");
     assert_eq!(
         counts,
         vec![
@@ -789,10 +793,16 @@ fn a_lease_is_not_durable_and_its_job_is_ready_after_reopen() {
 
 #[test]
 fn enqueue_dedupes_by_key_inside_one_batch_and_across_batches() {
-    let store = Store::open_memory();
     let (_dir, path) = temp_db();
-    let sqlite = open(&path);
-    for store in [store, sqlite] {
+    for store in [Store::open_memory(), open(&path)] {
+        dedupes_by_key(&store);
+    }
+}
+
+/// Idempotency keys dedupe inside one batch and across batches, per queue; `store`
+/// is empty. Shared by the engines' tests.
+fn dedupes_by_key(store: &Store) {
+    {
         let batch = vec![
             NewRecord {
                 job: job(1, "q", Some("k")),
@@ -814,7 +824,7 @@ fn enqueue_dedupes_by_key_inside_one_batch_and_across_batches() {
         let again = batch[1..2].to_vec();
         let holder = JobId(Uuid::from_u128(1));
         assert_eq!(
-            block(&store, move |b| b.enqueue(&batch)),
+            block(store, move |b| b.enqueue(&batch)),
             Ok(vec![
                 Inserted::New,
                 Inserted::Duplicate {
@@ -829,7 +839,7 @@ fn enqueue_dedupes_by_key_inside_one_batch_and_across_batches() {
             ])
         );
         assert_eq!(
-            block(&store, move |b| b.enqueue(&again)),
+            block(store, move |b| b.enqueue(&again)),
             Ok(vec![Inserted::Duplicate {
                 id: holder,
                 same_payload: true

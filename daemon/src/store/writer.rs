@@ -117,12 +117,48 @@ pub(crate) fn spawn<E: Engine + 'static>(
     engine: E,
     counters: Arc<Counters>,
 ) -> Result<(Queue, JoinHandle<()>), StoreError> {
+    spawn_with(move || Ok(engine), counters)
+}
+
+/// [`spawn`] for an engine that must be opened on the writer thread itself (the
+/// PostgreSQL engine owns a current-thread async runtime, which cannot be driven from
+/// inside the caller's runtime). Blocks until `open` returned, and answers its error
+/// (then no thread keeps running).
+pub(crate) fn spawn_with<E, Open>(
+    open: Open,
+    counters: Arc<Counters>,
+) -> Result<(Queue, JoinHandle<()>), StoreError>
+where
+    E: Engine + 'static,
+    Open: FnOnce() -> Result<E, StoreError> + Send + 'static,
+{
     let (sender, receiver) = mpsc::channel();
+    let (opened_tx, opened) = mpsc::sync_channel(1);
     let handle = thread::Builder::new()
         .name("qd-store".into())
-        .spawn(move || writer_loop(engine, &receiver, &counters))
+        .spawn(move || match open() {
+            Ok(engine) => {
+                let _ = opened_tx.send(Ok(()));
+                writer_loop(engine, &receiver, &counters);
+            }
+            Err(err) => {
+                let _ = opened_tx.send(Err(err));
+            }
+        })
         .map_err(|err| StoreError::Other(format!("cannot start the store writer thread: {err}")))?;
-    Ok((sender, handle))
+    match opened.recv() {
+        Ok(Ok(())) => Ok((sender, handle)),
+        Ok(Err(err)) => {
+            let _ = handle.join();
+            Err(err)
+        }
+        Err(_) => {
+            let _ = handle.join();
+            Err(StoreError::Other(
+                "the store writer thread died while opening the store".into(),
+            ))
+        }
+    }
 }
 
 fn writer_loop<E: Engine>(mut engine: E, receiver: &Receiver<Box<dyn Task>>, counters: &Counters) {

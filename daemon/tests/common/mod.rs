@@ -15,6 +15,12 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+pub mod pg;
+mod tools;
+
+#[allow(unused_imports)]
+pub use tools::{have, tool_missing};
+
 /// The `qd` binary under test.
 pub fn qd_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_qd"))
@@ -59,9 +65,26 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
     }
 }
 
+/// The store the harness runs qd on. A test binary whose name ends in `_postgres`
+/// (e.g. `core_postgres.rs`, which includes `core.rs`) runs on PostgreSQL, a fresh
+/// database of the run's throw-away cluster per daemon ([`pg`]); `QD_TEST_BACKEND=
+/// postgres` or `sqlite` overrides it. Everything else runs on SQLite in `data_dir`.
+pub fn on_postgres() -> bool {
+    match std::env::var("QD_TEST_BACKEND").as_deref() {
+        Ok("postgres") => true,
+        Ok("sqlite") => false,
+        _ => std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.file_name()?.to_str().map(str::to_owned))
+            .is_some_and(|name| name.split('-').next().unwrap_or("").ends_with("_postgres")),
+    }
+}
+
 /// A running (or stopped) qd with its own temp dir.
 pub struct Qd {
     pub dir: TempDir,
+    /// The PostgreSQL database it runs on ([`on_postgres`]), else `None` (SQLite).
+    pub database: Option<pg::Database>,
     pub config: PathBuf,
     pub api: String,
     pub metrics: String,
@@ -90,8 +113,13 @@ impl Qd {
         let (api_port, metrics_port) = (free_port(), free_port());
         let socket = dir.path().join("qctl.sock");
         let config = dir.path().join("qd.toml");
+        let database = if on_postgres() { pg::database() } else { None };
+        let store = database
+            .as_ref()
+            .map(|db| format!("database_url = \"{}\"\n", db.url))
+            .unwrap_or_default();
         let text = format!(
-            "[daemon]\ndata_dir = \"{data}\"\nadmin_socket = \"{sock}\"\napi_listen = \"127.0.0.1:{api_port}\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\nshutdown_grace = \"{grace}\"\n\n{body}",
+            "[daemon]\n{store}data_dir = \"{data}\"\nadmin_socket = \"{sock}\"\napi_listen = \"127.0.0.1:{api_port}\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\nshutdown_grace = \"{grace}\"\n\n{body}",
             data = dir.path().join("data").display(),
             sock = socket.display(),
         );
@@ -108,6 +136,7 @@ impl Qd {
             socket,
             config,
             dir,
+            database,
             child: None,
             agent,
         }
@@ -136,6 +165,16 @@ impl Qd {
         let start = Instant::now();
         loop {
             if agent.get(&url).call().is_ok_and(|r| r.status() == 200) {
+                let on = if self.database.is_some() {
+                    "PostgreSQL database"
+                } else {
+                    "SQLite"
+                };
+                assert!(
+                    self.logs().contains(on),
+                    "qd is not on {on}:\n{}",
+                    self.logs()
+                );
                 return;
             }
             if let Some(status) = self
@@ -356,30 +395,6 @@ pub fn signal(pid: i32, sig: &str) {
         .arg(format!("-{sig}"))
         .arg(pid.to_string())
         .status();
-}
-
-/// A test cannot run because `tool` is missing. Under `CI=true` that fails the test
-/// (`.ci/run` installs every tool the tests use); elsewhere the test is skipped with
-/// a line written straight to stderr, past the test harness's output capture, so the
-/// skip shows in a plain `cargo test` run instead of passing as a silent `ok`.
-pub fn tool_missing(tool: &str, hint: &str) {
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "{tool} is missing and CI=true: {hint}"
-    );
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED {}: {tool} is missing ({hint})",
-        std::thread::current().name().unwrap_or("test")
-    );
-}
-
-/// True when `program` is on the PATH.
-pub fn have(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 /// True while a process with this pid exists.

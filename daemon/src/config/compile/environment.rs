@@ -2,7 +2,8 @@
 //! other check so `qd check-config` lists all problems at once (these used to be
 //! found only after the file itself was clean, one kind per run). It reads the API
 //! token file (exists, owner-only mode, valid, names only configured queues),
-//! resolves `admin_group`, and builds each queue's executor (header names, env
+//! checks the database password file (exists, owner-only mode), resolves
+//! `admin_group`, and builds each queue's executor (header names, env
 //! names, NUL bytes, the HTTP client), skipping keys already reported broken.
 
 use std::collections::BTreeMap;
@@ -23,6 +24,15 @@ pub(super) fn check(
         && let Err(e) = crate::api::auth::Tokens::load(path, |q| queues.contains_key(q))
     {
         diag.error(&at("api_tokens_file"), e.to_string());
+    }
+    if let Some(path) = daemon
+        .database
+        .as_ref()
+        .and_then(|d| d.password_file.as_ref())
+        && !diag.is_broken(&at("database_password_file"))
+        && let Err(e) = super::super::database::check_password_file(path)
+    {
+        diag.error(&at("database_password_file"), e);
     }
     if let Some(group) = &daemon.admin_group
         && let Err(e) = crate::admin_server::resolve_group(group)

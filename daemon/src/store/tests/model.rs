@@ -10,7 +10,11 @@
 use proptest::prelude::*;
 use proptest::sample::Index;
 
+use proptest::test_runner::TestCaseError;
+
 use super::*;
+use crate::store::memory::MemoryBackend;
+use crate::store::postgres::PgOptions;
 
 const QUEUES: [&str; 2] = ["email", "thumbs"];
 const TENANTS: [&str; 2] = ["default", "acme"];
@@ -461,31 +465,83 @@ fn observe(store: &Store, actions: &[Action]) -> Vec<Seen> {
     seen.into_iter().map(|(_, s)| s).collect()
 }
 
+/// The steps of one case, as actions: the steps in order, then the end of every
+/// lease offered (leases are not compared across a reopen).
+fn actions(steps: Vec<Step>) -> Vec<Action> {
+    let mut driver = Driver::default();
+    let mut actions: Vec<Action> = steps
+        .into_iter()
+        .enumerate()
+        .filter_map(|(n, step)| driver.action(step, STEP_MS * n as i64))
+        .collect();
+    actions.extend(driver.end_claims());
+    actions
+}
+
+/// Runs `actions` on `store` (empty) and on the in-memory model, asserting both saw
+/// the same; then closes `store` and asserts that what `reopen` reads back is what
+/// the model holds.
+fn agree_with_memory(
+    actions: &[Action],
+    store: Store,
+    reopen: impl FnOnce() -> Store,
+) -> Result<(), TestCaseError> {
+    // The model of the same lease contract: local leases (SQLite), or leases shared
+    // by several nodes (PostgreSQL).
+    let model = match store.leases_are_local() {
+        true => MemoryBackend::new(TINY_CAP),
+        false => MemoryBackend::shared(TINY_CAP),
+    };
+    let memory = Store::start(model, None).expect("model store");
+    let from_store = observe(&store, actions);
+    let from_memory = observe(&memory, actions);
+    for (n, (s, m)) in from_store.iter().zip(&from_memory).enumerate() {
+        prop_assert_eq!(s, m, "action {} = {:?}", n, &actions[n]);
+    }
+    // And what was committed is what a reopened database reads back.
+    store.close();
+    let reopened = reopen();
+    let tail = [Action::LoadUnfinished, Action::Counts, Action::Overrides];
+    prop_assert_eq!(observe(&reopened, &tail), observe(&memory, &tail));
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
     fn sqlite_and_memory_stores_agree(steps in proptest::collection::vec(step(), 1..MAX_STEPS)) {
-        let mut driver = Driver::default();
-        let mut actions: Vec<Action> = steps
-            .into_iter()
-            .enumerate()
-            .filter_map(|(n, step)| driver.action(step, STEP_MS * n as i64))
-            .collect();
-        actions.extend(driver.end_claims());
         let (_dir, path) = temp_db();
         let options = SqliteOptions { history: TINY_CAP, ..SqliteOptions::default() };
         let sqlite = Store::open_sqlite_with(&path, &options).expect("open store");
-        let memory = Store::open_memory_with(TINY_CAP);
-        let from_sqlite = observe(&sqlite, &actions);
-        let from_memory = observe(&memory, &actions);
-        for (n, (s, m)) in from_sqlite.iter().zip(&from_memory).enumerate() {
-            prop_assert_eq!(s, m, "action {} = {:?}", n, &actions[n]);
-        }
-        // And what was committed is what a reopened database reads back.
-        sqlite.close();
-        let reopened = Store::open_sqlite_with(&path, &options).expect("reopen store");
-        let tail = [Action::LoadUnfinished, Action::Counts, Action::Overrides];
-        prop_assert_eq!(observe(&reopened, &tail), observe(&memory, &tail));
+        let reopen = || Store::open_sqlite_with(&path, &options).expect("reopen store");
+        agree_with_memory(&actions(steps), sqlite, reopen)?;
+    }
+}
+
+/// The same property against PostgreSQL, a fresh database per case (fewer cases:
+/// each creates a database).
+#[test]
+fn postgres_and_memory_stores_agree() {
+    let Some(first) = super::pg::database() else {
+        return;
+    };
+    let options = PgOptions {
+        history: TINY_CAP,
+        ..PgOptions::default()
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 32,
+        ..ProptestConfig::default()
+    });
+    let spare = Mutex::new(Some(first));
+    let result = runner.run(&proptest::collection::vec(step(), 1..MAX_STEPS), |steps| {
+        let first = spare.lock().expect("spare database").take();
+        let db = first.or_else(super::pg::database).expect("database");
+        let open = || super::postgres::open_pg(&db.url, &options);
+        agree_with_memory(&actions(steps), open(), open)
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
     }
 }

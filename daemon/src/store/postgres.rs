@@ -1,0 +1,1220 @@
+//! The PostgreSQL engine: the same [`Backend`] contract as SQLite over a database that
+//! several qd nodes may share. Owns the PostgreSQL schema ([`MIGRATIONS`]), the
+//! connection of the writer thread and the SQL of every operation. It takes no
+//! messages: the writer thread (`store/writer.rs`) calls it.
+//!
+//! # Shape
+//! The writer thread is a plain OS thread with a synchronous [`Backend`]. This engine
+//! owns a current-thread tokio runtime, created on that thread, and drives a
+//! `tokio_postgres` client with `block_on`, one call per statement. The client comes
+//! from a one-connection `deadpool_postgres` pool, taken at the start of each batch:
+//! the pool keeps the statement cache and replaces a connection it finds closed, so a
+//! database that went away and came back is reconnected at the next batch. The
+//! synchronous `postgres` crate would wrap the same client in its own runtime; it was
+//! not chosen because deadpool (reconnects, statement cache) and the later multi-node
+//! work (LISTEN/NOTIFY, a leader lease on the daemon's runtime) build on
+//! `tokio-postgres` directly, so one client library serves both.
+//!
+//! # Differences from SQLite (same contract, see [`Backend`])
+//! - **Leases are stored in the row** (`lease_token`, `worker`, `leased_at`,
+//!   `lease_deadline`), so every node sees them. The deadline is the **database's**
+//!   clock, `now()` (the transaction's start) plus the lease's length, never a node's.
+//!   A claim applies to a ready or delayed job with no lease or an expired one, and
+//!   only with a token above every token the job had (`lease_seq < token`): a node
+//!   with a stale copy of a job cannot reuse a token another node already handed out.
+//!   A claim also stores `lease_seq = token`, so the next token is above it.
+//! - Ending a lease ([`Backend::complete`]) is fenced by the token alone: a lease past
+//!   its deadline can still be ended by its holder until another node claimed the job.
+//! - A stored lease survives a restart: a node that restarts sees its own earlier
+//!   leases as `leased`, and the broker expires them after a lease's length.
+//! - Batches are set-based: one `UPDATE ... FROM unnest($1, $2, ...)` per call
+//!   (conditioned per row on state and token, answered per item from `RETURNING`),
+//!   one `INSERT ... ON CONFLICT DO NOTHING` per enqueue batch. A batch naming the same
+//!   job twice runs item by item instead, so it answers exactly as a sequence would.
+//! - [`Backend::release_space`] answers 0: autovacuum reclaims space (its settings
+//!   for the hot table are part of the schema).
+//! - Durability: `COMMIT` returns after the WAL is flushed when `synchronous_commit`
+//!   is `on` (PostgreSQL's default); a session finding it `off` sets it `on`, since a
+//!   `202` promises the job is on disk. What a standby adds is the operator's choice
+//!   (`remote_apply`, `remote_write` are kept).
+//!
+//! # Schema (version 1, in `qd_migrations`)
+//! ```text
+//! qd_jobs(id uuid PK, queue, tenant, idempotency_key NULL, state text COLLATE "C"
+//!         in (delayed ready succeeded dead cancelled), attempts, budget_start,
+//!         max_attempts, lease_seq bigint, lease_token bigint NULL, worker text NULL,
+//!         leased_at bigint NULL (Unix ms, the claimer's clock), lease_deadline
+//!         timestamptz NULL (the database's clock), created_at, ready_at, updated_at
+//!         bigint (Unix ms), last_error text NULL)
+//!   UNIQUE (queue, idempotency_key) WHERE idempotency_key IS NOT NULL
+//!   INDEX (queue, state, updated_at, id)       -- prune, listings, DLQ views
+//!   INDEX (queue, ready_at, id) WHERE state IN ('ready', 'delayed')  -- claim_next
+//!   INDEX (lease_deadline) WHERE lease_token IS NOT NULL  -- expired-lease sweeps
+//! qd_payloads(job_id uuid PK, body bytea)     -- written once at enqueue
+//! qd_history(job_id uuid, seq bigint, attempt bigint, outcome text, worker text NULL,
+//!            started_at bigint NULL, ended_at bigint, error text NULL) PK (job_id, seq)
+//! qd_overrides(scope, name, key, value text)  PK (scope, name, key)
+//! qd_meta(key text PK, value bigint)          -- "probe"
+//! ```
+//! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
+//! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
+//! the database may be shared with other applications. Migrations are applied by the
+//! first node that starts, in one transaction under `pg_advisory_xact_lock`, so nodes
+//! starting together apply them once; a database whose newest migration is newer than
+//! this build knows is refused ([`StoreError::TooNew`]).
+//!
+//! PostgreSQL text cannot hold NUL characters: a job whose queue, tenant, key or error
+//! contains one is refused by the database ([`StoreError::Other`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+use uuid::Uuid;
+
+use super::{
+    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override,
+    PruneScope, StoreError, history, sort_counts,
+};
+use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
+
+/// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from version
+/// `i` to `i + 1` (recorded as a row of `qd_migrations`). Append only.
+const MIGRATIONS: &[&str] = &[V1];
+
+/// Version 1: the schema of SQLite's version 2 with leases in the row.
+const V1: &str = r#"
+CREATE TABLE qd_jobs (
+    id              uuid    PRIMARY KEY,
+    queue           text    COLLATE "C" NOT NULL,
+    tenant          text    COLLATE "C" NOT NULL,
+    idempotency_key text    COLLATE "C",
+    state           text    COLLATE "C" NOT NULL CHECK (state IN
+                        ('delayed', 'ready', 'succeeded', 'dead', 'cancelled')),
+    attempts        bigint  NOT NULL CHECK (attempts >= 0),
+    budget_start    bigint  NOT NULL CHECK (budget_start >= 0),
+    max_attempts    bigint  NOT NULL CHECK (max_attempts >= 0),
+    lease_seq       bigint  NOT NULL CHECK (lease_seq >= 0),
+    lease_token     bigint,
+    worker          text,
+    leased_at       bigint,
+    lease_deadline  timestamptz,
+    created_at      bigint  NOT NULL,
+    ready_at        bigint  NOT NULL,
+    updated_at      bigint  NOT NULL,
+    last_error      text    COLLATE "C",
+    CHECK ((lease_token IS NULL) = (lease_deadline IS NULL))
+) WITH (
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_insert_scale_factor = 0.05,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 1
+);
+CREATE UNIQUE INDEX qd_jobs_queue_key ON qd_jobs (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE INDEX qd_jobs_queue_state_updated ON qd_jobs (queue, state, updated_at, id);
+CREATE INDEX qd_jobs_claimable ON qd_jobs (queue, ready_at, id)
+    WHERE state IN ('ready', 'delayed');
+CREATE INDEX qd_jobs_lease_deadline ON qd_jobs (lease_deadline)
+    WHERE lease_token IS NOT NULL;
+CREATE TABLE qd_payloads (
+    job_id uuid  PRIMARY KEY,
+    body   bytea NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0.02);
+CREATE TABLE qd_history (
+    job_id     uuid   NOT NULL,
+    seq        bigint NOT NULL,
+    attempt    bigint NOT NULL,
+    outcome    text   NOT NULL,
+    worker     text,
+    started_at bigint,
+    ended_at   bigint NOT NULL,
+    error      text,
+    PRIMARY KEY (job_id, seq)
+) WITH (autovacuum_vacuum_scale_factor = 0.02);
+CREATE TABLE qd_overrides (
+    scope text COLLATE "C" NOT NULL,
+    name  text COLLATE "C" NOT NULL,
+    key   text COLLATE "C" NOT NULL,
+    value text NOT NULL,
+    PRIMARY KEY (scope, name, key)
+);
+CREATE TABLE qd_meta (
+    key   text   PRIMARY KEY,
+    value bigint NOT NULL
+);
+"#;
+
+/// The newest schema version this build reads and writes.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// The key of the advisory lock that serialises migrations across nodes ("qd" +
+/// "migrate" in ASCII, so it is recognisable in `pg_locks`).
+const MIGRATION_LOCK: i64 = 0x7164_6d69_6772_7465;
+
+/// How long opening a connection may take before the store reports the database
+/// unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The columns of a [`Job`], in the order [`job_from_row`] reads them (`j` =
+/// `qd_jobs`); a stored lease shows as state leased with its token.
+const JOB_COLUMNS: &str = "j.id, j.queue, j.tenant, j.idempotency_key, \
+     CASE WHEN j.lease_token IS NULL THEN j.state ELSE 'leased' END, j.attempts, \
+     j.budget_start, j.max_attempts, COALESCE(j.lease_token, j.lease_seq), j.worker, \
+     j.leased_at, j.created_at, j.ready_at, j.updated_at, j.last_error";
+
+/// A job's state as readers see it.
+const EFFECTIVE_STATE: &str = "CASE WHEN j.lease_token IS NULL THEN j.state ELSE 'leased' END";
+
+/// Open-time settings of the PostgreSQL store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PgOptions {
+    /// The history cap applied on every append.
+    pub history: HistoryLimits,
+    /// The length of a lease taken through [`Backend::claim`], which does not name
+    /// one (default 5 minutes); [`Backend::claim_for`] names its own.
+    pub default_lease: Duration,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            history: HistoryLimits::default(),
+            default_lease: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The PostgreSQL [`Backend`], owned by the writer thread. See the module doc.
+pub struct PgBackend {
+    /// Drives the client; current-thread, owned by the writer thread.
+    rt: tokio::runtime::Runtime,
+    pool: Pool,
+    /// The connection of the open batch (kept between batches while it is healthy).
+    client: Option<Object>,
+    /// Where the database is, for messages; never holds the password.
+    target: String,
+    options: PgOptions,
+}
+
+/// Where `config` points, for messages and logs: hosts, ports, database and user,
+/// never the password. E.g. `PostgreSQL database "qd" on /run/postgresql:5432 as "qd"`.
+pub fn describe(config: &tokio_postgres::Config) -> String {
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(n, host)| {
+            let name = match host {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            };
+            let port = ports.get(n).or(ports.first()).copied().unwrap_or(5432);
+            format!("{name}:{port}")
+        })
+        .collect();
+    let hosts = if hosts.is_empty() {
+        "localhost:5432".to_owned()
+    } else {
+        hosts.join(",")
+    };
+    let user = config.get_user().unwrap_or("(no user)");
+    let dbname = config.get_dbname().unwrap_or(user);
+    format!("PostgreSQL database {dbname:?} on {hosts} as {user:?}")
+}
+
+impl PgBackend {
+    /// Connects to the database `config` names, makes sure commits are durable
+    /// (`synchronous_commit` not `off`) and migrates the schema to [`SCHEMA_VERSION`].
+    /// Call it on the thread that will use the backend (it builds its own runtime);
+    /// [`super::Store::open_postgres`] does.
+    ///
+    /// Errors name the database (never the password): [`StoreError::Permission`]
+    /// (authentication or privileges refused), [`StoreError::TooNew`],
+    /// [`StoreError::Other`] (unreachable, timed out, anything else).
+    pub fn open(
+        config: &tokio_postgres::Config,
+        options: &PgOptions,
+    ) -> Result<PgBackend, StoreError> {
+        let target = describe(config);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Other(format!("{target}: cannot start a runtime: {e}")))?;
+        let mut config = config.clone();
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("qd");
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(1)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .create_timeout(Some(CONNECT_TIMEOUT * 2))
+            .build()
+            .map_err(|e| StoreError::Other(format!("{target}: {e}")))?;
+        let mut backend = PgBackend {
+            rt,
+            pool,
+            client: None,
+            target,
+            options: options.clone(),
+        };
+        backend.connect()?;
+        backend.migrate()?;
+        Ok(backend)
+    }
+
+    /// Takes a healthy connection from the pool unless the current one is healthy.
+    fn connect(&mut self) -> Result<(), StoreError> {
+        if self.client.as_ref().is_some_and(|c| !c.is_closed()) {
+            return Ok(());
+        }
+        // Back to the pool, which drops it at the next `get` if it is closed.
+        self.client = None;
+        let pool = self.pool.clone();
+        let client = self.rt.block_on(pool.get()).map_err(|e| {
+            let detail = match &e {
+                deadpool_postgres::PoolError::Backend(pg) => {
+                    return map_err(&format!("{}: cannot connect", self.target), pg);
+                }
+                deadpool_postgres::PoolError::Timeout(_) => "timed out connecting".to_owned(),
+                other => other.to_string(),
+            };
+            StoreError::Other(format!("{}: cannot connect: {detail}", self.target))
+        })?;
+        let mode: String = self
+            .rt
+            .block_on(client.query_one("SHOW synchronous_commit", &[]))
+            .map_err(|e| map_err(&self.target, &e))?
+            .get(0);
+        if mode == "off" {
+            tracing::warn!(target = %self.target, "synchronous_commit is off for qd's session; setting it on, since an accepted job must be on disk.");
+            self.rt
+                .block_on(client.batch_execute("SET synchronous_commit = on"))
+                .map_err(|e| map_err(&self.target, &e))?;
+        }
+        self.client = Some(client);
+        Ok(())
+    }
+
+    /// Applies the missing migrations in one transaction under the migration lock.
+    fn migrate(&mut self) -> Result<(), StoreError> {
+        let target = self.target.clone();
+        let applied = self.block(async |c| {
+            c.batch_execute(&format!(
+                "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
+                 CREATE TABLE IF NOT EXISTS qd_migrations (\
+                     version integer PRIMARY KEY, \
+                     applied_at timestamptz NOT NULL DEFAULT now())"
+            ))
+            .await?;
+            let found: i32 = c
+                .query_one("SELECT COALESCE(MAX(version), 0) FROM qd_migrations", &[])
+                .await?
+                .get(0);
+            let found = u32::try_from(found).unwrap_or(0);
+            if found > SCHEMA_VERSION {
+                c.batch_execute("ROLLBACK").await?;
+                return Ok(Err(StoreError::TooNew {
+                    found,
+                    supported: SCHEMA_VERSION,
+                }));
+            }
+            let mut applied = Vec::new();
+            for (from, sql) in (found..).zip(&MIGRATIONS[found as usize..]) {
+                c.batch_execute(sql).await?;
+                let version = i32::try_from(from + 1).unwrap_or(i32::MAX);
+                c.execute(
+                    "INSERT INTO qd_migrations (version) VALUES ($1)",
+                    &[&version],
+                )
+                .await?;
+                applied.push(from + 1);
+            }
+            c.batch_execute("COMMIT").await?;
+            Ok(Ok(applied))
+        });
+        let applied = match applied {
+            Ok(result) => result?,
+            Err(err) => {
+                self.rollback();
+                return Err(err);
+            }
+        };
+        for version in applied {
+            tracing::info!(target = %target, version, "Store schema migrated.");
+        }
+        Ok(())
+    }
+
+    /// Runs `op` against the current connection, mapping its error.
+    fn block<T>(
+        &mut self,
+        op: impl AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, StoreError> {
+        let Some(client) = self.client.as_deref() else {
+            return Err(StoreError::Other(format!("{}: not connected", self.target)));
+        };
+        let result = self.rt.block_on(op(client));
+        result.map_err(|e| map_err(&self.target, &e))
+    }
+
+    /// Takes leases until `lease` from now by the database clock; see [`Backend::claim`].
+    fn claim_until(
+        &mut self,
+        leased: &[Job],
+        lease: Duration,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if leased.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<JobId> = leased.iter().map(|j| j.id).collect();
+        if has_duplicates(&ids) {
+            return leased
+                .iter()
+                .map(|job| {
+                    Ok(self
+                        .claim_until(std::slice::from_ref(job), lease)?
+                        .remove(0))
+                })
+                .collect();
+        }
+        let uuids = uuids(&ids);
+        let tokens: Vec<i64> = leased.iter().map(|j| stored_seq(j.lease_seq)).collect();
+        let workers: Vec<String> = leased
+            .iter()
+            .map(|j| j.worker.clone().unwrap_or_default())
+            .collect();
+        let at: Vec<i64> = leased
+            .iter()
+            .map(|j| j.leased_at.unwrap_or(j.updated_at))
+            .collect();
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
+        let rows = self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "WITH claimed AS (\
+                       UPDATE qd_jobs j SET lease_seq = c.token, lease_token = c.token, \
+                         worker = c.worker, leased_at = c.leased_at, \
+                         lease_deadline = now() + $5::int8 * interval '1 millisecond' \
+                       FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::int8[]) \
+                         AS c(id, token, worker, leased_at) \
+                       WHERE j.id = c.id AND j.state IN ('ready', 'delayed') \
+                         AND (j.lease_token IS NULL OR j.lease_deadline <= now()) \
+                         AND j.lease_seq < c.token \
+                       RETURNING j.id) \
+                     SELECT p.job_id, p.body FROM claimed JOIN qd_payloads p \
+                       ON p.job_id = claimed.id",
+                )
+                .await?;
+            c.query(&stmt, &[&uuids, &tokens, &workers, &at, &lease_ms])
+                .await
+        })?;
+        let mut bodies: HashMap<Uuid, Vec<u8>> =
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        Ok(uuids.iter().map(|id| bodies.remove(id)).collect())
+    }
+
+    /// Writes each transition whose stored row satisfies `condition` (SQL over `j` =
+    /// the row and `t` = the transition, whose `t.lease_seq` is the token), clears
+    /// its lease, and appends its history line; answers per item whether it applied.
+    fn change(&mut self, changes: &[Transition], condition: &str) -> Result<Vec<bool>, StoreError> {
+        if changes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<JobId> = changes.iter().map(|t| t.job.id).collect();
+        if has_duplicates(&ids) {
+            return changes
+                .iter()
+                .map(|t| Ok(self.change(std::slice::from_ref(t), condition)?[0]))
+                .collect();
+        }
+        let uuids = uuids(&ids);
+        let jobs: Vec<&Job> = changes.iter().map(|t| &t.job).collect();
+        let states: Vec<&str> = jobs.iter().map(|j| j.state.as_str()).collect();
+        let attempts: Vec<i64> = jobs.iter().map(|j| i64::from(j.attempts)).collect();
+        let budget: Vec<i64> = jobs.iter().map(|j| i64::from(j.budget_start)).collect();
+        let seqs: Vec<i64> = jobs.iter().map(|j| stored_seq(j.lease_seq)).collect();
+        let ready: Vec<i64> = jobs.iter().map(|j| j.ready_at).collect();
+        let updated: Vec<i64> = jobs.iter().map(|j| j.updated_at).collect();
+        let errors: Vec<Option<&str>> = jobs.iter().map(|j| j.last_error.as_deref()).collect();
+        let sql = format!(
+            "UPDATE qd_jobs j SET state = t.state, attempts = t.attempts, \
+               budget_start = t.budget_start, lease_seq = t.lease_seq, ready_at = t.ready_at, \
+               updated_at = t.updated_at, last_error = t.last_error, lease_token = NULL, \
+               worker = NULL, leased_at = NULL, lease_deadline = NULL \
+             FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::int8[], $5::int8[], \
+               $6::int8[], $7::int8[], $8::text[]) \
+               AS t(id, state, attempts, budget_start, lease_seq, ready_at, updated_at, \
+               last_error) \
+             WHERE j.id = t.id AND {condition} RETURNING j.id"
+        );
+        let rows = self.block(async |c| {
+            let stmt = c.prepare_cached(&sql).await?;
+            c.query(
+                &stmt,
+                &[
+                    &uuids, &states, &attempts, &budget, &seqs, &ready, &updated, &errors,
+                ],
+            )
+            .await
+        })?;
+        let applied: HashSet<Uuid> = rows.iter().map(|r| r.get(0)).collect();
+        let entries: Vec<(Uuid, HistoryEntry)> = changes
+            .iter()
+            .filter(|t| applied.contains(&t.job.id.0))
+            .filter_map(|t| {
+                let entry = t.entry.as_ref()?;
+                Some((
+                    t.job.id.0,
+                    history::bounded(entry, &self.options.history).into_owned(),
+                ))
+            })
+            .collect();
+        self.append_history(&entries)?;
+        Ok(uuids.iter().map(|id| applied.contains(id)).collect())
+    }
+
+    /// Appends one history line to each job (ids distinct), then applies the cap.
+    fn append_history(&mut self, entries: &[(Uuid, HistoryEntry)]) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<Uuid> = entries.iter().map(|(id, _)| *id).collect();
+        let attempts: Vec<i64> = entries.iter().map(|(_, e)| i64::from(e.attempt)).collect();
+        let outcomes: Vec<&str> = entries.iter().map(|(_, e)| e.outcome.as_str()).collect();
+        let workers: Vec<Option<&str>> = entries.iter().map(|(_, e)| e.worker.as_deref()).collect();
+        let started: Vec<Option<i64>> = entries.iter().map(|(_, e)| e.started_at).collect();
+        let ended: Vec<i64> = entries.iter().map(|(_, e)| e.ended_at).collect();
+        let errors: Vec<Option<&str>> = entries.iter().map(|(_, e)| e.error.as_deref()).collect();
+        let keep_first = i64::from(self.options.history.keep_first);
+        let keep_last = i64::from(self.options.history.keep_last.max(1));
+        self.block(async |c| {
+            let insert = c
+                .prepare_cached(
+                    "INSERT INTO qd_history (job_id, seq, attempt, outcome, worker, started_at, \
+                       ended_at, error) \
+                     SELECT e.id, COALESCE((SELECT MAX(h.seq) FROM qd_history h \
+                       WHERE h.job_id = e.id), 0) + 1, e.attempt, e.outcome, e.worker, \
+                       e.started_at, e.ended_at, e.error \
+                     FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::int8[], \
+                       $6::int8[], $7::text[]) \
+                       AS e(id, attempt, outcome, worker, started_at, ended_at, error)",
+                )
+                .await?;
+            c.execute(
+                &insert,
+                &[
+                    &ids, &attempts, &outcomes, &workers, &started, &ended, &errors,
+                ],
+            )
+            .await?;
+            let cap = c
+                .prepare_cached(
+                    "DELETE FROM qd_history h USING (SELECT job_id, MAX(seq) AS newest \
+                       FROM qd_history WHERE job_id = ANY($1) GROUP BY job_id) m \
+                     WHERE h.job_id = m.job_id AND h.seq > $2 AND h.seq <= m.newest - $3",
+                )
+                .await?;
+            c.execute(&cap, &[&ids, &keep_first, &keep_last]).await
+        })?;
+        Ok(())
+    }
+
+    /// Deletes the jobs of `ids` whose stored state is in `states`, with their
+    /// payloads and history; answers per id whether it was deleted (a repeated id:
+    /// its first occurrence).
+    fn delete(&mut self, ids: &[JobId], states: &[State]) -> Result<Vec<bool>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let uuids = uuids(ids);
+        let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+        let rows = self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "WITH gone AS (DELETE FROM qd_jobs WHERE id = ANY($1) \
+                       AND state = ANY($2::text[]) RETURNING id), \
+                     p AS (DELETE FROM qd_payloads WHERE job_id IN (SELECT id FROM gone)), \
+                     h AS (DELETE FROM qd_history WHERE job_id IN (SELECT id FROM gone)) \
+                     SELECT id FROM gone",
+                )
+                .await?;
+            c.query(&stmt, &[&uuids, &states]).await
+        })?;
+        let mut gone: HashSet<Uuid> = rows.iter().map(|r| r.get(0)).collect();
+        Ok(uuids.iter().map(|id| gone.remove(id)).collect())
+    }
+
+    fn query_jobs(
+        &mut self,
+        sql: &str,
+        args: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Job>, StoreError> {
+        let rows = self.block(async |c| {
+            let stmt = c.prepare_cached(sql).await?;
+            c.query(&stmt, args).await
+        })?;
+        rows.iter().map(|r| job_from_row(r, &self.target)).collect()
+    }
+
+    fn count_rows(
+        &mut self,
+        sql: &str,
+        args: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let rows = self.block(async |c| {
+            let stmt = c.prepare_cached(sql).await?;
+            c.query(&stmt, args).await
+        })?;
+        let mut counts = rows
+            .iter()
+            .map(|r| {
+                let state: String = r.get(1);
+                let state = state.parse().map_err(|e: String| self.corrupt(e))?;
+                Ok((
+                    r.get(0),
+                    state,
+                    u64::try_from(r.get::<_, i64>(2)).unwrap_or(0),
+                ))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        sort_counts(&mut counts);
+        Ok(counts)
+    }
+
+    fn corrupt(&self, detail: String) -> StoreError {
+        StoreError::Corrupt(format!("{}: {detail}", self.target))
+    }
+
+    /// Runs one row-less statement.
+    fn exec(&mut self, sql: &str) -> Result<(), StoreError> {
+        self.block(async |c| c.batch_execute(sql).await)
+    }
+
+    /// Claims, for `worker` at `leased_at` (Unix ms, the caller's clock), up to
+    /// `limit` jobs of `queue` that are ready, or delayed with `ready_at <= now_ms`,
+    /// and not leased (or whose lease expired by the database clock): oldest
+    /// `ready_at` first, then id. Rows another transaction is claiming are skipped
+    /// (`FOR UPDATE SKIP LOCKED`), so nodes claiming the same queue at once never
+    /// wait on or double-lease each other. Each claimed job's token is its stored
+    /// `lease_seq + 1`; its deadline is `lease` from now by the database clock.
+    ///
+    /// Answers each claimed job's record as leased (state leased, token, worker,
+    /// `leased_at`) with its payload, in claim order. The multi-node broker's way to
+    /// lease; the single-writer broker leases from its own view through
+    /// [`Backend::claim_for`].
+    pub fn claim_next(
+        &mut self,
+        queue: &str,
+        limit: u32,
+        worker: &str,
+        leased_at: UnixMillis,
+        now_ms: UnixMillis,
+        lease: Duration,
+    ) -> Result<Vec<(Job, Vec<u8>)>, StoreError> {
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
+        let limit = i64::from(limit);
+        let sql = format!(
+            "WITH picked AS (\
+               SELECT id FROM qd_jobs \
+               WHERE queue = $1 AND state IN ('ready', 'delayed') AND ready_at <= $2 \
+                 AND (lease_token IS NULL OR lease_deadline <= now()) \
+               ORDER BY ready_at, id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+             claimed AS (\
+               UPDATE qd_jobs j SET lease_seq = j.lease_seq + 1, lease_token = j.lease_seq + 1, \
+                 worker = $4, leased_at = $5, \
+                 lease_deadline = now() + $6::int8 * interval '1 millisecond' \
+               FROM picked WHERE j.id = picked.id RETURNING j.*) \
+             SELECT {JOB_COLUMNS}, p.body FROM claimed j JOIN qd_payloads p ON p.job_id = j.id \
+             ORDER BY j.ready_at, j.id"
+        );
+        let rows = self.block(async |c| {
+            let stmt = c.prepare_cached(&sql).await?;
+            c.query(
+                &stmt,
+                &[&queue, &now_ms, &limit, &worker, &leased_at, &lease_ms],
+            )
+            .await
+        })?;
+        rows.iter()
+            .map(|r| Ok((job_from_row(r, &self.target)?, r.get(15))))
+            .collect()
+    }
+}
+
+/// Maps a PostgreSQL error to a [`StoreError`] naming the database (never the
+/// password: the client's errors do not carry it).
+fn map_err(target: &str, e: &tokio_postgres::Error) -> StoreError {
+    let detail = match e.as_db_error() {
+        Some(db) => db.to_string(),
+        None => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                let cause = cause.to_string();
+                if !text.contains(&cause) {
+                    text.push_str(": ");
+                    text.push_str(&cause);
+                }
+                source = cause_source(source);
+            }
+            text
+        }
+    };
+    let what = format!("{target}: {detail}");
+    match e.code() {
+        Some(code) if *code == SqlState::DISK_FULL => StoreError::Full(what),
+        Some(code) if *code == SqlState::DATA_CORRUPTED || *code == SqlState::INDEX_CORRUPTED => {
+            StoreError::Corrupt(what)
+        }
+        Some(code)
+            if *code == SqlState::INVALID_PASSWORD
+                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                || *code == SqlState::INSUFFICIENT_PRIVILEGE
+                || *code == SqlState::READ_ONLY_SQL_TRANSACTION =>
+        {
+            StoreError::Permission(what)
+        }
+        _ => StoreError::Other(what),
+    }
+}
+
+fn cause_source<'a>(
+    source: Option<&'a (dyn std::error::Error + 'static)>,
+) -> Option<&'a (dyn std::error::Error + 'static)> {
+    source.and_then(std::error::Error::source)
+}
+
+fn uuids(ids: &[JobId]) -> Vec<Uuid> {
+    ids.iter().map(|id| id.0).collect()
+}
+
+fn has_duplicates(ids: &[JobId]) -> bool {
+    let mut seen = HashSet::with_capacity(ids.len());
+    !ids.iter().all(|id| seen.insert(*id))
+}
+
+/// The stored form of a lease token (a token never comes near `i64::MAX`).
+fn stored_seq(seq: Token) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
+fn counter(value: i64, column: &str, target: &str) -> Result<u32, StoreError> {
+    u32::try_from(value)
+        .map_err(|_| StoreError::Corrupt(format!("{target}: {column} {value} out of range")))
+}
+
+fn job_from_row(r: &Row, target: &str) -> Result<Job, StoreError> {
+    let state: String = r.get(4);
+    let lease_seq: i64 = r.get(8);
+    Ok(Job {
+        id: JobId(r.get(0)),
+        queue: Arc::from(r.get::<_, &str>(1)),
+        tenant: Arc::from(r.get::<_, &str>(2)),
+        idempotency_key: r.get(3),
+        state: state
+            .parse()
+            .map_err(|e: String| StoreError::Corrupt(format!("{target}: {e}")))?,
+        attempts: counter(r.get(5), "attempts", target)?,
+        budget_start: counter(r.get(6), "budget_start", target)?,
+        max_attempts: counter(r.get(7), "max_attempts", target)?,
+        lease_seq: u64::try_from(lease_seq).map_err(|_| {
+            StoreError::Corrupt(format!("{target}: lease_seq {lease_seq} out of range"))
+        })?,
+        worker: r.get(9),
+        leased_at: r.get(10),
+        created_at: r.get(11),
+        ready_at: r.get(12),
+        updated_at: r.get(13),
+        last_error: r.get(14),
+    })
+}
+
+/// The SQL condition selecting `scope`'s rows (binding one parameter, `$n`) and its
+/// value.
+fn scope_clause(scope: &PruneScope, n: usize) -> (String, Box<dyn ToSql + Sync + Send>) {
+    match scope {
+        PruneScope::Queue(q) => (format!("queue = ${n}"), Box::new(q.clone())),
+        PruneScope::Unconfigured(known) => (
+            format!("queue <> ALL(${n}::text[])"),
+            Box::new(known.clone()),
+        ),
+    }
+}
+
+impl Backend for PgBackend {
+    fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let jobs: Vec<&Job> = batch.iter().map(|r| &r.job).collect();
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.id.0).collect();
+        let queues: Vec<&str> = jobs.iter().map(|j| &*j.queue).collect();
+        let tenants: Vec<&str> = jobs.iter().map(|j| &*j.tenant).collect();
+        let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
+        let states: Vec<&str> = jobs.iter().map(|j| j.state.as_str()).collect();
+        let attempts: Vec<i64> = jobs.iter().map(|j| i64::from(j.attempts)).collect();
+        let budget: Vec<i64> = jobs.iter().map(|j| i64::from(j.budget_start)).collect();
+        let max: Vec<i64> = jobs.iter().map(|j| i64::from(j.max_attempts)).collect();
+        let seqs: Vec<i64> = jobs.iter().map(|j| stored_seq(j.lease_seq)).collect();
+        let created: Vec<i64> = jobs.iter().map(|j| j.created_at).collect();
+        let ready: Vec<i64> = jobs.iter().map(|j| j.ready_at).collect();
+        let updated: Vec<i64> = jobs.iter().map(|j| j.updated_at).collect();
+        let errors: Vec<Option<&str>> = jobs.iter().map(|j| j.last_error.as_deref()).collect();
+        let rows = self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO qd_jobs (id, queue, tenant, idempotency_key, state, attempts, \
+                       budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at, \
+                       last_error) \
+                     SELECT n.id, n.queue, n.tenant, n.idempotency_key, n.state, n.attempts, \
+                       n.budget_start, n.max_attempts, n.lease_seq, n.created_at, n.ready_at, \
+                       n.updated_at, n.last_error \
+                     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
+                       $6::int8[], $7::int8[], $8::int8[], $9::int8[], $10::int8[], \
+                       $11::int8[], $12::int8[], $13::text[]) WITH ORDINALITY \
+                       AS n(id, queue, tenant, idempotency_key, state, attempts, budget_start, \
+                       max_attempts, lease_seq, created_at, ready_at, updated_at, last_error, \
+                       ord) \
+                     ORDER BY n.ord ON CONFLICT DO NOTHING RETURNING id",
+                )
+                .await?;
+            c.query(
+                &stmt,
+                &[
+                    &ids, &queues, &tenants, &keys, &states, &attempts, &budget, &max, &seqs,
+                    &created, &ready, &updated, &errors,
+                ],
+            )
+            .await
+        })?;
+        let inserted: HashSet<Uuid> = rows.iter().map(|r| r.get(0)).collect();
+        // An id inserted once: its first item is the new one (a repeated id within
+        // the batch conflicts with it).
+        let mut first = HashSet::new();
+        let new: Vec<bool> = ids
+            .iter()
+            .map(|id| inserted.contains(id) && first.insert(*id))
+            .collect();
+        let (new_ids, bodies): (Vec<Uuid>, Vec<&[u8]>) = batch
+            .iter()
+            .zip(&new)
+            .filter(|(_, new)| **new)
+            .map(|(r, _)| (r.job.id.0, r.payload.as_slice()))
+            .unzip();
+        let refused: Vec<(&str, &str)> = batch
+            .iter()
+            .zip(&new)
+            .filter(|(_, new)| !**new)
+            .filter_map(|(r, _)| Some((&*r.job.queue, r.job.idempotency_key.as_deref()?)))
+            .collect();
+        let (dup_queues, dup_keys): (Vec<&str>, Vec<&str>) = refused.iter().copied().unzip();
+        let holders = self.block(async |c| {
+            if !new_ids.is_empty() {
+                let stmt = c
+                    .prepare_cached(
+                        "INSERT INTO qd_payloads (job_id, body) \
+                         SELECT * FROM unnest($1::uuid[], $2::bytea[])",
+                    )
+                    .await?;
+                c.execute(&stmt, &[&new_ids, &bodies]).await?;
+            }
+            if dup_queues.is_empty() {
+                return Ok(Vec::new());
+            }
+            let stmt = c
+                .prepare_cached(
+                    "SELECT j.queue, j.idempotency_key, j.id, p.body \
+                     FROM qd_jobs j JOIN qd_payloads p ON p.job_id = j.id \
+                     WHERE (j.queue, j.idempotency_key) IN \
+                       (SELECT * FROM unnest($1::text[], $2::text[]))",
+                )
+                .await?;
+            c.query(&stmt, &[&dup_queues, &dup_keys]).await
+        })?;
+        let holders: HashMap<(String, String), (Uuid, Vec<u8>)> = holders
+            .iter()
+            .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3))))
+            .collect();
+        batch
+            .iter()
+            .zip(new)
+            .map(|(record, new)| {
+                if new {
+                    return Ok(Inserted::New);
+                }
+                let job = &record.job;
+                let holder = job
+                    .idempotency_key
+                    .as_ref()
+                    .and_then(|key| holders.get(&(job.queue.to_string(), key.clone())));
+                match holder {
+                    Some((id, body)) => Ok(Inserted::Duplicate {
+                        id: JobId(*id),
+                        same_payload: *body == record.payload,
+                    }),
+                    None => Err(StoreError::Other(format!("job {} already stored", job.id))),
+                }
+            })
+            .collect()
+    }
+
+    /// `false`: the lease is the row's, shared with every node; a claim must run
+    /// (and apply) before its job is handed out.
+    fn leases_are_local(&self) -> bool {
+        false
+    }
+
+    fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let lease = self.options.default_lease;
+        self.claim_until(leased, lease)
+    }
+
+    fn claim_for(
+        &mut self,
+        leased: &[Job],
+        lease: Duration,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.claim_until(leased, lease)
+    }
+
+    fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        self.change(
+            ends,
+            "j.lease_token = t.lease_seq AND j.state IN ('ready', 'delayed')",
+        )
+    }
+
+    fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        self.change(changes, "j.state = 'dead' AND j.lease_token IS NULL")
+    }
+
+    fn set_payload(&mut self, id: JobId, payload: &[u8]) -> Result<bool, StoreError> {
+        let changed = self.block(async |c| {
+            let stmt = c
+                .prepare_cached("UPDATE qd_payloads SET body = $2 WHERE job_id = $1")
+                .await?;
+            c.execute(&stmt, &[&id.0, &payload]).await
+        })?;
+        Ok(changed == 1)
+    }
+
+    fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
+        self.change(
+            changes,
+            "j.state IN ('ready', 'delayed', 'dead') AND j.lease_token IS NULL",
+        )
+    }
+
+    fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError> {
+        self.delete(ids, &[State::Dead])
+    }
+
+    fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM qd_jobs j \
+             WHERE j.state IN ('delayed', 'ready', 'dead') ORDER BY j.id"
+        );
+        self.query_jobs(&sql, &[])
+    }
+
+    fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError> {
+        let sql = format!(
+            "SELECT {JOB_COLUMNS}, p.body FROM qd_jobs j \
+             JOIN qd_payloads p ON p.job_id = j.id WHERE j.id = $1"
+        );
+        let (found, lines) = self.block(async |c| {
+            let stmt = c.prepare_cached(&sql).await?;
+            let found = c.query_opt(&stmt, &[&id.0]).await?;
+            let history = c
+                .prepare_cached(
+                    "SELECT seq, attempt, outcome, worker, started_at, ended_at, error \
+                     FROM qd_history WHERE job_id = $1 ORDER BY seq",
+                )
+                .await?;
+            let lines = c.query(&history, &[&id.0]).await?;
+            Ok((found, lines))
+        })?;
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        let job = job_from_row(&found, &self.target)?;
+        let mut seqs = Vec::with_capacity(lines.len());
+        let mut entries = Vec::with_capacity(lines.len());
+        for r in &lines {
+            seqs.push(u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
+            let outcome: String = r.get(2);
+            entries.push(HistoryEntry {
+                attempt: counter(r.get(1), "attempt", &self.target)?,
+                outcome: outcome.parse().map_err(|e: String| self.corrupt(e))?,
+                worker: r.get(3),
+                started_at: r.get(4),
+                ended_at: r.get(5),
+                error: r.get(6),
+            });
+        }
+        let (history_elided, history_elided_at) = history::elided(&seqs);
+        Ok(Some(JobDetail {
+            job,
+            payload: found.get(15),
+            history: entries,
+            history_elided,
+            history_elided_at,
+        }))
+    }
+
+    fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+        let mut clauses: Vec<String> = Vec::new();
+        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+        let mut add = |make: &dyn Fn(usize) -> String, value: Box<dyn ToSql + Sync + Send>| {
+            args.push(value);
+            clauses.push(make(args.len()));
+        };
+        if let Some(queue) = &filter.queue {
+            add(&|n| format!("j.queue = ${n}"), Box::new(queue.clone()));
+        }
+        if let Some(tenant) = &filter.tenant {
+            add(&|n| format!("j.tenant = ${n}"), Box::new(tenant.clone()));
+        }
+        match filter.state {
+            Some(State::Leased) => {}
+            Some(state @ (State::Ready | State::Delayed)) => add(
+                &|n| format!("j.state = ${n} AND j.lease_token IS NULL"),
+                Box::new(state.as_str()),
+            ),
+            Some(state) => add(&|n| format!("j.state = ${n}"), Box::new(state.as_str())),
+            None => {}
+        }
+        if let Some(text) = &filter.error_contains {
+            let clause =
+                |n| format!("strpos(lower(j.last_error), lower(${n}::text COLLATE \"C\")) > 0");
+            add(&clause, Box::new(text.clone()));
+        }
+        if let Some(since) = filter.updated_since {
+            add(&|n| format!("j.updated_at >= ${n}"), Box::new(since));
+        }
+        if let Some(after) = filter.after {
+            let cursor = |n| match filter.order {
+                JobOrder::OldestFirst => format!("j.id > ${n}"),
+                JobOrder::NewestFirst => format!("j.id < ${n}"),
+                JobOrder::RecentlyUpdated => format!(
+                    "(j.updated_at, j.id) < (SELECT updated_at, id FROM qd_jobs WHERE id = ${n})"
+                ),
+            };
+            add(&cursor, Box::new(after.0));
+        }
+        if filter.state == Some(State::Leased) {
+            clauses.push("j.lease_token IS NOT NULL".into());
+        }
+        let mut sql = format!("SELECT {JOB_COLUMNS} FROM qd_jobs j");
+        if !clauses.is_empty() {
+            sql.push_str(" WHERE ");
+            sql.push_str(&clauses.join(" AND "));
+        }
+        args.push(Box::new(i64::from(filter.limit)));
+        let order = match filter.order {
+            JobOrder::OldestFirst => "j.id",
+            JobOrder::NewestFirst => "j.id DESC",
+            JobOrder::RecentlyUpdated => "j.updated_at DESC, j.id DESC",
+        };
+        sql.push_str(&format!(" ORDER BY {order} LIMIT ${}", args.len()));
+        let refs: Vec<&(dyn ToSql + Sync)> = args
+            .iter()
+            .map(|a| a.as_ref() as &(dyn ToSql + Sync))
+            .collect();
+        self.query_jobs(&sql, &refs)
+    }
+
+    fn prune_finished(
+        &mut self,
+        scope: &PruneScope,
+        finished_before: UnixMillis,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let (clause, name) = scope_clause(scope, 4);
+        let sql = format!(
+            "WITH doomed AS (SELECT id FROM qd_jobs WHERE state = $1 AND updated_at < $2 \
+               AND {clause} ORDER BY updated_at, id LIMIT $3), \
+             gone AS (DELETE FROM qd_jobs j USING doomed WHERE j.id = doomed.id \
+               AND j.state = $1 RETURNING j.id), \
+             p AS (DELETE FROM qd_payloads WHERE job_id IN (SELECT id FROM gone)), \
+             h AS (DELETE FROM qd_history WHERE job_id IN (SELECT id FROM gone)) \
+             SELECT count(*) FROM gone"
+        );
+        let mut deleted = 0u64;
+        for state in super::prune::FINISHED {
+            let left = u64::from(limit) - deleted;
+            if left == 0 {
+                break;
+            }
+            let left = i64::try_from(left).unwrap_or(i64::MAX);
+            let state = state.as_str();
+            let name = name.as_ref();
+            let count: i64 = self.block(async |c| {
+                let stmt = c.prepare_cached(&sql).await?;
+                Ok(c.query_one(&stmt, &[&state, &finished_before, &left, name])
+                    .await?
+                    .get(0))
+            })?;
+            deleted += u64::try_from(count).unwrap_or(0);
+        }
+        Ok(deleted)
+    }
+
+    fn oldest_finished(&mut self, scope: &PruneScope) -> Result<Option<UnixMillis>, StoreError> {
+        let (clause, name) = scope_clause(scope, 1);
+        let sql = format!(
+            "SELECT MIN(updated_at) FROM qd_jobs \
+             WHERE state IN ('succeeded', 'cancelled') AND {clause}"
+        );
+        let name = name.as_ref();
+        self.block(async |c| {
+            let stmt = c.prepare_cached(&sql).await?;
+            Ok(c.query_one(&stmt, &[name]).await?.get(0))
+        })
+    }
+
+    fn release_space(&mut self, _keep_free: u32, _max_pages: u32) -> Result<u32, StoreError> {
+        Ok(0)
+    }
+
+    fn set_override(
+        &mut self,
+        scope: &str,
+        name: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.block(async |c| {
+            match value {
+                Some(value) => {
+                    let stmt = c
+                        .prepare_cached(
+                            "INSERT INTO qd_overrides (scope, name, key, value) \
+                             VALUES ($1, $2, $3, $4) ON CONFLICT (scope, name, key) \
+                             DO UPDATE SET value = excluded.value",
+                        )
+                        .await?;
+                    c.execute(&stmt, &[&scope, &name, &key, &value]).await?
+                }
+                None => {
+                    let stmt = c
+                        .prepare_cached(
+                            "DELETE FROM qd_overrides WHERE scope = $1 AND name = $2 \
+                             AND key = $3",
+                        )
+                        .await?;
+                    c.execute(&stmt, &[&scope, &name, &key]).await?
+                }
+            };
+            Ok(())
+        })
+    }
+
+    fn overrides(&mut self) -> Result<Vec<Override>, StoreError> {
+        let rows = self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "SELECT scope, name, key, value FROM qd_overrides \
+                     ORDER BY scope, name, key",
+                )
+                .await?;
+            c.query(&stmt, &[]).await
+        })?;
+        Ok(rows
+            .iter()
+            .map(|r| Override {
+                scope: r.get(0),
+                name: r.get(1),
+                key: r.get(2),
+                value: r.get(3),
+            })
+            .collect())
+    }
+
+    fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError> {
+        self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO qd_meta (key, value) VALUES ('probe', $1) \
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                )
+                .await?;
+            c.execute(&stmt, &[&now]).await.map(drop)
+        })
+    }
+
+    fn counts(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let sql = format!(
+            "SELECT j.queue, {EFFECTIVE_STATE} AS s, COUNT(*) FROM qd_jobs j \
+             GROUP BY j.queue, s"
+        );
+        self.count_rows(&sql, &[])
+    }
+
+    fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let sql = format!(
+            "SELECT j.tenant, {EFFECTIVE_STATE} AS s, COUNT(*) FROM qd_jobs j \
+             WHERE j.queue = $1 AND j.state IN ('delayed', 'ready', 'dead') \
+             GROUP BY j.tenant, s"
+        );
+        self.count_rows(&sql, &[&queue])
+    }
+}
+
+impl Engine for PgBackend {
+    fn begin(&mut self) -> Result<(), StoreError> {
+        self.connect()?;
+        self.exec("BEGIN")
+    }
+
+    fn savepoint(&mut self) -> Result<(), StoreError> {
+        self.exec("SAVEPOINT op")
+    }
+
+    fn release(&mut self) -> Result<(), StoreError> {
+        self.exec("RELEASE SAVEPOINT op")
+    }
+
+    fn rollback_to(&mut self) -> Result<(), StoreError> {
+        self.exec("ROLLBACK TO SAVEPOINT op; RELEASE SAVEPOINT op")
+    }
+
+    fn commit(&mut self) -> Result<(), StoreError> {
+        self.exec("COMMIT")
+    }
+
+    fn rollback(&mut self) {
+        if self.client.as_ref().is_some_and(|c| c.is_closed()) {
+            self.client = None;
+            return;
+        }
+        if self.client.is_some()
+            && let Err(err) = self.exec("ROLLBACK")
+        {
+            tracing::error!(%err, "Store rollback failed; the connection is replaced.");
+            self.client = None;
+        }
+    }
+
+    fn shutdown(&mut self) {
+        self.client = None;
+        self.pool.close();
+    }
+}

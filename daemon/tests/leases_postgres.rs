@@ -1,0 +1,5 @@
+//! `leases.rs` with qd on PostgreSQL (the harness picks the backend from this binary's
+//! name: `common::on_postgres`).
+
+#[path = "leases.rs"]
+mod leases;

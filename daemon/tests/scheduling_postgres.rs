@@ -1,0 +1,5 @@
+//! `scheduling.rs` with qd on PostgreSQL (the harness picks the backend from this binary's
+//! name: `common::on_postgres`).
+
+#[path = "scheduling.rs"]
+mod scheduling;
