@@ -92,6 +92,7 @@ pub mod memory;
 pub mod postgres;
 pub mod prune;
 mod space;
+mod sql_filter;
 pub mod sqlite;
 mod writer;
 

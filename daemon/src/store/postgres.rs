@@ -76,8 +76,9 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
+use super::sql_filter::{self, Arg, Dialect};
 use super::{
-    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override,
+    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewRecord, Override,
     PruneScope, StoreError, history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
@@ -758,6 +759,15 @@ fn scope_clause(scope: &PruneScope, n: usize) -> (String, Box<dyn ToSql + Sync +
     }
 }
 
+/// How [`sql_filter`] spells a job filter for PostgreSQL (leases in the row).
+const DIALECT: Dialect = Dialect {
+    placeholder: |n| format!("${n}"),
+    unleased: "j.lease_token IS NULL",
+    leased: "j.lease_token IS NOT NULL",
+    contains: |p| format!("strpos(lower(j.last_error), lower({p}::text COLLATE \"C\")) > 0"),
+    jobs: "qd_jobs",
+};
+
 impl Backend for PgBackend {
     fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
         if batch.is_empty() {
@@ -980,64 +990,22 @@ impl Backend for PgBackend {
     }
 
     fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
-        let mut clauses: Vec<String> = Vec::new();
-        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
-        let mut add = |make: &dyn Fn(usize) -> String, value: Box<dyn ToSql + Sync + Send>| {
-            args.push(value);
-            clauses.push(make(args.len()));
-        };
-        if let Some(queue) = &filter.queue {
-            add(&|n| format!("j.queue = ${n}"), Box::new(queue.clone()));
-        }
-        if let Some(tenant) = &filter.tenant {
-            add(&|n| format!("j.tenant = ${n}"), Box::new(tenant.clone()));
-        }
-        match filter.state {
-            Some(State::Leased) => {}
-            Some(state @ (State::Ready | State::Delayed)) => add(
-                &|n| format!("j.state = ${n} AND j.lease_token IS NULL"),
-                Box::new(state.as_str()),
-            ),
-            Some(state) => add(&|n| format!("j.state = ${n}"), Box::new(state.as_str())),
-            None => {}
-        }
-        if let Some(text) = &filter.error_contains {
-            let clause =
-                |n| format!("strpos(lower(j.last_error), lower(${n}::text COLLATE \"C\")) > 0");
-            add(&clause, Box::new(text.clone()));
-        }
-        if let Some(since) = filter.updated_since {
-            add(&|n| format!("j.updated_at >= ${n}"), Box::new(since));
-        }
-        if let Some(after) = filter.after {
-            let cursor = |n| match filter.order {
-                JobOrder::OldestFirst => format!("j.id > ${n}"),
-                JobOrder::NewestFirst => format!("j.id < ${n}"),
-                JobOrder::RecentlyUpdated => format!(
-                    "(j.updated_at, j.id) < (SELECT updated_at, id FROM qd_jobs WHERE id = ${n})"
-                ),
-            };
-            add(&cursor, Box::new(after.0));
-        }
-        if filter.state == Some(State::Leased) {
-            clauses.push("j.lease_token IS NOT NULL".into());
-        }
-        let mut sql = format!("SELECT {JOB_COLUMNS} FROM qd_jobs j");
-        if !clauses.is_empty() {
-            sql.push_str(" WHERE ");
-            sql.push_str(&clauses.join(" AND "));
-        }
-        args.push(Box::new(i64::from(filter.limit)));
-        let order = match filter.order {
-            JobOrder::OldestFirst => "j.id",
-            JobOrder::NewestFirst => "j.id DESC",
-            JobOrder::RecentlyUpdated => "j.updated_at DESC, j.id DESC",
-        };
-        sql.push_str(&format!(" ORDER BY {order} LIMIT ${}", args.len()));
+        let (tail, args) = sql_filter::tail(filter, &DIALECT);
+        let args: Vec<Box<dyn ToSql + Sync + Send>> = args
+            .into_iter()
+            .map(|arg| -> Box<dyn ToSql + Sync + Send> {
+                match arg {
+                    Arg::Text(text) => Box::new(text),
+                    Arg::Int(n) => Box::new(n),
+                    Arg::Id(id) => Box::new(id.0),
+                }
+            })
+            .collect();
         let refs: Vec<&(dyn ToSql + Sync)> = args
             .iter()
             .map(|a| a.as_ref() as &(dyn ToSql + Sync))
             .collect();
+        let sql = format!("SELECT {JOB_COLUMNS} FROM qd_jobs j{tail}");
         self.query_jobs(&sql, &refs)
     }
 

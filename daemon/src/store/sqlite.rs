@@ -13,8 +13,9 @@ use rusqlite::{
 };
 use uuid::Uuid;
 
+use super::sql_filter::{self, Arg, Dialect};
 use super::{
-    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override,
+    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewRecord, Override,
     PruneScope, SqliteOptions, StoreError, history, prune, sort_counts, space,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
@@ -153,6 +154,15 @@ const EFFECTIVE_STATE: &str = "CASE WHEN l.id IS NULL THEN j.state ELSE 'leased'
 
 /// The stored jobs with this process's leases laid over them.
 const JOINED: &str = "jobs j LEFT JOIN temp.leases l ON l.id = j.id";
+
+/// How [`sql_filter`] spells a job filter for SQLite (leases in `temp.leases`).
+const DIALECT: Dialect = Dialect {
+    placeholder: |n| format!("?{n}"),
+    unleased: "l.id IS NULL",
+    leased: "l.id IS NOT NULL",
+    contains: |p| format!("instr(lower(j.last_error), lower({p})) > 0"),
+    jobs: "jobs",
+};
 
 /// The `UPDATE jobs` statement of [`SqliteBackend::change_one`] under `$condition`
 /// (SQL over the stored row; `?5` is the transition's token), built at compile time
@@ -660,64 +670,16 @@ impl Backend for SqliteBackend {
     }
 
     fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
-        let mut clauses: Vec<String> = Vec::new();
-        let mut args: Vec<Value> = Vec::new();
-        // Binds `value` as the next parameter `?n` and adds the clause `make(n)`.
-        let mut add = |make: &dyn Fn(usize) -> String, value: Value| {
-            args.push(value);
-            clauses.push(make(args.len()));
-        };
-        if let Some(queue) = &filter.queue {
-            add(&|n| format!("j.queue = ?{n}"), Value::Text(queue.clone()));
-        }
-        if let Some(tenant) = &filter.tenant {
-            add(&|n| format!("j.tenant = ?{n}"), Value::Text(tenant.clone()));
-        }
-        match filter.state {
-            Some(State::Leased) => {}
-            Some(state @ (State::Ready | State::Delayed)) => add(
-                &|n| format!("j.state = ?{n} AND l.id IS NULL"),
-                Value::Text(state.as_str().into()),
-            ),
-            Some(state) => add(
-                &|n| format!("j.state = ?{n}"),
-                Value::Text(state.as_str().into()),
-            ),
-            None => {}
-        }
-        if let Some(text) = &filter.error_contains {
-            let clause = |n| format!("instr(lower(j.last_error), lower(?{n})) > 0");
-            add(&clause, Value::Text(text.clone()));
-        }
-        if let Some(since) = filter.updated_since {
-            add(&|n| format!("j.updated_at >= ?{n}"), Value::Integer(since));
-        }
-        if let Some(after) = filter.after {
-            let cursor = |n| match filter.order {
-                JobOrder::OldestFirst => format!("j.id > ?{n}"),
-                JobOrder::NewestFirst => format!("j.id < ?{n}"),
-                JobOrder::RecentlyUpdated => format!(
-                    "(j.updated_at, j.id) < (SELECT updated_at, id FROM jobs WHERE id = ?{n})"
-                ),
-            };
-            add(&cursor, Value::Blob(id_bytes(after).to_vec()));
-        }
-        if filter.state == Some(State::Leased) {
-            clauses.push("l.id IS NOT NULL".into());
-        }
-        let mut sql = format!("SELECT {JOB_COLUMNS} FROM {JOINED}");
-        if !clauses.is_empty() {
-            sql.push_str(" WHERE ");
-            sql.push_str(&clauses.join(" AND "));
-        }
-        args.push(Value::Integer(filter.limit.into()));
-        let order = match filter.order {
-            JobOrder::OldestFirst => "j.id",
-            JobOrder::NewestFirst => "j.id DESC",
-            JobOrder::RecentlyUpdated => "j.updated_at DESC, j.id DESC",
-        };
-        sql.push_str(&format!(" ORDER BY {order} LIMIT ?{}", args.len()));
-        self.query_jobs(&sql, args)
+        let (tail, args) = sql_filter::tail(filter, &DIALECT);
+        let args = args
+            .into_iter()
+            .map(|arg| match arg {
+                Arg::Text(text) => Value::Text(text),
+                Arg::Int(n) => Value::Integer(n),
+                Arg::Id(id) => Value::Blob(id_bytes(id).to_vec()),
+            })
+            .collect();
+        self.query_jobs(&format!("SELECT {JOB_COLUMNS} FROM {JOINED}{tail}"), args)
     }
 
     fn set_override(
