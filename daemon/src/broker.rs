@@ -24,6 +24,7 @@ mod deadlines;
 mod events;
 mod hot;
 mod state;
+mod table;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -345,6 +346,11 @@ pub struct BrokerArgs {
     pub restarted: bool,
 }
 
+/// Jobs per piece of the start-up load ([`crate::store::Backend::load_unfinished_chunks`]).
+const LOAD_CHUNK: usize = 4096;
+/// Pieces the store may read ahead of the Broker at start-up.
+const LOAD_AHEAD: usize = 4;
+
 /// The largest retry budget a producer may ask for.
 pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
 /// The longest idempotency key, in bytes.
@@ -462,11 +468,27 @@ impl Actor for Broker {
         myself: ActorRef<BrokerMsg>,
         args: BrokerArgs,
     ) -> Result<BrokerState, ActorProcessingErr> {
-        let jobs = args.store.run(|b| b.load_unfinished()).await?;
         let keep_leases = args.restarted.then(Instant::now);
+        let store = args.store.clone();
         let mut state = BrokerState::new(args, StdRng::from_os_rng(), myself.clone());
+        // The store reads the next rows while this task files the last ones.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Job>>(LOAD_AHEAD);
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        store.submit(
+            move |b| {
+                b.load_unfinished_chunks(LOAD_CHUNK, &mut |part| tx.blocking_send(part).is_ok())
+            },
+            move |result| {
+                let _ = done_tx.send(result);
+            },
+        );
+        let mut kept = 0;
+        while let Some(part) = rx.recv().await {
+            kept += state.recover(part, keep_leases);
+        }
+        done_rx.await.unwrap_or(Err(StoreError::Closed))?;
+        state.recovered(kept);
         crate::metrics::store_writable(true);
-        state.recover(jobs, keep_leases);
         state.push_all();
         myself.send_interval(state::PROBE_EVERY, || BrokerMsg::Probe);
         Ok(state)

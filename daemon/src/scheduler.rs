@@ -7,7 +7,7 @@
 //! never payloads. It arms one timer for the soonest of: a delayed job's due time, a
 //! waiter's deadline, or the rate limiter's next token — it never polls.
 //!
-//! Messages ([`SchedulerMsg`]): `Ready`, `Remove`, `Finished`, `Running`, `Reset`, `Batch`,
+//! Messages ([`SchedulerMsg`]): `Ready`, `Remove`, `Finished`, `Restore`, `Batch`,
 //! `Throttled` (from the Broker), `Lease` (from Workers and the API), `LimitsChanged`, `Pause`,
 //! `Drain`, `Stats`, and its own `Tick`. Chosen jobs go to the Broker as one `Lease`
 //! message whose reply port is the lessee's, so the scheduler never waits on the
@@ -71,10 +71,9 @@ pub enum SchedulerMsg {
     Remove(JobId),
     /// A leased job of this tenant ended after running this long.
     Finished(Arc<str>, Duration),
-    /// Count a leased job of this tenant as running (resync).
-    Running(Arc<str>),
-    /// Forget all jobs and running counts (a resync follows).
-    Reset,
+    /// Replace every job and running count with the Broker's view (a resync), in
+    /// one message however many jobs the queue holds.
+    Restore(Box<Snapshot>),
     /// A job's downstream said "slow down" (a throttled result, from qd's workers or
     /// an external one): pause the queue's shared rate limiter for this long.
     Throttled(Duration),
@@ -93,6 +92,21 @@ pub enum SchedulerMsg {
     Batch(Vec<SchedulerMsg>),
     /// Timer.
     Tick,
+}
+
+/// A ready or delayed job in a [`Snapshot`]: its id and `ready_at` (Unix ms).
+pub type Waiting = (JobId, UnixMillis);
+
+/// A queue's jobs as the Broker holds them, for [`SchedulerMsg::Restore`]: what a
+/// Scheduler is rebuilt from after a (re)start of either actor.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Per tenant (each named once), its ready and delayed jobs as `(id, ready_at)`
+    /// (Unix ms), sorted by `(ready_at, id)`: oldest first, so they queue in that
+    /// order. A job due later than now waits as delayed.
+    pub jobs: Vec<(Arc<str>, Vec<Waiting>)>,
+    /// Per tenant (each named once), how many of its jobs are leased (running).
+    pub running: Vec<(Arc<str>, u32)>,
 }
 
 /// What a scheduler is started with.
@@ -193,11 +207,7 @@ impl SchedulerState {
                 }
             }
             SchedulerMsg::Finished(tenant, run) => self.fair.finish(&tenant, run),
-            SchedulerMsg::Running(tenant) => self.fair.start_running(&tenant),
-            SchedulerMsg::Reset => {
-                self.fair.clear();
-                self.delayed.clear();
-            }
+            SchedulerMsg::Restore(snapshot) => self.restore(*snapshot, now),
             SchedulerMsg::Throttled(pause) => {
                 if let Some(limiter) = &self.limiter {
                     limiter.pause(pause);
@@ -247,6 +257,27 @@ impl SchedulerState {
             self.delayed.push(now + until(ready_at, wall), tenant, id);
         } else {
             self.fair.push(tenant, id, ready_at);
+        }
+    }
+
+    /// Forgets every job and running count, then takes the Broker's: ready jobs in
+    /// bulk ([`FairQueue::extend`]), delayed ones by due time.
+    fn restore(&mut self, snapshot: Snapshot, now: Instant) {
+        self.fair.clear();
+        self.delayed.clear();
+        let wall = wall_ms();
+        for (tenant, jobs) in snapshot.jobs {
+            let due = jobs.partition_point(|&(_, ready_at)| ready_at <= wall);
+            for &(id, ready_at) in &jobs[due..] {
+                self.delayed
+                    .push(now + until(ready_at, wall), tenant.clone(), id);
+            }
+            self.fair.extend(tenant, &jobs[..due]);
+        }
+        for (tenant, n) in snapshot.running {
+            for _ in 0..n {
+                self.fair.start_running(&tenant);
+            }
         }
     }
 

@@ -251,6 +251,25 @@ pub trait Backend: Send {
     /// what the broker rebuilds its in-memory state from at start-up.
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError>;
 
+    /// [`Backend::load_unfinished`] handed to `each` in pieces of at most `chunk`
+    /// jobs (at least 1), in the same order, so that a caller streaming a large store
+    /// never holds the whole list; stops early, without error, once `each` answers
+    /// `false`. Errors as [`Backend::load_unfinished`]. The default reads the whole
+    /// list first; a backend overrides it to read row by row.
+    fn load_unfinished_chunks(
+        &mut self,
+        chunk: usize,
+        each: &mut dyn FnMut(Vec<Job>) -> bool,
+    ) -> Result<(), StoreError> {
+        let mut jobs = self.load_unfinished()?.into_iter();
+        loop {
+            let part: Vec<Job> = jobs.by_ref().take(chunk.max(1)).collect();
+            if part.is_empty() || !each(part) {
+                return Ok(());
+            }
+        }
+    }
+
     /// One job with its payload and history (oldest entry first), or `None`.
     fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError>;
 

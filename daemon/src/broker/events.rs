@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::clock::until;
 use crate::job::{Job, Outcome, State, Transition, UnixMillis};
-use crate::scheduler::{self, SchedulerMsg};
+use crate::scheduler::{self, SchedulerMsg, Snapshot};
 
 /// Sends `msg` to the Scheduler of `queue`, if it is running.
 fn to_scheduler(queue: &str, msg: SchedulerMsg) {
@@ -90,14 +90,13 @@ pub fn ready(out: &mut Outbox, job: &Job) {
     );
 }
 
-/// Tells a queue's Scheduler to forget its jobs and running counts (a resync follows).
-pub fn reset(out: &mut Outbox, queue: &Arc<str>) {
-    out.push(queue, SchedulerMsg::Reset);
-}
-
-/// Counts a leased job as running in its queue's Scheduler (resync).
-pub fn running(out: &mut Outbox, job: &Job) {
-    out.push(&job.queue, SchedulerMsg::Running(job.tenant.clone()));
+/// Rebuilds the Scheduler of `queue` from `snapshot` in one message, sent at once
+/// (a resync is a Broker message of its own); `snapshot` runs only if that
+/// Scheduler is running.
+pub fn restore(queue: &str, snapshot: impl FnOnce() -> Snapshot) {
+    if let Some(actor) = ractor::ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
+        let _ = actor.cast(SchedulerMsg::Restore(Box::new(snapshot())));
+    }
 }
 
 /// Tells a queue's Scheduler that a job it handed out was not leased after all.

@@ -21,6 +21,7 @@ mod settle;
 use super::deadlines::Deadlines;
 use super::events::{self, Outbox};
 use super::hot::HotPayloads;
+use super::table::JobTable;
 use super::{
     BatchError, BatchOutcome, BrokerArgs, BrokerError, BrokerMsg, EnqueueRequest, Enqueued,
     LeaseInfo, LeasedJob, Resync,
@@ -33,6 +34,7 @@ use crate::job::{
 };
 use crate::limits::Limits;
 use crate::metrics::{self, Completion, RejectReason, TenantLabels};
+use crate::scheduler::{Snapshot, Waiting};
 use crate::store::{Inserted, NewRecord, Store, StoreError};
 pub(crate) use settle::PROBE_EVERY;
 pub use settle::Settle;
@@ -88,7 +90,7 @@ pub struct BrokerState {
     /// The config in force as of the message being handled (see [`Self::follow_config`]).
     config: Arc<Config>,
     limits: Arc<Limits>,
-    jobs: HashMap<JobId, Job>,
+    jobs: JobTable,
     deadlines: Deadlines,
     /// The armed timer: when it fires (the soonest deadline when armed) and its task.
     timer: Option<(Instant, Timer)>,
@@ -127,7 +129,7 @@ impl BrokerState {
             accepting: true,
             config,
             limits: args.limits,
-            jobs: HashMap::new(),
+            jobs: JobTable::default(),
             deadlines: Deadlines::default(),
             timer: None,
             by_worker: HashMap::new(),
@@ -183,7 +185,7 @@ impl BrokerState {
     /// Puts `job` in place of its previous record, keeping every derived index right.
     fn replace(&mut self, job: Job) {
         let id = job.id;
-        if let Some(old) = self.jobs.remove(&id) {
+        if let Some(old) = self.jobs.remove(id) {
             self.account(&old, false);
         }
         self.account(&job, true);
@@ -196,7 +198,7 @@ impl BrokerState {
             self.hot.forget(id);
         }
         if !job.state.is_final() || job.state == State::Dead {
-            self.jobs.insert(id, job);
+            self.jobs.insert(job);
         }
     }
 
@@ -244,7 +246,7 @@ impl BrokerState {
         event: Event,
         now: UnixMillis,
     ) -> Result<(Job, Transition), BrokerError> {
-        let old = self.jobs.get(&id).ok_or(BrokerError::UnknownJob(id))?;
+        let old = self.jobs.get(id).ok_or(BrokerError::UnknownJob(id))?;
         if self.writing.contains(&id) {
             return Err(BrokerError::Unavailable(format!(
                 "job {id} has a write in flight; retry"
@@ -256,8 +258,8 @@ impl BrokerState {
             .get(&*old.queue)
             .map(|q| q.backoff)
             .unwrap_or(FALLBACK_BACKOFF);
-        let t = job::apply(old, event, &backoff, now)?;
-        Ok((old.clone(), t))
+        let t = job::apply(&old, event, &backoff, now)?;
+        Ok((old, t))
     }
 
     // ---- start-up ----
@@ -273,7 +275,10 @@ impl BrokerState {
     /// only token of an earlier run the store does not know is a lease live at the
     /// crash, `lease_seq + 1`. That token is skipped: the next lease gets
     /// `lease_seq + 2`, and a late ack from the earlier run's holder is refused.
-    pub(super) fn recover(&mut self, jobs: Vec<Job>, keep_leases: Option<Instant>) {
+    ///
+    /// Takes the store's jobs in pieces (call [`Self::recovered`] after the last);
+    /// answers how many leases of this piece were kept.
+    pub(super) fn recover(&mut self, jobs: Vec<Job>, keep_leases: Option<Instant>) -> usize {
         let mut kept = 0usize;
         for job in jobs {
             let queue = self.intern(&job.queue);
@@ -297,6 +302,11 @@ impl BrokerState {
             self.deadlines.track(job.id, job.lease_seq, deadline);
             self.replace(job);
         }
+        kept
+    }
+
+    /// The start-up load ended: `kept` leases survived a restart of the Broker alone.
+    pub(super) fn recovered(&self, kept: usize) {
         info!(
             jobs = self.jobs.len(),
             kept, "Broker recovered its state from the store."
@@ -310,20 +320,37 @@ impl BrokerState {
         }
     }
 
+    /// Rebuilds a derived actor from this state, in one message.
     pub(super) fn resync(&self, what: Resync) {
         match what {
             Resync::Scheduler(queue) => {
-                let mut out = Outbox::default();
-                events::reset(&mut out, &queue);
-                for job in self.jobs.values().filter(|j| j.queue == queue) {
-                    match job.state {
-                        State::Ready | State::Delayed => events::ready(&mut out, job),
-                        State::Leased => events::running(&mut out, job),
-                        _ => {}
-                    }
-                }
-                out.flush();
+                events::restore(&queue, || self.snapshot(&queue));
             }
+        }
+    }
+
+    /// The Scheduler's view of `queue`: its ready and delayed jobs per tenant,
+    /// oldest first, and its leased jobs counted per tenant.
+    fn snapshot(&self, queue: &str) -> Snapshot {
+        let mut jobs: HashMap<Arc<str>, Vec<Waiting>> = HashMap::new();
+        let mut running: HashMap<Arc<str>, u32> = HashMap::new();
+        for job in self.jobs.in_queue(queue) {
+            match job.state {
+                State::Ready | State::Delayed => jobs
+                    .entry(job.tenant.clone())
+                    .or_default()
+                    .push((job.id, job.ready_at)),
+                State::Leased => *running.entry(job.tenant.clone()).or_default() += 1,
+                _ => {}
+            }
+        }
+        let mut jobs: Vec<_> = jobs.into_iter().collect();
+        for (_, waiting) in &mut jobs {
+            waiting.sort_unstable_by_key(|&(id, ready_at)| (ready_at, id));
+        }
+        Snapshot {
+            jobs,
+            running: running.into_iter().collect(),
         }
     }
 
@@ -714,10 +741,11 @@ impl BrokerState {
     /// record uncharged and is handed to its Scheduler again.
     pub(super) fn unclaimed(&mut self, before: Vec<Job>, now: UnixMillis) {
         for job in before {
-            let current = self.jobs.get(&job.id);
+            let current = self.jobs.get(job.id);
             let held = current
+                .as_ref()
                 .is_some_and(|c| c.state == State::Leased && c.lease_seq == job.lease_seq + 1);
-            let Some(leased) = current.filter(|_| held).cloned() else {
+            let Some(leased) = current.filter(|_| held) else {
                 continue;
             };
             debug!(queue = %job.queue, job = %job.id, "Lease taken back: the store did not record it.");
@@ -733,11 +761,7 @@ impl BrokerState {
         worker: &str,
         now: UnixMillis,
     ) -> Result<(Job, Job), BrokerError> {
-        let mut old = self
-            .jobs
-            .get(&id)
-            .cloned()
-            .ok_or(BrokerError::UnknownJob(id))?;
+        let mut old = self.jobs.get(id).ok_or(BrokerError::UnknownJob(id))?;
         if old.state == State::Delayed {
             old = job::apply(&old, Event::Promote, &FALLBACK_BACKOFF, now)?.job;
         }
@@ -766,8 +790,8 @@ impl BrokerState {
         now: UnixMillis,
         mono: Instant,
     ) -> Result<LeaseInfo, BrokerError> {
-        let job = self.jobs.get(&id).ok_or(BrokerError::UnknownJob(id))?;
-        job::check_token(job, token)?;
+        let job = self.jobs.get(id).ok_or(BrokerError::UnknownJob(id))?;
+        job::check_token(&job, token)?;
         let lease = self.queue(&job.queue)?.lease;
         let extend = extend.unwrap_or(lease).min(MAX_EXTEND);
         self.deadlines.track(id, token, mono + extend);
@@ -877,7 +901,7 @@ impl BrokerState {
     fn expire(&mut self, id: JobId, token: Token, now: UnixMillis, mono: Instant) {
         let current = self
             .jobs
-            .get(&id)
+            .get(id)
             .is_some_and(|j| j.state == State::Leased && j.lease_seq == token);
         if !current {
             return;
@@ -923,7 +947,7 @@ impl BrokerState {
             .map(|s| s.iter().copied().collect())
             .unwrap_or_default();
         for id in held {
-            if let Some(token) = self.jobs.get(&id).map(|j| j.lease_seq) {
+            if let Some(token) = self.jobs.get(id).map(|j| j.lease_seq) {
                 let failure = Failure::WorkerCrashed {
                     error: format!("worker {worker} crashed: {error}"),
                 };
@@ -998,7 +1022,7 @@ impl BrokerState {
     ) {
         let mut outcome = BatchOutcome::default();
         for id in ids {
-            let state = self.jobs.get(&id).map(|j| j.state);
+            let state = self.jobs.get(id).map(|j| j.state);
             match state {
                 Some(State::Dead) if !self.writing.contains(&id) => outcome.moved.push(id),
                 Some(State::Dead) => outcome

@@ -2,6 +2,7 @@
 //! path) and the [`Backend`] operations as SQL. The schema and its invariants are
 //! documented in the parent module; [`MIGRATIONS`] is the one place it changes.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -530,13 +531,49 @@ fn parse<T: std::str::FromStr<Err = String>>(r: &Row<'_>, idx: usize) -> rusqlit
 }
 
 fn job_from_row(r: &Row<'_>) -> rusqlite::Result<Job> {
+    job_from_row_with(r, &mut Names::default())
+}
+
+/// How many rows [`Backend::load_unfinished`] reads per piece.
+const LOAD_CHUNK: usize = 4096;
+
+/// Queue and tenant names already read, so rows share one allocation per name.
+#[derive(Default)]
+struct Names(HashSet<Arc<str>>);
+
+impl Names {
+    /// The shared copy of the text in column `idx`.
+    fn get(&mut self, r: &Row<'_>, idx: usize) -> rusqlite::Result<Arc<str>> {
+        let text = r.get_ref(idx)?.as_str().map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, e.into())
+        })?;
+        if let Some(name) = self.0.get(text) {
+            return Ok(name.clone());
+        }
+        let name: Arc<str> = Arc::from(text);
+        self.0.insert(name.clone());
+        Ok(name)
+    }
+}
+
+/// The [`State`] in column `idx`, read without copying its text.
+fn state_of(r: &Row<'_>, idx: usize) -> rusqlite::Result<State> {
+    let bad = |e: Box<dyn std::error::Error + Send + Sync>| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, e)
+    };
+    let text = r.get_ref(idx)?.as_str().map_err(|e| bad(e.into()))?;
+    text.parse().map_err(|e: String| bad(e.into()))
+}
+
+/// [`job_from_row`], sharing queue and tenant names through `names`.
+fn job_from_row_with(r: &Row<'_>, names: &mut Names) -> rusqlite::Result<Job> {
     let lease_seq: i64 = r.get(8)?;
     Ok(Job {
         id: JobId(Uuid::from_bytes(r.get(0)?)),
-        queue: r.get::<_, Arc<str>>(1)?,
-        tenant: r.get::<_, Arc<str>>(2)?,
+        queue: names.get(r, 1)?,
+        tenant: names.get(r, 2)?,
         idempotency_key: r.get(3)?,
-        state: parse(r, 4)?,
+        state: state_of(r, 4)?,
         attempts: r.get(5)?,
         budget_start: r.get(6)?,
         max_attempts: r.get(7)?,
@@ -634,11 +671,45 @@ impl Backend for SqliteBackend {
     }
 
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
+        let mut jobs = Vec::new();
+        self.load_unfinished_chunks(LOAD_CHUNK, &mut |part| {
+            jobs.extend(part);
+            true
+        })?;
+        Ok(jobs)
+    }
+
+    /// Streams the rows; queue and tenant names are shared between rows (one
+    /// allocation per distinct name, not per row).
+    fn load_unfinished_chunks(
+        &mut self,
+        chunk: usize,
+        each: &mut dyn FnMut(Vec<Job>) -> bool,
+    ) -> Result<(), StoreError> {
+        let chunk = chunk.max(1);
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM {JOINED} \
              WHERE j.state IN ('delayed', 'ready', 'dead') ORDER BY j.id"
         );
-        self.query_jobs(&sql, Vec::new())
+        let mut run = || {
+            let mut names = Names::default();
+            let mut stmt = self.conn.prepare_cached(&sql)?;
+            let mut rows = stmt.query([])?;
+            let mut part = Vec::with_capacity(chunk);
+            while let Some(row) = rows.next()? {
+                part.push(job_from_row_with(row, &mut names)?);
+                if part.len() == chunk
+                    && !each(std::mem::replace(&mut part, Vec::with_capacity(chunk)))
+                {
+                    return Ok(());
+                }
+            }
+            if !part.is_empty() {
+                each(part);
+            }
+            Ok(())
+        };
+        run().map_err(|e| self.err(e))
     }
 
     fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError> {

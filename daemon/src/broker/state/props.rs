@@ -195,7 +195,7 @@ impl Harness {
                     if let Some(id) = self.pick(&[State::Ready, State::Delayed], pick)
                         && !picks.iter().any(|(_, p)| *p == id)
                     {
-                        picks.push((self.state.jobs[&id].tenant.clone(), id));
+                        picks.push((self.state.jobs.get(id).expect("picked").tenant, id));
                     }
                 }
                 let (tx, rx) = oneshot::channel();
@@ -301,7 +301,7 @@ impl Harness {
             .held
             .iter()
             .filter(|(id, token)| {
-                jobs.get(id)
+                jobs.get(**id)
                     .is_none_or(|j| j.state != State::Leased || j.lease_seq != **token)
             })
             .map(|(id, token)| (*id, *token))

@@ -231,7 +231,7 @@ impl BrokerState {
     /// Drops purged jobs from memory.
     fn forget(&mut self, ids: &[JobId]) {
         for id in ids {
-            if let Some(job) = self.jobs.remove(id) {
+            if let Some(job) = self.jobs.remove(*id) {
                 self.account(&job, false);
             }
         }
@@ -240,7 +240,7 @@ impl BrokerState {
     /// Gives a lease whose end could not be written (or whose expiry must wait for
     /// the store) a fresh deadline, so the failure is not charged to its job.
     pub(super) fn rearm(&mut self, id: JobId, token: Token, mono: Instant) {
-        let Some(job) = self.jobs.get(&id) else {
+        let Some(job) = self.jobs.get(id) else {
             return;
         };
         if job.state != State::Leased || job.lease_seq != token {
@@ -302,10 +302,10 @@ impl BrokerState {
             events::release(&mut self.out, queue, tenant);
             if let Some(job) = self
                 .jobs
-                .get(&id)
+                .get(id)
                 .filter(|j| matches!(j.state, State::Ready | State::Delayed))
             {
-                events::ready(&mut self.out, job);
+                events::ready(&mut self.out, &job);
             }
         }
     }

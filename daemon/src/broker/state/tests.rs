@@ -145,7 +145,7 @@ async fn a_daemon_start_skips_an_earlier_runs_token_and_a_broker_restart_keeps_l
     let mut cold = state(queue, broker.clone());
     let stored = ready_job(queue);
     cold.recover(vec![stored.clone()], None);
-    let after = &cold.jobs[&stored.id];
+    let after = &cold.jobs.get(stored.id).expect("recovered");
     assert_eq!((after.state, after.attempts), (State::Ready, 0));
     let (_, leased) = cold.lease_one(stored.id, "w/1", 2_000).expect("lease");
     assert_eq!(leased.lease_seq, stored.lease_seq + 2);
@@ -156,7 +156,7 @@ async fn a_daemon_start_skips_an_earlier_runs_token_and_a_broker_restart_keeps_l
     let mut warm = state(queue, broker.clone());
     let now = Instant::now();
     warm.recover(vec![job.clone()], Some(now));
-    let kept = &warm.jobs[&job.id];
+    let kept = &warm.jobs.get(job.id).expect("recovered");
     assert_eq!((kept.state, kept.attempts), (State::Leased, 0));
     assert!(warm.deadlines.get(job.id).is_some_and(|d| d > now));
     let beat = warm.heartbeat(job.id, job.lease_seq, None, 2_100, now);

@@ -1,0 +1,116 @@
+//! Restart over a large store through the real `qd`: after `kill -9`, the Broker
+//! reloads every unfinished job (streamed from the store in pieces) and rebuilds each
+//! Scheduler in one message; every job not acked before the kill is then served
+//! exactly once, and no acked job comes back.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{Qd, wait_for};
+use serde_json::{Value, json};
+
+/// Enough jobs for several load pieces (4,096 rows each) and three tenants, quick
+/// enough for a debug build.
+const JOBS: usize = 20_000;
+const TENANTS: [&str; 3] = ["a", "b", "c"];
+
+const EXTERNAL: &str = r#"[queues.ext]
+executor = { kind = "external" }
+max_depth = 1000000
+lease = "10m"
+"#;
+
+/// Leases up to 1,000 jobs at once without waiting: `(id, token)` pairs.
+fn lease(qd: &Qd) -> Vec<(String, Value)> {
+    let (status, body) = qd.post(
+        "/v1/queues/ext/leases",
+        &json!({ "worker_id": "w", "max_jobs": 1000, "wait": "0s" }),
+    );
+    assert_eq!(status, 200, "lease: {body}");
+    body["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .map(|j| {
+            (
+                j["id"].as_str().expect("id").to_string(),
+                j["token"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// Acks leased jobs in one request; every ack must succeed.
+fn ack_all(qd: &Qd, leased: &[(String, Value)]) {
+    let acks: Vec<Value> = leased
+        .iter()
+        .map(|(id, token)| json!({ "id": id, "token": token }))
+        .collect();
+    let (status, body) = qd.post("/v1/acks", &json!({ "acks": acks }));
+    assert_eq!(status, 200, "acks: {body}");
+    for result in body["results"].as_array().expect("results") {
+        assert_eq!(result["ok"], json!(true), "ack refused: {result}");
+    }
+}
+
+#[test]
+fn after_kill9_every_unfinished_job_of_a_large_store_is_served_exactly_once() {
+    let mut qd = Qd::start(EXTERNAL);
+    let mut ids = Vec::with_capacity(JOBS);
+    for batch in 0..JOBS / 1000 {
+        let jobs: Vec<Value> = (0..1000)
+            .map(|k| json!({ "payload": format!("{batch}/{k}"), "tenant": TENANTS[k % 3] }))
+            .collect();
+        let (status, body) = qd.post("/v1/queues/ext/jobs/batch", &json!({ "jobs": jobs }));
+        assert_eq!(status, 202, "batch {batch}: {body}");
+        let answered = body["jobs"].as_array().expect("jobs");
+        ids.extend(
+            answered
+                .iter()
+                .map(|j| j["id"].as_str().expect("id").to_string()),
+        );
+    }
+    // Before the kill: 2,000 jobs leased, 1,000 of them acked. The other 1,000 leases
+    // die with the process and their jobs are served again.
+    let acked = lease(&qd);
+    let held = lease(&qd);
+    assert_eq!((acked.len(), held.len()), (1000, 1000));
+    ack_all(&qd, &acked);
+    qd.kill9();
+    qd.spawn(&[]);
+
+    let acked: HashSet<String> = acked.into_iter().map(|(id, _)| id).collect();
+    let expected: HashSet<String> = ids.into_iter().filter(|id| !acked.contains(id)).collect();
+    let mut served = HashSet::new();
+    let mut empty_polls = 0;
+    // Leases answer once the Broker has rebuilt the Scheduler; until then a poll may
+    // come back empty, so stop only after every expected job came or a long wait.
+    wait_for("every job to be served", Duration::from_secs(120), || {
+        let leased = lease(&qd);
+        if leased.is_empty() {
+            empty_polls += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        } else {
+            for (id, _) in &leased {
+                assert!(served.insert(id.clone()), "job {id} served twice");
+                assert!(!acked.contains(id), "job {id} was acked before the kill");
+            }
+            ack_all(&qd, &leased);
+        }
+        (served.len() >= expected.len()).then_some(())
+    });
+    assert_eq!(served, expected, "served jobs differ from the unacked ones");
+    // Nothing more to serve.
+    let (status, body) = qd.post(
+        "/v1/queues/ext/leases",
+        &json!({ "worker_id": "w", "max_jobs": 1000, "wait": "1s" }),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["jobs"],
+        json!([]),
+        "after all: {body}; {empty_polls} empty polls"
+    );
+}
