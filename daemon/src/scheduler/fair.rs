@@ -37,7 +37,6 @@
 //! and deque slack; `benches/scheduler.rs` measured ~125 bytes of RSS per job with
 //! 1M jobs over 10k tenants (the id index had just doubled, so that is near the top).
 
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -215,6 +214,31 @@ impl FairQueue {
             return false;
         }
         let t = self.tenant_slot(tenant);
+        self.queue_new(t, id, ready_at);
+        self.refresh_oldest(t);
+        true
+    }
+
+    /// Many jobs of `tenant` became ready (a resync): the same as [`Self::push`] of
+    /// each in order, with one tenant lookup and one index reservation for the lot.
+    /// Jobs already queued are skipped. O(n) for `jobs` sorted by `ready_at`.
+    pub fn extend(&mut self, tenant: Arc<str>, jobs: &[(JobId, UnixMillis)]) {
+        if jobs.is_empty() {
+            return;
+        }
+        self.index.reserve(jobs.len());
+        let t = self.tenant_slot(tenant);
+        for &(id, ready_at) in jobs {
+            if !self.index.contains_key(&id) {
+                self.queue_new(t, id, ready_at);
+            }
+        }
+        self.refresh_oldest(t);
+    }
+
+    /// Queues job `id` (not queued yet) at the back of tenant slot `t`'s backlog and
+    /// activates the tenant if it was idle; the caller refreshes its oldest time.
+    fn queue_new(&mut self, t: u32, id: JobId, ready_at: UnixMillis) {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.index.insert(
@@ -230,37 +254,6 @@ impl FairQueue {
         if tenant.place == Place::Idle {
             self.activate(t);
         }
-        self.refresh_oldest(t);
-        true
-    }
-
-    /// Many jobs of `tenant` became ready (a resync): the same as [`Self::push`] of
-    /// each in order, with one tenant lookup and one index reservation for the lot.
-    /// Jobs already queued are skipped. O(n) for `jobs` sorted by `ready_at`.
-    pub fn extend(&mut self, tenant: Arc<str>, jobs: &[(JobId, UnixMillis)]) {
-        if jobs.is_empty() {
-            return;
-        }
-        self.index.reserve(jobs.len());
-        let t = self.tenant_slot(tenant);
-        for &(id, ready_at) in jobs {
-            let Entry::Vacant(vacant) = self.index.entry(id) else {
-                continue;
-            };
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            vacant.insert(Slot {
-                tenant: t,
-                seq,
-                ready_at,
-            });
-            let tenant = &mut self.tenants[t as usize];
-            tenant.backlog.push(id, seq, ready_at);
-            if tenant.place == Place::Idle {
-                self.activate(t);
-            }
-        }
-        self.refresh_oldest(t);
     }
 
     /// Drops a queued job (cancelled, or leased by another path). Returns false if it
