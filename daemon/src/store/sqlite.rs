@@ -470,14 +470,11 @@ impl SqliteBackend {
         )
     }
 
-    /// Deletes one job with its payload and history.
-    fn delete_one(&self, id: JobId, states: &str) -> rusqlite::Result<bool> {
-        let deleted = self
-            .conn
-            .prepare_cached(&format!(
-                "DELETE FROM jobs WHERE id = ?1 AND state IN ({states})"
-            ))?
-            .execute([id_bytes(id)])?;
+    /// Deletes one job with its payload and history; `delete` is the `DELETE FROM jobs`
+    /// statement that conditions it on the stored state (a literal, so the statement
+    /// cache is hit without formatting a string per job).
+    fn delete_one(&self, id: JobId, delete: &str) -> rusqlite::Result<bool> {
+        let deleted = self.conn.prepare_cached(delete)?.execute([id_bytes(id)])?;
         if deleted == 0 {
             return Ok(false);
         }
@@ -645,7 +642,9 @@ impl Backend for SqliteBackend {
     }
 
     fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError> {
-        self.each(ids, |b, id| b.delete_one(*id, "'dead'"))
+        self.each(ids, |b, id| {
+            b.delete_one(*id, "DELETE FROM jobs WHERE id = ?1 AND state = 'dead'")
+        })
     }
 
     fn prune_finished(
@@ -657,7 +656,10 @@ impl Backend for SqliteBackend {
         let doomed = prune::finished_ids(&self.conn, scope, finished_before, limit)
             .map_err(|e| self.err(e))?;
         let deleted = self.each(&doomed, |b, id| {
-            b.delete_one(*id, "'succeeded', 'cancelled'")
+            b.delete_one(
+                *id,
+                "DELETE FROM jobs WHERE id = ?1 AND state IN ('succeeded', 'cancelled')",
+            )
         })?;
         Ok(deleted.into_iter().filter(|d| *d).count() as u64)
     }
