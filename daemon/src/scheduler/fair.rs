@@ -227,13 +227,17 @@ impl FairQueue {
             return;
         }
         self.index.reserve(jobs.len());
-        let t = self.tenant_slot(tenant);
+        // The tenant gets a slot only with its first new job, as with `push`.
+        let mut slot = None;
         for &(id, ready_at) in jobs {
             if !self.index.contains_key(&id) {
+                let t = *slot.get_or_insert_with(|| self.tenant_slot(tenant.clone()));
                 self.queue_new(t, id, ready_at);
             }
         }
-        self.refresh_oldest(t);
+        if let Some(t) = slot {
+            self.refresh_oldest(t);
+        }
     }
 
     /// Queues job `id` (not queued yet) at the back of tenant slot `t`'s backlog and

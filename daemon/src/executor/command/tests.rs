@@ -299,11 +299,14 @@ async fn cancel_interrupts_and_kills_the_group() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoke_stops_the_group_with_sigterm_first() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let on_term = format!(
-        "trap 'echo term > {}/term; exit 143' TERM; wait",
-        dir.path().display()
+    // The trap is installed before the pids are written: the test revokes as soon as
+    // it sees them, and a SIGTERM before the trap would kill the shell silently.
+    let script = format!(
+        "trap 'echo term > {}/term; exit 143' TERM; {}",
+        dir.path().display(),
+        pids_then(dir.path(), "wait")
     );
-    let exec = CommandExecutor::new(spec(&pids_then(dir.path(), &on_term))).expect("spec");
+    let exec = CommandExecutor::new(spec(&script)).expect("spec");
     let (cancel, revoked) = (CancellationToken::new(), CancellationToken::new());
     let job = job(b"");
     let attempt = exec.run(&job, &cancel, &revoked);
