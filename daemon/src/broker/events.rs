@@ -99,6 +99,16 @@ pub fn restore(queue: &str, snapshot: impl FnOnce() -> Snapshot) {
     }
 }
 
+/// Tells a queue's Scheduler that `job` left this node's view (another node changed
+/// it): a waiting job is removed, a lease held here frees its tenant's slot.
+pub fn dropped(out: &mut Outbox, job: &Job) {
+    match job.state {
+        State::Ready | State::Delayed => out.push(&job.queue, SchedulerMsg::Remove(job.id)),
+        State::Leased => release(out, &job.queue, job.tenant.clone()),
+        State::Dead | State::Succeeded | State::Cancelled => {}
+    }
+}
+
 /// Tells a queue's Scheduler that a job it handed out was not leased after all.
 pub fn release(out: &mut Outbox, queue: &Arc<str>, tenant: Arc<str>) {
     out.push(queue, SchedulerMsg::Finished(tenant, Duration::ZERO));
