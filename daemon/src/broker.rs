@@ -268,8 +268,13 @@ pub enum BrokerMsg {
         reply: RpcReplyPort<Vec<LeasedJob>>,
     },
     /// Internal: the store did not record these leases (a failed or refused claim);
-    /// the jobs, given as their records before the lease, return to them uncharged.
-    Unclaimed(Vec<Job>),
+    /// each is given as the job's record before the lease and the lease planned, and
+    /// returns to the first uncharged.
+    Unclaimed(Vec<(Job, Job)>),
+    /// Internal (shared store): a lease request got the second list's jobs in place
+    /// of the first list's picks (each the record before the lease and the lease
+    /// planned), which another node took.
+    Substituted(Vec<(Job, Job)>, Vec<Job>),
     /// Internal: a lessee went away before receiving its jobs; return them uncharged.
     Abandoned(Vec<(JobId, Token)>),
     /// Renew a lease for `extend` (default: the queue's lease).
@@ -340,11 +345,13 @@ pub enum BrokerMsg {
     /// Internal: a shared store's current records of the jobs an operator's change
     /// names were read; the change (the boxed message) runs on them.
     Reloaded(Result<Vec<Job>, StoreError>, Box<BrokerMsg>),
-    /// From the Cluster actor of the leader of this epoch: end the leases of dead or
-    /// silent nodes.
-    Sweep(u64),
-    /// Internal: the sweep found these expired leases (leased records).
-    Swept(u64, Result<Vec<Job>, StoreError>),
+    /// From the Cluster actor at each heartbeat: check this node's leases in the
+    /// store against memory, and, on the leader of this epoch, end the leases of dead
+    /// or silent nodes.
+    Sweep(Option<u64>),
+    /// Internal: the sweep read this node's leases and the expired ones (leased
+    /// records).
+    Swept(Option<u64>, Result<(Vec<Job>, Vec<Job>), StoreError>),
 }
 
 /// What the broker is started with.
@@ -555,6 +562,7 @@ impl BrokerState {
                 reply,
             } => state.lease(&queue, picks, worker, reply, now, mono),
             BrokerMsg::Unclaimed(before) => state.unclaimed(before, now),
+            BrokerMsg::Substituted(replaced, taken) => state.substituted(replaced, taken, mono),
             BrokerMsg::Abandoned(leases) => state.abandoned(leases, now),
             BrokerMsg::Heartbeat(id, token, extend, reply) => {
                 let _ = reply.send(state.heartbeat(id, token, extend, now, mono));

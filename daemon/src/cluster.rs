@@ -5,9 +5,10 @@
 //! Broker when other nodes may have made work:
 //! - every fifth of `node_timeout` it writes the node's heartbeat, which also renews
 //!   the leases this node holds in the store and takes or keeps the leader lease
-//!   ([`crate::store::SharedStore::beat`]). While this node is the leader it asks
-//!   its Broker to end the leases of dead or silent nodes ([`BrokerMsg::Sweep`],
-//!   fenced by the lease's epoch) and the Pruner works ([`ClusterView::prunes`]);
+//!   ([`crate::store::SharedStore::beat`]). Then it asks its Broker to check the
+//!   node's leases in the store against its memory and, while this node is the
+//!   leader, to end the leases of dead or silent nodes ([`BrokerMsg::Sweep`], fenced
+//!   by the leader lease's epoch); only the leader prunes ([`ClusterView::prunes`]);
 //! - at each heartbeat it reads the runtime overrides (`qctl limits`, pause and
 //!   resume, set on any node) and puts them in force here when they changed;
 //! - it listens on the store's notification channel (`LISTEN qd_jobs`, on a
@@ -166,11 +167,11 @@ impl ClusterState {
             .cluster
             .epoch
             .swap(epoch.unwrap_or(0), Ordering::Relaxed);
+        broker::cast(BrokerMsg::Sweep(epoch));
         if let Some(epoch) = epoch {
             if before != epoch {
                 info!(epoch, "This node is the cluster's leader.");
             }
-            broker::cast(BrokerMsg::Sweep(epoch));
         } else if before != 0 {
             info!(
                 epoch = before,

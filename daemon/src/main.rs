@@ -164,7 +164,15 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
     );
     let limits = Arc::new(Limits::new(config, overrides));
     let daemon = Daemon {
-        limiters: Arc::new(Limiters::build(&limits)),
+        limiters: Arc::new(Limiters::build(
+            &limits,
+            limits
+                .config()
+                .daemon
+                .database
+                .is_some()
+                .then(|| store.clone()),
+        )),
         limits,
         executors: Arc::new(Executors::new(executors)),
         tokens: Arc::new(LiveTokens::new(tokens)),

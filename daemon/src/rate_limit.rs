@@ -8,9 +8,19 @@
 //! until the pause ends. The rate and burst can be changed at runtime
 //! (`qctl limits set-limiter`): governor's quota is fixed per bucket, so the bucket
 //! is replaced, behind a lock, by a new full one.
+//!
+//! On a store shared by several nodes ([`Limiters::build`] given one) the bucket is
+//! the database's ([`crate::store::SharedStore::take_tokens`]: one row per limiter,
+//! refilled by the database's clock), so the limit holds across every node: a node
+//! takes tokens from it in small chunks ([`chunk`]) into a local pool, spends them
+//! one per job, and asks for more, behind the scenes, when the pool is empty.
+//! Tokens taken are never given back, so the cluster never admits more than `rate`
+//! × seconds + `burst`; a node may hold up to one chunk it does not use. A pause
+//! stays this node's.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -20,6 +30,32 @@ use tokio::time::Instant;
 
 use crate::config::RateLimiterConfig;
 use crate::limits::Limits;
+use crate::store::{Store, StoreError};
+
+/// How long a Scheduler waits before it tries again when a shared limiter's pool is
+/// empty and its refill is under way.
+const REFILL_RETRY: Duration = Duration::from_millis(10);
+
+/// Tokens a node takes from a shared bucket at once: a quarter of a second's
+/// worth, at least 1, at most the burst. A node asks for the next chunk when it
+/// spends the last token of one, so a round trip to the database rarely stalls it.
+pub fn chunk(settings: &RateLimiterConfig) -> u32 {
+    let burst = if settings.burst == 0 {
+        settings.per_second
+    } else {
+        settings.burst
+    };
+    (settings.per_second / 4).clamp(1, burst.max(1))
+}
+
+/// This node's side of a bucket kept in a shared store.
+struct SharedBucket {
+    store: Store,
+    /// Tokens taken from the store and not yet spent.
+    pool: Arc<AtomicU32>,
+    /// A refill is under way.
+    refilling: Arc<AtomicBool>,
+}
 
 /// The bucket and the settings it was built from.
 struct Bucket {
@@ -48,6 +84,8 @@ pub struct RateLimiter {
     bucket: RwLock<Bucket>,
     clock: DefaultClock,
     paused_until: Mutex<Option<Instant>>,
+    /// On a shared store, the tokens come from its bucket instead of `bucket`'s.
+    shared: Option<SharedBucket>,
 }
 
 impl RateLimiter {
@@ -58,6 +96,19 @@ impl RateLimiter {
             bucket: RwLock::new(Bucket::new(cfg)),
             clock: DefaultClock::default(),
             paused_until: Mutex::new(None),
+            shared: None,
+        }
+    }
+
+    /// A limiter whose bucket is `store`'s, shared by every node of the cluster.
+    pub fn shared(name: &str, cfg: &RateLimiterConfig, store: Store) -> Self {
+        RateLimiter {
+            shared: Some(SharedBucket {
+                store,
+                pool: Arc::default(),
+                refilling: Arc::default(),
+            }),
+            ..RateLimiter::new(name, cfg)
         }
     }
 
@@ -92,11 +143,60 @@ impl RateLimiter {
         {
             return Err(until);
         }
+        if let Some(shared) = &self.shared {
+            return self.take_shared(shared, now);
+        }
         let bucket = self.bucket.read().unwrap_or_else(|e| e.into_inner());
         bucket
             .gcra
             .check()
             .map_err(|not_until| now + not_until.wait_time_from(self.clock.now()))
+    }
+
+    /// Spends a token of the local pool, or starts a refill from the shared bucket
+    /// and says when to try again.
+    fn take_shared(&self, shared: &SharedBucket, now: Instant) -> Result<(), Instant> {
+        let spent = shared
+            .pool
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if spent.is_ok_and(|before| before > 1) {
+            return Ok(());
+        }
+        // The pool is empty (or just emptied): refill it behind the scenes.
+        if !shared.refilling.swap(true, Ordering::AcqRel) {
+            self.refill(shared);
+        }
+        match spent {
+            Ok(_) => Ok(()),
+            Err(_) => Err(now + REFILL_RETRY),
+        }
+    }
+
+    /// Asks the shared bucket for a chunk of tokens; they join the pool when the
+    /// store answers.
+    fn refill(&self, shared: &SharedBucket) {
+        let settings = self.settings();
+        let want = chunk(&settings);
+        let name = self.name.clone();
+        let (pool, refilling) = (shared.pool.clone(), shared.refilling.clone());
+        shared.store.submit(
+            move |b| {
+                b.shared()
+                    .ok_or_else(|| StoreError::Other("the store is not shared".into()))?
+                    .take_tokens(&name, want, &settings)
+            },
+            move |result| {
+                match result {
+                    Ok(granted) => {
+                        pool.fetch_add(granted, Ordering::AcqRel);
+                    }
+                    Err(err) => {
+                        tracing::debug!(error = %err, "Taking rate-limiter tokens failed.");
+                    }
+                }
+                refilling.store(false, Ordering::Release);
+            },
+        );
     }
 
     /// Hands out no token for `for_at_least` (a downstream said "throttled").
@@ -118,13 +218,19 @@ impl RateLimiter {
 #[derive(Default)]
 pub struct Limiters {
     by_name: RwLock<HashMap<String, Arc<RateLimiter>>>,
+    /// A store shared by several nodes: the limiters' buckets are its.
+    shared: Option<Store>,
 }
 
 impl Limiters {
     /// Every configured limiter, with the settings in force (config overlaid with
-    /// stored `qctl limits set-limiter` overrides).
-    pub fn build(limits: &Limits) -> Self {
-        let registry = Limiters::default();
+    /// stored `qctl limits set-limiter` overrides); their buckets are `shared`'s when
+    /// given (a store shared by several nodes), else this process's.
+    pub fn build(limits: &Limits, shared: Option<Store>) -> Self {
+        let registry = Limiters {
+            by_name: RwLock::default(),
+            shared,
+        };
         registry.sync(limits);
         registry
     }
@@ -168,7 +274,11 @@ impl Limiters {
                     }
                 }
                 None => {
-                    map.insert(name.clone(), Arc::new(RateLimiter::new(&name, &settings)));
+                    let limiter = match &self.shared {
+                        Some(store) => RateLimiter::shared(&name, &settings, store.clone()),
+                        None => RateLimiter::new(&name, &settings),
+                    };
+                    map.insert(name.clone(), Arc::new(limiter));
                     touched.push(name);
                 }
             }

@@ -82,6 +82,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::{self, JoinHandle};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -344,6 +345,15 @@ pub trait SharedStore {
     /// other nodes enqueued, redrove or gave back.
     fn claimable(&mut self, queues: &[String], per_queue: u32) -> Result<Vec<Job>, StoreError>;
 
+    /// Claims up to `next.limit` jobs of `next.queue` (of `next.tenant` only, if
+    /// given) that no node holds and whose `ready_at` is at most `next.now`, oldest
+    /// first, skipping rows another node is claiming at this moment (`FOR UPDATE
+    /// SKIP LOCKED`): each gets the token `lease_seq + 1` and a deadline
+    /// `next.lease` from now by the database's clock. Answers each claimed job's
+    /// leased record with its payload, in claim order. How a node that lost a
+    /// claim to another node takes other work instead.
+    fn claim_next(&mut self, next: &NewClaim<'_>) -> Result<Vec<(Job, Vec<u8>)>, StoreError>;
+
     /// The stored records of `ids` (unknown ids are absent), a lease showing as
     /// state leased with its token: what a node reads before an operator's change
     /// of jobs another node may have changed.
@@ -356,6 +366,10 @@ pub trait SharedStore {
     /// names another node id (a node of the same name replaced it).
     fn beat(&mut self) -> Result<Option<u64>, StoreError>;
 
+    /// The leases this node holds in the store, as leased records: what its Broker
+    /// checks against its memory, so no lease of this node outlives its holder.
+    fn own_leases(&mut self) -> Result<Vec<Job>, StoreError>;
+
     /// For the leader: at most `limit` leases held by other nodes that ended without
     /// their holder (their deadline passed, or their node's heartbeat is older than
     /// `node_timeout`), soonest deadline first, as leased records.
@@ -367,9 +381,38 @@ pub trait SharedStore {
     /// nothing); answers per item whether it applied.
     fn expire(&mut self, ends: &[Transition], epoch: u64) -> Result<Vec<bool>, StoreError>;
 
+    /// Takes up to `want` tokens from the shared bucket of rate limiter `name`
+    /// (created full at its first use; it refills at `settings.per_second` by the
+    /// database's clock and holds at most `settings.burst`, or the rate when 0);
+    /// answers how many were taken. Tokens are never given back.
+    fn take_tokens(
+        &mut self,
+        name: &str,
+        want: u32,
+        settings: &crate::config::RateLimiterConfig,
+    ) -> Result<u32, StoreError>;
+
     /// Every node that joined, by name, with its last heartbeat and whether it is
     /// the leader.
     fn nodes(&mut self) -> Result<Vec<NodeInfo>, StoreError>;
+}
+
+/// What [`SharedStore::claim_next`] claims.
+#[derive(Clone, Copy, Debug)]
+pub struct NewClaim<'a> {
+    /// The queue.
+    pub queue: &'a str,
+    /// Only this tenant's jobs, if given.
+    pub tenant: Option<&'a str>,
+    /// The most jobs to claim.
+    pub limit: u32,
+    /// The lessee, recorded with each lease.
+    pub worker: &'a str,
+    /// Now, Unix ms (the caller's clock): the lease's start, and the latest
+    /// `ready_at` claimed.
+    pub now: UnixMillis,
+    /// The lease's length.
+    pub lease: Duration,
 }
 
 /// A node of a cluster sharing one database, as `qctl status` shows it.

@@ -19,16 +19,21 @@ use common::{Qd, script, wait_for};
 use serde_json::json;
 
 /// `[daemon]` keys of node `i`: short timeouts so a dead node is noticed within
-/// seconds (2 s; heartbeats every 400 ms).
-fn node_keys(i: usize) -> String {
-    format!("node_name = \"node-{i}\"\nnode_timeout = \"2s\"\npoll_interval = \"200ms\"\n")
+/// seconds (2 s; heartbeats every 400 ms), polling every `poll`.
+fn node_keys(i: usize, poll: &str) -> String {
+    format!("node_name = \"node-{i}\"\nnode_timeout = \"2s\"\npoll_interval = \"{poll}\"\n")
 }
 
-/// Starts `n` nodes on `db`, node `i` with the queues `body(i)`.
+/// Starts `n` nodes on `db`, node `i` with the queues `body(i)`, polling every 200 ms.
 fn start_cluster(db: &Database, n: usize, body: impl Fn(usize) -> String) -> Vec<Qd> {
+    start_polling(db, n, "200ms", body)
+}
+
+/// [`start_cluster`] with nodes polling every `poll`.
+fn start_polling(db: &Database, n: usize, poll: &str, body: impl Fn(usize) -> String) -> Vec<Qd> {
     (0..n)
         .map(|i| {
-            let mut qd = Qd::configure_node(db, &node_keys(i), &body(i));
+            let mut qd = Qd::configure_node(db, &node_keys(i, poll), &body(i));
             qd.spawn(&[]);
             qd
         })
@@ -123,6 +128,177 @@ fn two_nodes_share_one_queue_find_each_others_jobs_and_never_lease_a_job_twice()
     assert_eq!(text.matches("yes (epoch").count(), 1, "one leader:\n{text}");
 }
 
+#[test]
+fn an_idle_node_is_woken_by_a_notification_not_by_its_poll() {
+    const ROUNDS: usize = 20;
+    let Some(db) = pg::database() else { return };
+    let body = |_| "[queues.ext]\nexecutor = { kind = \"external\" }\n".to_owned();
+    // Polling once a minute: only a notification can wake node 1 within seconds.
+    let nodes = Arc::new(start_polling(&db, 2, "60s", body));
+    thread::sleep(Duration::from_secs(1)); // node 1's LISTEN is in place
+    let mut latencies = Vec::new();
+    for round in 0..ROUNDS {
+        let waiter = {
+            let nodes = nodes.clone();
+            thread::spawn(move || {
+                let (status, body) = nodes[1].post(
+                    "/v1/queues/ext/leases",
+                    &json!({"worker_id": "idle", "max_jobs": 1, "wait": "20s"}),
+                );
+                assert_eq!(status, 200, "{body}");
+                (Instant::now(), body["jobs"][0].clone())
+            })
+        };
+        thread::sleep(Duration::from_millis(100)); // the lease request waits
+        let id = nodes[0].enqueue("ext", &format!("round {round}"));
+        let accepted = Instant::now();
+        let (leased, job) = waiter.join().expect("waiter");
+        assert_eq!(
+            job["id"],
+            id.as_str(),
+            "round {round}: node 1 leased the new job"
+        );
+        latencies.push(leased.saturating_duration_since(accepted));
+        let (status, body) = nodes[1].post(
+            &format!("/v1/jobs/{id}/ack"),
+            &json!({"token": job["token"]}),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+    latencies.sort();
+    let (p50, max) = (latencies[ROUNDS / 2], latencies[ROUNDS - 1]);
+    eprintln!("enqueue on node 0 -> lease on idle node 1: p50 {p50:?}, max {max:?}");
+    // Generous bounds for a busy machine; the poll alone would take up to 60 s.
+    assert!(
+        max < Duration::from_secs(10),
+        "woken by polling? max {max:?}"
+    );
+    assert!(p50 < Duration::from_secs(2), "p50 {p50:?}");
+}
+
+#[test]
+fn a_rate_limiter_holds_across_nodes() {
+    const RATE: usize = 10;
+    const BURST: usize = 5;
+    const SECS: u64 = 4;
+    let Some(db) = pg::database() else { return };
+    let body = |_| {
+        format!(
+            "[rate_limiters.api]\nper_second = {RATE}\nburst = {BURST}\n\n\
+             [queues.ext]\nexecutor = {{ kind = \"external\" }}\nrate_limiter = \"api\"\n"
+        )
+    };
+    let nodes = Arc::new(start_cluster(&db, 2, body));
+    // Work on both nodes, so each would run at the full rate on a bucket of its own.
+    for qd in nodes.iter() {
+        let batch: Vec<_> = (0..200)
+            .map(|i| json!({"payload": format!("job {i}")}))
+            .collect();
+        let (status, answer) = qd.post("/v1/queues/ext/jobs/batch", &json!({"jobs": batch}));
+        assert_eq!(status, 202, "{answer}");
+    }
+    let start = Instant::now();
+    let leases: Arc<Mutex<Vec<(Duration, usize)>>> = Arc::default();
+    let consumers: Vec<_> = (0..6)
+        .map(|c| {
+            let (nodes, leases) = (nodes.clone(), leases.clone());
+            thread::spawn(move || {
+                let node = c % 2;
+                while start.elapsed() < Duration::from_secs(SECS) {
+                    let (status, body) = nodes[node].post(
+                        "/v1/queues/ext/leases",
+                        &json!({"worker_id": format!("c{c}"), "max_jobs": 1, "wait": "1s"}),
+                    );
+                    assert_eq!(status, 200, "{body}");
+                    let at = start.elapsed();
+                    for job in body["jobs"].as_array().expect("jobs") {
+                        if at < Duration::from_secs(SECS) {
+                            leases.lock().expect("lock").push((at, node));
+                        }
+                        let id = job["id"].as_str().expect("id");
+                        let ack = json!({"token": job["token"]});
+                        nodes[node].post(&format!("/v1/jobs/{id}/ack"), &ack);
+                    }
+                }
+            })
+        })
+        .collect();
+    for c in consumers {
+        c.join().expect("consumer");
+    }
+    let mut leases = leases.lock().expect("lock").clone();
+    leases.sort();
+    let total = leases.len();
+    let per_node = |n| leases.iter().filter(|(_, node)| *node == n).count();
+    eprintln!(
+        "{total} leases in {SECS} s: node 0 {}, node 1 {}",
+        per_node(0),
+        per_node(1)
+    );
+    // Two unshared buckets would admit about twice this.
+    let bound = RATE * usize::try_from(SECS).expect("secs") + BURST;
+    assert!(
+        total <= bound,
+        "{total} leases in {SECS} s, at most {bound}"
+    );
+    assert!(
+        total >= RATE,
+        "the limiter admitted only {total} in {SECS} s"
+    );
+    assert!(
+        per_node(0) > 0 && per_node(1) > 0,
+        "both nodes were admitted"
+    );
+    // No second holds more than rate + burst (client-side times: +2 for jitter).
+    for (i, (at, _)) in leases.iter().enumerate() {
+        let window = leases[i..]
+            .iter()
+            .take_while(|(t, _)| *t < *at + Duration::from_secs(1))
+            .count();
+        assert!(
+            window <= RATE + BURST + 2,
+            "{window} leases in the second from {at:?}"
+        );
+    }
+}
+
+#[test]
+fn a_lease_of_this_node_that_no_worker_holds_is_ended_uncharged() {
+    let Some(db) = pg::database() else { return };
+    let body = |_| "[queues.ext]\nexecutor = { kind = \"external\" }\n".to_owned();
+    let nodes = start_cluster(&db, 1, body);
+    let id = nodes[0].enqueue("ext", "orphan");
+    // A lease of node-0 in the store that its memory never handed out.
+    db.psql(&format!(
+        "UPDATE qd_jobs SET lease_seq = lease_seq + 1, lease_token = lease_seq + 1, \
+           worker = 'ghost', leased_at = 0, lease_node = 'node-0', \
+           lease_deadline = now() + interval '1 hour' WHERE id = '{id}'"
+    ));
+    // A lease lost to the store's lease answers empty; the worker asks again.
+    let body = wait_for(
+        "the orphaned job to be leased",
+        Duration::from_secs(30),
+        || {
+            let (status, body) = nodes[0].post(
+                "/v1/queues/ext/leases",
+                &json!({"worker_id": "w", "max_jobs": 1, "wait": "5s"}),
+            );
+            assert_eq!(status, 200, "{body}");
+            (!body["jobs"][0].is_null()).then_some(body)
+        },
+    );
+    assert_eq!(body["jobs"][0]["id"], id.as_str(), "{body}");
+    assert_eq!(body["jobs"][0]["attempt"], 1, "uncharged: {body}");
+    let (_, job) = nodes[0].get(&format!("/v1/jobs/{id}"));
+    let outcomes: Vec<&str> = job["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|h| h["outcome"].as_str())
+        .collect();
+    assert_eq!(outcomes, vec!["interrupted"], "{job}");
+}
+
 /// The job of the chaos tests: logs its start and end with the node that ran it
 /// and applies its effect once per key (`mkdir` is atomic and fails if it exists).
 fn chaos_script(dir: &Path) -> std::path::PathBuf {
@@ -176,10 +352,23 @@ fn chaos(n: usize, jobs: usize, kills: &[fn(&[usize], &str) -> usize]) {
         killed_at.push(now_ns());
         alive.retain(|i| *i != victim);
     }
-    wait_for("every job to succeed", Duration::from_secs(120), || {
-        let states = stored_states(&db);
-        (states.get("succeeded") == Some(&jobs)).then_some(())
-    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while stored_states(&db).get("succeeded") != Some(&jobs) {
+        if Instant::now() > deadline {
+            let leases = db.psql(
+                "SELECT id, state, lease_node, worker, lease_deadline - now() FROM qd_jobs \
+                 WHERE state <> 'succeeded'",
+            );
+            let logs: Vec<String> = alive.iter().map(|i| nodes[*i].logs()).collect();
+            panic!(
+                "not every job succeeded: {:?}\n{leases}\n{}\n{}",
+                stored_states(&db),
+                db.psql("SELECT * FROM qd_nodes"),
+                logs.join("\n----\n")
+            );
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
     // Every effect applied exactly once.
     let applied = std::fs::read_to_string(work.path().join("applied.log")).unwrap_or_default();
     let mut seen = HashSet::new();

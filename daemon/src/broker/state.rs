@@ -692,14 +692,39 @@ impl BrokerState {
             return;
         }
         let myself = self.myself.clone();
+        let shared = self.shared().then(|| (queue.clone(), worker.clone()));
+        let planned = jobs.clone();
         self.store.submit(
-            move |b| b.claim_for(&jobs, lease).map(|p| (jobs, p)),
+            move |b| {
+                let payloads = b.claim_for(&jobs, lease)?;
+                let others = match &shared {
+                    Some((queue, worker)) => {
+                        shared::claim_others(b, queue, &jobs, &payloads, worker, now, lease)?
+                    }
+                    None => Vec::new(),
+                };
+                Ok((jobs, payloads, others))
+            },
             move |result| {
                 let (leased, unclaimed) = match result {
-                    Ok((jobs, payloads)) => claimed(before, jobs, payloads, lease, deadline_ms),
+                    Ok((jobs, payloads, others)) => {
+                        let (mut leased, unclaimed) =
+                            claimed(before, jobs, payloads, lease, deadline_ms);
+                        let (replaced, unclaimed) = shared::pair(unclaimed, &others);
+                        if !replaced.is_empty() {
+                            let taken: Vec<Job> = others.iter().map(|(j, _)| j.clone()).collect();
+                            let _ = myself.cast(BrokerMsg::Substituted(replaced, taken));
+                        }
+                        leased.extend(
+                            others
+                                .into_iter()
+                                .map(|(job, payload)| leased_job(job, payload, lease, deadline_ms)),
+                        );
+                        (leased, unclaimed)
+                    }
                     Err(err) => {
                         warn!(error = %err, jobs = before.len(), "Claim failed in the store; the jobs stay ready.");
-                        (Vec::new(), before)
+                        (Vec::new(), before.into_iter().zip(planned).collect())
                     }
                 };
                 if !unclaimed.is_empty() {
@@ -746,20 +771,17 @@ impl BrokerState {
         }
     }
 
-    /// Takes back leases the store did not record (`before` are the jobs' records
-    /// before the lease): each job that still holds that lease returns to its earlier
-    /// record uncharged and is handed to its Scheduler again.
-    pub(super) fn unclaimed(&mut self, before: Vec<Job>, now: UnixMillis) {
-        for job in before {
-            let current = self.jobs.get(job.id);
-            let held = current
-                .as_ref()
-                .is_some_and(|c| c.state == State::Leased && c.lease_seq == job.lease_seq + 1);
-            let Some(leased) = current.filter(|_| held) else {
+    /// Takes back leases the store did not record, each given as the job's record
+    /// before the lease and the lease planned: each job memory still holds under
+    /// that very lease returns to its earlier record uncharged and is handed to its
+    /// Scheduler again (on a shared store it is dropped instead: another node took or
+    /// changed it).
+    pub(super) fn unclaimed(&mut self, unclaimed: Vec<(Job, Job)>, now: UnixMillis) {
+        for (job, planned) in unclaimed {
+            let Some(leased) = self.jobs.get(job.id).filter(|c| *c == planned) else {
                 continue;
             };
             if self.shared() {
-                // Another node took or changed the job: it is not this node's to hold.
                 self.drop_stale(&leased);
                 self.refresh();
                 continue;
@@ -1175,13 +1197,13 @@ fn claimed(
     payloads: Vec<Option<Vec<u8>>>,
     lease: Duration,
     deadline_ms: UnixMillis,
-) -> (Vec<LeasedJob>, Vec<Job>) {
+) -> (Vec<LeasedJob>, Vec<(Job, Job)>) {
     let mut leased = Vec::with_capacity(jobs.len());
-    let mut unclaimed = Vec::new();
+    let mut unclaimed: Vec<(Job, Job)> = Vec::new();
     for ((old, job), payload) in before.into_iter().zip(jobs).zip(payloads) {
         match payload {
             Some(payload) => leased.push(leased_job(job, payload, lease, deadline_ms)),
-            None => unclaimed.push(old),
+            None => unclaimed.push((old, job)),
         }
     }
     (leased, unclaimed)

@@ -725,3 +725,44 @@ fn a_password_in_the_url_or_a_readable_password_file_is_a_config_error() {
     assert!(error.message.contains("0640"), "{error:?}");
     assert!(!error.message.contains("hunter2"), "{error:?}");
 }
+
+#[test]
+fn cluster_keys_need_a_database_and_sane_values() {
+    let url = "[daemon]\ndatabase_url = \"host=/run/postgresql dbname=qd\"\n";
+    let config = parse(&format!(
+        "{url}node_name = \"qd-a\"\nnode_timeout = \"4s\"\npoll_interval = \"250ms\"\n{QUEUE}"
+    ))
+    .expect("valid cluster keys");
+    let database = config.daemon.database.expect("PostgreSQL store");
+    assert_eq!(database.node_name, "qd-a");
+    assert_eq!(database.node_timeout, Duration::from_secs(4));
+    assert_eq!(database.poll_interval, Duration::from_millis(250));
+    let defaults = parse(&format!("{url}{QUEUE}")).expect("defaults");
+    let database = defaults.daemon.database.expect("PostgreSQL store");
+    assert!(!database.node_name.is_empty());
+    assert_eq!(database.node_timeout, Duration::from_secs(10));
+    assert_eq!(database.poll_interval, Duration::from_secs(1));
+    for (key, value, says) in [
+        ("node_name", "\"a b\"", "must be 1 to 64 characters"),
+        ("node_name", "\"\"", "must be 1 to 64 characters"),
+        ("node_timeout", "\"500ms\"", "at least 1s"),
+        ("poll_interval", "\"5ms\"", "between 10ms and 60s"),
+        ("poll_interval", "\"2m\"", "between 10ms and 60s"),
+    ] {
+        let found = errors(&format!("{url}{key} = {value}\n{QUEUE}"));
+        let error = error_at(&found, &format!("daemon.{key}"));
+        assert!(error.message.contains(says), "{key} = {value}: {error:?}");
+    }
+    for (key, value) in [
+        ("node_name", "\"qd-a\""),
+        ("node_timeout", "\"4s\""),
+        ("poll_interval", "\"1s\""),
+    ] {
+        let found = errors(&format!("[daemon]\n{key} = {value}\n{QUEUE}"));
+        let error = error_at(&found, &format!("daemon.{key}"));
+        assert!(
+            error.message.contains("without daemon.database_url"),
+            "{key}: {error:?}"
+        );
+    }
+}

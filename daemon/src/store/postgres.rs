@@ -17,16 +17,19 @@
 //!
 //! # Differences from SQLite (same contract, see [`Backend`])
 //! - **Leases are stored in the row** (`lease_token`, `worker`, `leased_at`,
-//!   `lease_deadline`), so every node sees them. The deadline is the **database's**
-//!   clock, `now()` (the transaction's start) plus the lease's length, never a node's.
-//!   A claim applies to a ready or delayed job with no lease or an expired one, and
-//!   only with a token above every token the job had (`lease_seq < token`): a node
-//!   with a stale copy of a job cannot reuse a token another node already handed out.
-//!   A claim also stores `lease_seq = token`, so the next token is above it.
-//! - Ending a lease ([`Backend::complete`]) is fenced by the token alone: a lease past
-//!   its deadline can still be ended by its holder until another node claimed the job.
-//! - A stored lease survives a restart: a node that restarts sees its own earlier
-//!   leases as `leased`, and the broker expires them after a lease's length.
+//!   `lease_deadline`, `lease_node`), so every node sees them. The deadline is the
+//!   **database's** clock, `now()` (the transaction's start) plus the lease's length,
+//!   never a node's; the holder's heartbeat ([`SharedStore::beat`]) keeps it at least
+//!   `node_timeout` ahead. A claim applies to a ready or delayed job with no lease,
+//!   and only with a token above every token the job had (`lease_seq < token`): a
+//!   node with a stale copy of a job cannot reuse a token another node handed out. A
+//!   claim also stores `lease_seq = token`, so the next token is above it.
+//! - Ending a lease ([`Backend::complete`]) is fenced by the token: a lease past its
+//!   deadline can still be ended by its holder until the leader ended it
+//!   ([`SharedStore::expire`], fenced by the leader's epoch as well).
+//! - A node that opens the store ends the leases its earlier run held (its name in
+//!   `lease_node`), uncharged, as a restart on SQLite does; it may take its name only
+//!   if it is the same node (its id) or the name's holder is silent.
 //! - Batches are set-based: one `UPDATE ... FROM unnest($1, $2, ...)` per call
 //!   (conditioned per row on state and token, answered per item from `RETURNING`),
 //!   one `INSERT ... ON CONFLICT DO NOTHING` per enqueue batch. A batch naming the same
@@ -38,7 +41,7 @@
 //!   `202` promises the job is on disk. What a standby adds is the operator's choice
 //!   (`remote_apply`, `remote_write` are kept).
 //!
-//! # Schema (version 1, in `qd_migrations`)
+//! # Schema (version 3, in `qd_migrations`)
 //! ```text
 //! qd_jobs(id uuid PK, queue, tenant, idempotency_key NULL, state text COLLATE "C"
 //!         in (delayed ready succeeded dead cancelled), attempts, budget_start,
@@ -55,6 +58,12 @@
 //!            started_at bigint NULL, ended_at bigint, error text NULL) PK (job_id, seq)
 //! qd_overrides(scope, name, key, value text)  PK (scope, name, key)
 //! qd_meta(key text PK, value bigint)          -- "probe"
+//! -- version 2: several nodes
+//! qd_jobs.lease_node text NULL                -- the node holding the lease
+//! qd_nodes(name PK, node_id uuid, started_at, heartbeat_at timestamptz)
+//! qd_leader(id = 1 PK, node text NULL, epoch bigint, expires_at timestamptz)
+//! -- version 3: rate limiters shared by the nodes
+//! qd_rate_limiters(name PK, tokens float8, updated_at timestamptz)
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -78,14 +87,14 @@ use uuid::Uuid;
 
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
-    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewRecord, NodeInfo, Override,
-    PruneScope, SharedStore, StoreError, history, sort_counts,
+    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewClaim, NewRecord, NodeInfo,
+    Override, PruneScope, SharedStore, StoreError, history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from version
 /// `i` to `i + 1` (recorded as a row of `qd_migrations`). Append only.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
 const V1: &str = r#"
@@ -170,6 +179,15 @@ CREATE TABLE qd_leader (
     expires_at timestamptz NOT NULL
 );
 INSERT INTO qd_leader (id, node, epoch, expires_at) VALUES (1, NULL, 0, '-infinity');
+"#;
+
+/// Version 3: rate limiters shared by every node: one token bucket per limiter.
+const V3: &str = r#"
+CREATE TABLE qd_rate_limiters (
+    name       text COLLATE "C" PRIMARY KEY,
+    tokens     float8      NOT NULL,
+    updated_at timestamptz NOT NULL
+);
 "#;
 
 /// How often at most one queue's new jobs are announced to idle nodes
@@ -743,59 +761,6 @@ impl PgBackend {
     fn exec(&mut self, sql: &str) -> Result<(), StoreError> {
         self.block(async |c| c.batch_execute(sql).await)
     }
-
-    /// Claims, for `worker` at `leased_at` (Unix ms, the caller's clock), up to
-    /// `limit` jobs of `queue` that are ready, or delayed with `ready_at <= now_ms`,
-    /// and not leased (or whose lease expired by the database clock): oldest
-    /// `ready_at` first, then id. Rows another transaction is claiming are skipped
-    /// (`FOR UPDATE SKIP LOCKED`), so nodes claiming the same queue at once never
-    /// wait on or double-lease each other. Each claimed job's token is its stored
-    /// `lease_seq + 1`; its deadline is `lease` from now by the database clock.
-    ///
-    /// Answers each claimed job's record as leased (state leased, token, worker,
-    /// `leased_at`) with its payload, in claim order. The multi-node broker's way to
-    /// lease; the single-writer broker leases from its own view through
-    /// [`Backend::claim_for`].
-    pub fn claim_next(
-        &mut self,
-        queue: &str,
-        limit: u32,
-        worker: &str,
-        leased_at: UnixMillis,
-        now_ms: UnixMillis,
-        lease: Duration,
-    ) -> Result<Vec<(Job, Vec<u8>)>, StoreError> {
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
-        let limit = i64::from(limit);
-        let node = self.options.node.clone();
-        let sql = format!(
-            "WITH picked AS (\
-               SELECT id FROM qd_jobs \
-               WHERE queue = $1 AND state IN ('ready', 'delayed') AND ready_at <= $2 \
-                 AND lease_token IS NULL \
-               ORDER BY ready_at, id LIMIT $3 FOR UPDATE SKIP LOCKED), \
-             claimed AS (\
-               UPDATE qd_jobs j SET lease_seq = j.lease_seq + 1, lease_token = j.lease_seq + 1, \
-                 worker = $4, leased_at = $5, lease_node = $7, \
-                 lease_deadline = now() + $6::int8 * interval '1 millisecond' \
-               FROM picked WHERE j.id = picked.id RETURNING j.*) \
-             SELECT {JOB_COLUMNS}, p.body FROM claimed j JOIN qd_payloads p ON p.job_id = j.id \
-             ORDER BY j.ready_at, j.id"
-        );
-        let rows = self.block(async |c| {
-            let stmt = c.prepare_cached(&sql).await?;
-            c.query(
-                &stmt,
-                &[
-                    &queue, &now_ms, &limit, &worker, &leased_at, &lease_ms, &node,
-                ],
-            )
-            .await
-        })?;
-        rows.iter()
-            .map(|r| Ok((job_from_row(r, &self.target)?, r.get(15))))
-            .collect()
-    }
 }
 
 /// Maps a PostgreSQL error to a [`StoreError`] naming the database (never the
@@ -1354,6 +1319,46 @@ impl SharedStore for PgBackend {
         self.query_jobs(&sql, &[&queues, &limit])
     }
 
+    fn claim_next(&mut self, next: &NewClaim<'_>) -> Result<Vec<(Job, Vec<u8>)>, StoreError> {
+        let lease_ms = millis(next.lease);
+        let limit = i64::from(next.limit);
+        let node = self.options.node.clone();
+        let sql = format!(
+            "WITH picked AS (\
+               SELECT id FROM qd_jobs \
+               WHERE queue = $1 AND state IN ('ready', 'delayed') AND ready_at <= $2 \
+                 AND lease_token IS NULL AND ($8::text IS NULL OR tenant = $8) \
+               ORDER BY ready_at, id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+             claimed AS (\
+               UPDATE qd_jobs j SET lease_seq = j.lease_seq + 1, lease_token = j.lease_seq + 1, \
+                 worker = $4, leased_at = $5, lease_node = $7, \
+                 lease_deadline = now() + $6::int8 * interval '1 millisecond' \
+               FROM picked WHERE j.id = picked.id RETURNING j.*) \
+             SELECT {JOB_COLUMNS}, p.body FROM claimed j JOIN qd_payloads p ON p.job_id = j.id \
+             ORDER BY j.ready_at, j.id"
+        );
+        let rows = self.block(async |c| {
+            let stmt = c.prepare_cached(&sql).await?;
+            c.query(
+                &stmt,
+                &[
+                    &next.queue,
+                    &next.now,
+                    &limit,
+                    &next.worker,
+                    &next.now,
+                    &lease_ms,
+                    &node,
+                    &next.tenant,
+                ],
+            )
+            .await
+        })?;
+        rows.iter()
+            .map(|r| Ok((job_from_row(r, &self.target)?, r.get(15))))
+            .collect()
+    }
+
     fn reload(&mut self, ids: &[JobId]) -> Result<Vec<Job>, StoreError> {
         let sql = format!("SELECT {JOB_COLUMNS} FROM qd_jobs j WHERE j.id = ANY($1::uuid[])");
         self.query_jobs(&sql, &[&uuids(ids)])
@@ -1398,6 +1403,15 @@ impl SharedStore for PgBackend {
             .map(|epoch| u64::try_from(epoch).unwrap_or(0)))
     }
 
+    fn own_leases(&mut self) -> Result<Vec<Job>, StoreError> {
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM qd_jobs j \
+             WHERE j.lease_node = $1 AND j.lease_token IS NOT NULL"
+        );
+        let node = self.options.node.clone();
+        self.query_jobs(&sql, &[&node])
+    }
+
     fn expired_leases(&mut self, limit: u32) -> Result<Vec<Job>, StoreError> {
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM qd_jobs j WHERE {} ORDER BY j.lease_deadline LIMIT $1",
@@ -1415,6 +1429,45 @@ impl SharedStore for PgBackend {
             self.options.node,
         );
         self.change(ends, &condition)
+    }
+
+    fn take_tokens(
+        &mut self,
+        name: &str,
+        want: u32,
+        settings: &crate::config::RateLimiterConfig,
+    ) -> Result<u32, StoreError> {
+        let rate = f64::from(settings.per_second.max(1));
+        let burst = if settings.burst == 0 {
+            rate
+        } else {
+            f64::from(settings.burst)
+        };
+        let want = f64::from(want);
+        let taken = self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO qd_rate_limiters (name, tokens, updated_at) \
+                     VALUES ($1, $2, clock_timestamp()) ON CONFLICT (name) DO NOTHING",
+                )
+                .await?;
+            c.execute(&stmt, &[&name, &burst]).await?;
+            let stmt = c
+                .prepare_cached(
+                    "WITH cur AS (\
+                       SELECT LEAST($3::float8, tokens + $4::float8 * GREATEST(0, \
+                         extract(epoch FROM clock_timestamp() - updated_at)::float8)) AS avail \
+                       FROM qd_rate_limiters WHERE name = $1 FOR UPDATE) \
+                     UPDATE qd_rate_limiters l \
+                     SET tokens = cur.avail - LEAST($2::float8, floor(cur.avail)), \
+                       updated_at = clock_timestamp() \
+                     FROM cur WHERE l.name = $1 \
+                     RETURNING LEAST($2::float8, floor(cur.avail))::int8",
+                )
+                .await?;
+            c.query_one(&stmt, &[&name, &want, &burst, &rate]).await
+        })?;
+        Ok(u32::try_from(taken.get::<_, i64>(0)).unwrap_or(0))
     }
 
     fn nodes(&mut self) -> Result<Vec<NodeInfo>, StoreError> {

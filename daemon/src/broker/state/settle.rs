@@ -45,6 +45,9 @@ pub(super) enum Intent {
     /// The leader of this epoch ends leases of dead or silent nodes (never held in
     /// this node's memory): [`crate::store::SharedStore::expire`].
     Expire(u64),
+    /// Leases of this node the store holds and its memory does not (uncharged):
+    /// [`crate::store::Backend::complete`].
+    Orphan,
 }
 
 /// What a [`Settle`] runs: the Broker's state, wall time, monotonic time.
@@ -113,7 +116,7 @@ impl BrokerState {
         let op = intent.clone();
         self.store.submit(
             move |b| match op {
-                Intent::End => b.complete(&writes),
+                Intent::End | Intent::Orphan => b.complete(&writes),
                 Intent::Redrive => b.redrive(&writes),
                 Intent::RedriveWithPayload(payload) => writes
                     .iter()
@@ -179,7 +182,7 @@ impl BrokerState {
         debug!(queue = %old.queue, job = %old.id, from = %old.state, to = %t.job.state,
             attempts = t.job.attempts, "Job state changed.");
         self.replace(t.job.clone());
-        if matches!(intent, Intent::Expire(_)) {
+        if matches!(intent, Intent::Expire(_) | Intent::Orphan) {
             // Another node's lease: no slot of this node's Scheduler was taken.
             if matches!(t.job.state, State::Ready | State::Delayed) {
                 events::ready(&mut self.out, &t.job);
@@ -189,7 +192,7 @@ impl BrokerState {
         }
         events::throttled(&mut self.out, &t, now);
         match intent {
-            Intent::End | Intent::Expire(_) => {
+            Intent::End | Intent::Expire(_) | Intent::Orphan => {
                 record_end(&self.labels, &old, &t, now);
                 let Some(entry) = &t.entry else { return };
                 if entry.outcome == Outcome::LeaseExpired {

@@ -7,8 +7,10 @@
 //!   Cluster actor when a notification arrives or its poll interval passes, and by
 //!   the Broker itself after a look that found something or a lost claim).
 //! - **Claiming**: a lease is a conditional claim in the store; one that does not
-//!   apply (another node took the job or changed it) drops the job from memory.
-//!   So does any change the store refused: memory had a stale copy.
+//!   apply (another node took the job or changed it) drops the job from memory, and
+//!   the lessee gets the next unclaimed job of the same tenant instead, if any
+//!   ([`claim_others`], `SKIP LOCKED`). Any other change the store refused drops the
+//!   job too: memory had a stale copy.
 //! - **Operators' changes** (redrive, purge, cancel) of jobs another node may have
 //!   changed run on the store's current records: the jobs are read first
 //!   ([`BrokerMsg::Reloaded`]).
@@ -17,19 +19,86 @@
 //!   retry policy, in a write fenced by the leader's epoch.
 
 use rand::Rng;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
+
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::settle::Intent;
-use super::{BrokerState, events};
+use super::{BrokerState, MAX_EXTEND, events};
 use crate::broker::{BrokerError, BrokerMsg};
 use crate::job::{self, Event, Failure, Job, JobId, State, UnixMillis};
-use crate::store::StoreError;
+use crate::store::{Backend, NewClaim, StoreError};
 
 /// Claimable jobs a look at the store reads per queue, oldest first.
 const REFRESH_WINDOW: u32 = 1000;
 
 /// Expired leases the leader ends per sweep.
 const SWEEP_BATCH: u32 = 500;
+
+/// A pick the store did not claim: the job's record before the lease, and the
+/// lease planned.
+pub(in crate::broker) type Pick = (Job, Job);
+
+/// For the picks the store did not claim (another node was first), claims as many
+/// other jobs of the same queue and tenants instead, skipping rows another node is
+/// claiming: a node that loses a race takes the next job rather than an empty hand.
+/// Runs on the writer thread, inside the claim's transaction.
+pub(super) fn claim_others(
+    b: &mut dyn Backend,
+    queue: &str,
+    picks: &[Job],
+    claimed: &[Option<Vec<u8>>],
+    worker: &str,
+    now: UnixMillis,
+    lease: Duration,
+) -> Result<Vec<(Job, Vec<u8>)>, StoreError> {
+    let mut lost: Vec<(&str, u32)> = Vec::new();
+    for (job, _) in picks.iter().zip(claimed).filter(|(_, c)| c.is_none()) {
+        match lost.iter_mut().find(|(t, _)| *t == &*job.tenant) {
+            Some((_, n)) => *n += 1,
+            None => lost.push((&job.tenant, 1)),
+        }
+    }
+    let mut others = Vec::new();
+    for (tenant, limit) in lost {
+        let next = NewClaim {
+            queue,
+            tenant: Some(tenant),
+            limit,
+            worker,
+            now,
+            lease,
+        };
+        others.extend(b.shared().ok_or_else(not_shared)?.claim_next(&next)?);
+    }
+    Ok(others)
+}
+
+/// Pairs each job claimed instead ([`claim_others`]) with one unclaimed pick of
+/// its tenant: answers (the picks replaced, the picks left unclaimed).
+///
+/// A job claimed instead may be one of the unclaimed picks itself (another node
+/// let go of it between the two statements): it is paired with that pick first,
+/// so the pick left unclaimed is never the job now leased.
+pub(super) fn pair(unclaimed: Vec<Pick>, others: &[(Job, Vec<u8>)]) -> (Vec<Pick>, Vec<Pick>) {
+    let mut left = unclaimed;
+    let mut replaced = Vec::new();
+    let mut rest: Vec<&Job> = Vec::new();
+    for (other, _) in others {
+        match left.iter().position(|(u, _)| u.id == other.id) {
+            Some(pos) => replaced.push(left.remove(pos)),
+            None => rest.push(other),
+        }
+    }
+    for other in rest {
+        if let Some(pos) = left.iter().position(|(u, _)| u.tenant == other.tenant) {
+            replaced.push(left.remove(pos));
+        }
+    }
+    (replaced, left)
+}
 
 /// The error of a shared operation on a store that is not shared.
 fn not_shared() -> StoreError {
@@ -191,8 +260,43 @@ impl BrokerState {
         }
     }
 
-    /// The leader of `epoch` looks for leases that ended without their holder.
-    pub(in crate::broker) fn sweep(&mut self, epoch: u64) {
+    /// A lease request got other jobs in place of picks another node took first
+    /// ([`claim_others`]): the picks leave memory, their Scheduler slots pass to the
+    /// jobs taken instead, which memory now holds as this node's leases.
+    pub(in crate::broker) fn substituted(
+        &mut self,
+        replaced: Vec<(Job, Job)>,
+        taken: Vec<Job>,
+        mono: Instant,
+    ) {
+        for (pick, planned) in replaced {
+            // Only the lease planned for this request: another request's lease of the
+            // job (a job taken instead) stays.
+            if self.jobs.get(pick.id).as_ref() == Some(&planned)
+                && let Some(gone) = self.jobs.remove(pick.id)
+            {
+                self.account(&gone, false);
+            }
+        }
+        for job in taken {
+            let job = Job {
+                queue: self.intern(&job.queue),
+                tenant: self.intern(&job.tenant),
+                ..job
+            };
+            if let Some(known) = self.jobs.get(job.id) {
+                events::dropped(&mut self.out, &known);
+            }
+            let lease = self.queue(&job.queue).map_or(MAX_EXTEND, |q| q.lease);
+            self.deadlines.track(job.id, job.lease_seq, mono + lease);
+            self.replace(job);
+        }
+    }
+
+    /// At each heartbeat: reads this node's leases in the store (checked against
+    /// memory) and, on the leader of `epoch`, the leases that ended without their
+    /// holder.
+    pub(in crate::broker) fn sweep(&mut self, epoch: Option<u64>) {
         if !self.shared() || self.sweeping {
             return;
         }
@@ -200,9 +304,13 @@ impl BrokerState {
         let myself = self.myself.clone();
         self.store.submit(
             move |b| {
-                b.shared()
-                    .ok_or_else(not_shared)?
-                    .expired_leases(SWEEP_BATCH)
+                let shared = b.shared().ok_or_else(not_shared)?;
+                let own = shared.own_leases()?;
+                let expired = match epoch {
+                    Some(_) => shared.expired_leases(SWEEP_BATCH)?,
+                    None => Vec::new(),
+                };
+                Ok((own, expired))
             },
             move |result| {
                 let _ = myself.cast(BrokerMsg::Swept(epoch, result));
@@ -210,22 +318,64 @@ impl BrokerState {
         );
     }
 
-    /// Ends the expired leases the sweep found, each through the retry policy as an
-    /// expired lease, in one write fenced by `epoch`.
+    /// Ends this node's leases the store holds and memory does not (their holder is
+    /// gone: uncharged), then, on the leader, the expired leases of other nodes
+    /// (charged as expired leases, in a write fenced by `epoch`).
     pub(in crate::broker) fn swept(
         &mut self,
-        epoch: u64,
-        result: Result<Vec<Job>, StoreError>,
+        epoch: Option<u64>,
+        result: Result<(Vec<Job>, Vec<Job>), StoreError>,
         now: UnixMillis,
     ) {
         self.sweeping = false;
-        let leases = match result {
-            Ok(leases) => leases,
+        let (own, expired) = match result {
+            Ok(found) => found,
             Err(err) => {
-                warn!(error = %err, "The sweep for expired leases failed; the next heartbeat tries again.");
+                warn!(error = %err, "Checking leases in the store failed; the next heartbeat tries again.");
                 return;
             }
         };
+        let orphans: Vec<Job> = own
+            .into_iter()
+            .filter(|lease| {
+                !self.writing.contains(&lease.id)
+                    && self
+                        .jobs
+                        .get(lease.id)
+                        .is_none_or(|j| j.state != State::Leased)
+            })
+            .collect();
+        if !orphans.is_empty() {
+            error!(
+                leases = orphans.len(),
+                "Leases of this node in the store that no worker of it holds; ending them uncharged."
+            );
+            let failure = |_: &Job| Failure::Interrupted {
+                reason: "its lease was held in the store by no worker of its node".into(),
+            };
+            self.end_foreign(orphans, Intent::Orphan, failure, now);
+        }
+        if let Some(epoch) = epoch {
+            let failure = |lease: &Job| Failure::LeaseExpired {
+                reason: format!(
+                    "lease held by {} ended without its node (the node stopped \
+                     heartbeating or its lease passed)",
+                    lease.worker.as_deref().unwrap_or("a worker")
+                ),
+            };
+            self.end_foreign(expired, Intent::Expire(epoch), failure, now);
+        }
+    }
+
+    /// Ends leases memory does not hold (read from the store), each through the
+    /// retry policy with `failure`, in one write of `intent`.
+    fn end_foreign(
+        &mut self,
+        leases: Vec<Job>,
+        intent: Intent,
+        failure: impl Fn(&Job) -> Failure,
+        now: UnixMillis,
+    ) {
         let mut planned = Vec::new();
         for lease in leases {
             let lease = Job {
@@ -248,33 +398,65 @@ impl BrokerState {
             let event = Event::Fail {
                 token: lease.lease_seq,
                 jitter: self.rng.random::<f64>(),
-                failure: Failure::LeaseExpired {
-                    reason: format!(
-                        "lease held by {} ended without its node (the node stopped \
-                         heartbeating or its lease passed)",
-                        lease.worker.as_deref().unwrap_or("a worker")
-                    ),
-                },
+                failure: failure(&lease),
             };
             match job::apply(&lease, event, &backoff, now) {
                 Ok(t) => planned.push((lease, t)),
-                Err(err) => {
-                    debug!(job = %lease.id, error = %err, "An expired lease could not be ended.")
-                }
+                Err(err) => debug!(job = %lease.id, error = %err, "A lease could not be ended."),
             }
         }
-        if !planned.is_empty() {
-            let n = planned.len();
-            self.commit_each(Intent::Expire(epoch), planned, move |result| {
-                if let Ok(applied) = result {
-                    let ended = applied.iter().filter(|a| **a).count();
-                    tracing::info!(
-                        found = n,
-                        ended,
-                        "The leader ended leases of dead or silent nodes."
-                    );
-                }
-            });
+        if planned.is_empty() {
+            return;
         }
+        let n = planned.len();
+        self.commit_each(intent, planned, move |result| {
+            if let Ok(applied) = result {
+                let ended = applied.iter().filter(|a| **a).count();
+                tracing::info!(found = n, ended, "Leases ended without their holder.");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::NewJob;
+
+    fn job(tenant: &str) -> Job {
+        let new = NewJob {
+            queue: "q".into(),
+            tenant: tenant.into(),
+            idempotency_key: None,
+            delay: Duration::ZERO,
+            max_attempts: 3,
+        };
+        Job::new(new, 1_000)
+    }
+
+    fn ids(jobs: &[(Job, Job)]) -> Vec<crate::job::JobId> {
+        jobs.iter().map(|(j, _)| j.id).collect()
+    }
+
+    #[test]
+    fn a_job_claimed_instead_replaces_its_own_pick_first_then_one_of_its_tenant() {
+        let (x, y, z) = (job("a"), job("a"), job("b"));
+        // y itself came back (another node let go of it), and a job w of tenant b.
+        let w = job("b");
+        let others = vec![(w.clone(), Vec::new()), (y.clone(), Vec::new())];
+        let picks = |jobs: &[&Job]| -> Vec<(Job, Job)> {
+            jobs.iter().map(|j| ((*j).clone(), (*j).clone())).collect()
+        };
+        let (replaced, left) = pair(picks(&[&x, &y, &z]), &others);
+        assert_eq!(ids(&replaced), vec![y.id, z.id]);
+        assert_eq!(
+            ids(&left),
+            vec![x.id],
+            "the pick left unclaimed is never a job now leased"
+        );
+        // With nothing of its tenant left, a job claimed instead replaces nothing.
+        let (replaced, left) = pair(picks(&[&x]), &[(w, Vec::new())]);
+        assert!(replaced.is_empty());
+        assert_eq!(ids(&left), vec![x.id]);
     }
 }

@@ -9,6 +9,7 @@ use std::str::FromStr;
 use super::pg::database;
 use super::*;
 use crate::store::postgres::{PgBackend, PgOptions, SCHEMA_VERSION};
+use crate::store::{NewClaim, SharedStore};
 
 /// Opens a store on the database `url` (a libpq key=value string).
 /// The options of a node named `name` (its id derived from the name).
@@ -297,16 +298,19 @@ fn claim_next_skips_rows_another_node_is_claiming() {
     store.close();
     let open = || PgBackend::open(&config(&db.url), &PgOptions::default()).expect("open");
     let (mut a, mut b) = (open(), open());
-    let lease = Duration::from_secs(60);
+    let next = |worker, limit, tenant| NewClaim {
+        queue: "q",
+        tenant,
+        limit,
+        worker,
+        now: 2_000,
+        lease: Duration::from_secs(60),
+    };
     a.begin().expect("begin a");
-    let first = a
-        .claim_next("q", 2, "a/1", 2_000, 2_000, lease)
-        .expect("claim a");
+    let first = a.claim_next(&next("a/1", 2, None)).expect("claim a");
     // a's transaction is open and holds its two rows: b skips them, without waiting.
     b.begin().expect("begin b");
-    let second = b
-        .claim_next("q", 10, "b/1", 2_000, 2_000, lease)
-        .expect("claim b");
+    let second = b.claim_next(&next("b/1", 10, None)).expect("claim b");
     b.commit().expect("commit b");
     a.commit().expect("commit a");
     let ids = |claimed: &[(Job, Vec<u8>)]| -> Vec<u128> {
@@ -321,11 +325,20 @@ fn claim_next_skips_rows_another_node_is_claiming() {
     }
     assert_eq!(first[0].0.worker.as_deref(), Some("a/1"));
     b.begin().expect("begin");
-    let none = b
-        .claim_next("q", 10, "b/1", 2_000, 2_000, lease)
-        .expect("claim");
+    let none = b.claim_next(&next("b/1", 10, None)).expect("claim");
     b.commit().expect("commit");
     assert!(none.is_empty(), "every job is leased: {none:?}");
+    // A tenant's claim takes only that tenant's jobs.
+    let other = Job {
+        tenant: "t2".into(),
+        ..job(6, "q", None)
+    };
+    b.begin().expect("begin");
+    b.enqueue(&NewRecord::batch([other, job(7, "q", None)], b"p"))
+        .expect("enqueue");
+    let t2 = b.claim_next(&next("b/1", 10, Some("t2"))).expect("claim");
+    b.commit().expect("commit");
+    assert_eq!(ids(&t2), vec![6]);
 }
 
 #[test]
