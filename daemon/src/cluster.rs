@@ -9,6 +9,8 @@
 //!   node's leases in the store against its memory and, while this node is the
 //!   leader, to end the leases of dead or silent nodes ([`BrokerMsg::Sweep`], fenced
 //!   by the leader lease's epoch); only the leader prunes ([`ClusterView::prunes`]);
+//! - while this node is the leader it publishes the cluster's depths from the
+//!   database (`qd_cluster_queue_depth`, 0 once it stops being the leader);
 //! - at each heartbeat it reads the runtime overrides (`qctl limits`, pause and
 //!   resume, set on any node) and puts them in force here when they changed;
 //! - it listens on the store's notification channel (`LISTEN qd_jobs`, on a
@@ -29,6 +31,7 @@ use tracing::{debug, info, warn};
 
 use crate::broker::{self, BrokerMsg};
 use crate::config::DatabaseConfig;
+use crate::metrics::DepthState;
 use crate::store::postgres::NOTIFY_CHANNEL;
 use crate::supervisor::Daemon;
 
@@ -179,6 +182,45 @@ impl ClusterState {
             );
         }
         crate::metrics::cluster_leader(epoch.is_some());
+        if epoch.is_some() || before != 0 {
+            self.cluster_gauges(epoch.is_some()).await;
+        }
+    }
+
+    /// Publishes the cluster's depths from the database while this node is the
+    /// leader, and zeros once it stopped being it (so a sum across nodes counts the
+    /// leader's figures once).
+    async fn cluster_gauges(&self, leader: bool) {
+        let depths = if leader {
+            let now = crate::clock::wall_ms();
+            let read = self
+                .daemon
+                .store
+                .run(move |b| match b.shared() {
+                    Some(shared) => shared.depths(now),
+                    None => Ok(Vec::new()),
+                })
+                .await;
+            match read {
+                Ok(depths) => depths,
+                Err(err) => {
+                    debug!(error = %err, "Reading the cluster's depths failed.");
+                    return;
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        for queue in self.daemon.config().queues.keys() {
+            for state in DepthState::ALL {
+                let jobs = depths
+                    .iter()
+                    .filter(|(q, s, _)| q == queue && s.as_str() == state.as_str())
+                    .map(|(_, _, n)| *n)
+                    .sum();
+                crate::metrics::set_cluster_depth(queue, state, jobs);
+            }
+        }
     }
 }
 

@@ -64,6 +64,9 @@ pub const BUILD_INFO: &str = "qd_build_info";
 pub const STORE_WRITABLE: &str = "qd_store_writable";
 /// 1 while this node holds a shared store's leader lease (see `cluster.rs`).
 pub const CLUSTER_LEADER: &str = "qd_cluster_leader";
+/// Gauge `{queue,state}`: jobs per [`DepthState`] across a cluster, read from the
+/// database by the leader (0 on the other nodes).
+pub const CLUSTER_QUEUE_DEPTH: &str = "qd_cluster_queue_depth";
 /// Counter `{result}`: config reloads (SIGHUP, `qctl reload`), `success` or `failure`.
 pub const CONFIG_RELOADS: &str = "qd_config_reloads_total";
 /// Gauge, Unix seconds: when the config in force was last loaded successfully
@@ -100,6 +103,8 @@ pub const METRIC_NAMES: &[&str] = &[
     CONFIG_LAST_RELOAD_SUCCESS,
     JOBS_PRUNED,
     PRUNE_BACKLOG_AGE,
+    CLUSTER_LEADER,
+    CLUSTER_QUEUE_DEPTH,
 ];
 
 /// Histogram bucket upper bounds in seconds, 1 ms to 1 h, roughly 1-2.5-5 steps:
@@ -206,6 +211,11 @@ pub fn describe() {
         "Age of the oldest ready job; 0 when none is ready."
     );
     describe_gauge!(DLQ_DEPTH, Unit::Count, "Jobs in the dead-letter queue.");
+    describe_gauge!(
+        CLUSTER_QUEUE_DEPTH,
+        Unit::Count,
+        "Jobs per state across a cluster sharing one PostgreSQL database; set by the leader, 0 on the other nodes."
+    );
     describe_gauge!(
         CLUSTER_LEADER,
         Unit::Count,
@@ -445,6 +455,12 @@ pub fn limiter_throttled(limiter: &str) {
 /// Sets `qd_queue_depth{queue,state}` to `jobs`.
 pub fn set_queue_depth(queue: &str, state: DepthState, jobs: u64) {
     gauge!(QUEUE_DEPTH, "queue" => queue.to_owned(), "state" => state.as_str()).set(jobs as f64);
+}
+
+/// Sets `qd_cluster_queue_depth{queue,state}` to `jobs`.
+pub fn set_cluster_depth(queue: &str, state: DepthState, jobs: u64) {
+    gauge!(CLUSTER_QUEUE_DEPTH, "queue" => queue.to_owned(), "state" => state.as_str())
+        .set(jobs as f64);
 }
 
 /// Sets `qd_queue_oldest_ready_age_seconds{queue}`; pass `Duration::ZERO` when no job is ready.

@@ -392,6 +392,11 @@ pub trait SharedStore {
         settings: &crate::config::RateLimiterConfig,
     ) -> Result<u32, StoreError>;
 
+    /// Jobs per (queue, state) for the unfinished states, across the cluster, at
+    /// `now` (Unix ms): a lease counts as leased, a delayed job whose `ready_at` has
+    /// come as ready; only non-zero counts. The leader's cluster gauges.
+    fn depths(&mut self, now: UnixMillis) -> Result<Vec<(String, State, u64)>, StoreError>;
+
     /// Every node that joined, by name, with its last heartbeat and whether it is
     /// the leader.
     fn nodes(&mut self) -> Result<Vec<NodeInfo>, StoreError>;

@@ -1470,6 +1470,33 @@ impl SharedStore for PgBackend {
         Ok(u32::try_from(taken.get::<_, i64>(0)).unwrap_or(0))
     }
 
+    fn depths(&mut self, now: UnixMillis) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let rows = self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "SELECT queue, CASE WHEN lease_token IS NOT NULL THEN 'leased' \
+                       WHEN state = 'delayed' AND ready_at <= $1 THEN 'ready' ELSE state END \
+                       AS shown, count(*) \
+                     FROM qd_jobs WHERE state IN ('ready', 'delayed', 'dead') GROUP BY 1, 2",
+                )
+                .await?;
+            c.query(&stmt, &[&now]).await
+        })?;
+        rows.iter()
+            .map(|r| {
+                let state: String = r.get(1);
+                let state = state
+                    .parse()
+                    .map_err(|e: String| StoreError::Corrupt(format!("{}: {e}", self.target)))?;
+                Ok((
+                    r.get(0),
+                    state,
+                    u64::try_from(r.get::<_, i64>(2)).unwrap_or(0),
+                ))
+            })
+            .collect()
+    }
+
     fn nodes(&mut self) -> Result<Vec<NodeInfo>, StoreError> {
         let rows = self.block(async |c| {
             c.query(
