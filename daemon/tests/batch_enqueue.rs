@@ -18,32 +18,8 @@ executor = { kind = "external" }
 max_depth = 100000
 "#;
 
-/// POSTs `body` with an optional bearer token; status, `Retry-After`, body.
-fn post(qd: &Qd, path: &str, body: &Value, token: Option<&str>) -> (u16, Option<String>, Value) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into();
-    let mut req = agent.post(format!("{}{path}", qd.api));
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    let mut resp = req.send_json(body).expect("POST");
-    let status = resp.status().as_u16();
-    let retry = resp
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let text = resp.body_mut().read_to_string().unwrap_or_default();
-    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, retry, body)
-}
-
 fn batch(qd: &Qd, queue: &str, jobs: Vec<Value>) -> (u16, Option<String>, Value) {
-    post(
-        qd,
+    qd.post_as(
         &format!("/v1/queues/{queue}/jobs/batch"),
         &json!({ "jobs": jobs }),
         None,
@@ -146,7 +122,7 @@ fn a_bad_item_is_named_by_its_index_and_nothing_of_the_batch_is_enqueued() {
         (status, body["error"]["code"].clone()),
         (404, json!("unknown_queue"))
     );
-    let (status, _, body) = post(&qd, "/v1/queues/ext/jobs/batch", &json!([job("x")]), None);
+    let (status, _, body) = qd.post_as("/v1/queues/ext/jobs/batch", &json!([job("x")]), None);
     assert_eq!(status, 400, "{body}");
     assert_eq!(depth(&qd, "ext"), 0);
 
@@ -330,7 +306,8 @@ fn batch_enqueue_needs_the_produce_role_on_the_queue() {
     qd.spawn(&[]);
     let body = json!({ "jobs": [job("x")] });
     let status = |queue: &str, token: Option<&str>| {
-        post(&qd, &format!("/v1/queues/{queue}/jobs/batch"), &body, token).0
+        qd.post_as(&format!("/v1/queues/{queue}/jobs/batch"), &body, token)
+            .0
     };
     assert_eq!(status("a", None), 401);
     assert_eq!(status("a", Some(WORKER)), 403, "no produce role");

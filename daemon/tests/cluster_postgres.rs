@@ -381,6 +381,78 @@ fn weighted_fairness_holds_across_two_nodes_within_bounds() {
     assert!((2.0..=4.5).contains(&ratio), "a {a} : b {b}");
 }
 
+#[test]
+fn a_database_outage_answers_503_stops_leasing_loses_nothing_and_service_resumes() {
+    let Some(db) = pg::database() else { return };
+    let body = |_| "[queues.ext]\nexecutor = { kind = \"external\" }\n".to_owned();
+    let nodes = start_cluster(&db, 1, body);
+    let qd = &nodes[0];
+    let accepted: Vec<String> = (0..20)
+        .map(|i| qd.enqueue("ext", &format!("before {i}")))
+        .collect();
+    // The database goes away: no connection to it is allowed, and qd's are cut.
+    let admin = |sql: &str| db.psql_admin(sql);
+    admin(&format!(
+        "ALTER DATABASE {} ALLOW_CONNECTIONS false",
+        db.name
+    ));
+    admin(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}'",
+        db.name
+    ));
+    let (status, retry, body) = wait_for("an enqueue refused", Duration::from_secs(30), || {
+        let answer = qd.post_as("/v1/queues/ext/jobs", &json!({"payload": "during"}), None);
+        (answer.0 != 202).then_some(answer)
+    });
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "store_error", "{body}");
+    assert!(retry.is_some(), "Retry-After is set: {body}");
+    let (status, body) = qd.post(
+        "/v1/queues/ext/leases",
+        &json!({"worker_id": "w", "max_jobs": 5, "wait": "2s"}),
+    );
+    assert!(
+        status != 200 || body["jobs"].as_array().is_some_and(Vec::is_empty),
+        "no lease while the database is away: {status} {body}"
+    );
+    // It comes back: enqueues are accepted again and every job accepted is there.
+    admin(&format!(
+        "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+        db.name
+    ));
+    let after = wait_for("an enqueue accepted again", Duration::from_secs(60), || {
+        let (status, _, body) =
+            qd.post_as("/v1/queues/ext/jobs", &json!({"payload": "after"}), None);
+        (status == 202).then(|| body["id"].as_str().expect("id").to_owned())
+    });
+    let mut expected: HashSet<String> = accepted.into_iter().collect();
+    expected.insert(after);
+    let mut leased = HashSet::new();
+    wait_for("every accepted job leased", Duration::from_secs(60), || {
+        let (status, body) = qd.post(
+            "/v1/queues/ext/leases",
+            &json!({"worker_id": "w", "max_jobs": 10, "wait": "1s"}),
+        );
+        if status == 200 {
+            for job in body["jobs"].as_array().expect("jobs") {
+                let id = job["id"].as_str().expect("id").to_owned();
+                let (status, answer) = qd.post(
+                    &format!("/v1/jobs/{id}/ack"),
+                    &json!({"token": job["token"]}),
+                );
+                assert_eq!(status, 200, "{answer}");
+                leased.insert(id);
+            }
+        }
+        leased.is_superset(&expected).then_some(())
+    });
+    assert_eq!(
+        stored_states(&db).get("succeeded"),
+        Some(&leased.len()),
+        "every accepted job ran once"
+    );
+}
+
 /// The job of the chaos tests: logs its start and end with the node that ran it
 /// and applies its effect once per key (`mkdir` is atomic and fails if it exists).
 fn chaos_script(dir: &Path) -> std::path::PathBuf {

@@ -252,6 +252,30 @@ impl Qd {
         }
     }
 
+    /// POSTs `body` with an optional bearer token; returns (status, `Retry-After`,
+    /// body).
+    pub fn post_as(
+        &self,
+        path: &str,
+        body: &Value,
+        token: Option<&str>,
+    ) -> (u16, Option<String>, Value) {
+        let mut req = self.agent.post(format!("{}{path}", self.api));
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let mut resp = req.send_json(body).expect("POST");
+        let status = resp.status().as_u16();
+        let retry = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, retry, body)
+    }
+
     /// POST JSON; returns (status, body).
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let mut resp = self

@@ -54,6 +54,12 @@ impl Database {
     pub fn psql(&self, sql: &str) -> String {
         self.cluster.psql(&self.name, sql)
     }
+
+    /// Runs SQL through `psql` against the cluster's `postgres` database (for
+    /// statements about this database, e.g. refusing connections to it).
+    pub fn psql_admin(&self, sql: &str) -> String {
+        self.cluster.psql("postgres", sql)
+    }
 }
 
 /// A fresh database on this test binary's cluster, started on first use; `None`
