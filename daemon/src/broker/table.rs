@@ -35,6 +35,9 @@ pub(super) struct JobTable {
     free: Vec<u32>,
     names: Vec<Arc<str>>,
     name_ids: HashMap<Arc<str>, u32>,
+    /// The names found last (indexes into `names`), checked by address before
+    /// `name_ids` is hashed: a job's queue and tenant mostly repeat the last ones.
+    recent: [Option<u32>; 2],
     hasher: RandomState,
 }
 
@@ -159,12 +162,21 @@ impl JobTable {
     }
 
     fn name(&mut self, name: &Arc<str>) -> u32 {
-        if let Some(&n) = self.name_ids.get(name) {
+        let names = &self.names;
+        let seen = |n: &u32| Arc::ptr_eq(&names[*n as usize], name);
+        if let Some(n) = self.recent.iter().flatten().copied().find(seen) {
             return n;
         }
-        let n = u32::try_from(self.names.len()).expect("invariant: fewer than 2^32 names");
-        self.names.push(name.clone());
-        self.name_ids.insert(name.clone(), n);
+        let n = match self.name_ids.get(name) {
+            Some(&n) => n,
+            None => {
+                let n = u32::try_from(names.len()).expect("invariant: fewer than 2^32 names");
+                self.names.push(name.clone());
+                self.name_ids.insert(name.clone(), n);
+                n
+            }
+        };
+        self.recent = [Some(n), self.recent[0]];
         n
     }
 
