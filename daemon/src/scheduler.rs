@@ -67,8 +67,9 @@ pub struct SchedulerStats {
 pub enum SchedulerMsg {
     /// A job is ready at `ready_at` (now or later).
     Ready(Arc<str>, JobId, UnixMillis),
-    /// Forget a ready or delayed job (cancelled).
-    Remove(JobId),
+    /// Forget a ready or delayed job of this tenant (cancelled), ready at this time
+    /// (Unix ms) as it was handed over.
+    Remove(Arc<str>, JobId, UnixMillis),
     /// A leased job of this tenant ended after running this long.
     Finished(Arc<str>, Duration),
     /// Replace every job and running count with the Broker's view (a resync), in
@@ -201,9 +202,9 @@ impl SchedulerState {
                 }
             }
             SchedulerMsg::Ready(tenant, id, ready_at) => self.ready(tenant, id, ready_at, now),
-            SchedulerMsg::Remove(id) => {
-                if !self.fair.remove(id) {
-                    self.delayed.remove(id);
+            SchedulerMsg::Remove(tenant, id, ready_at) => {
+                if !self.delayed.remove(id) {
+                    self.fair.remove(&tenant, id, ready_at);
                 }
             }
             SchedulerMsg::Finished(tenant, run) => self.fair.finish(&tenant, run),
@@ -254,25 +255,27 @@ impl SchedulerState {
     fn ready(&mut self, tenant: Arc<str>, id: JobId, ready_at: UnixMillis, now: Instant) {
         let wall = wall_ms();
         if ready_at > wall {
-            self.delayed.push(now + until(ready_at, wall), tenant, id);
+            self.delayed
+                .push(now + until(ready_at, wall), tenant, id, ready_at);
         } else {
             self.fair.push(tenant, id, ready_at);
         }
     }
 
     /// Forgets every job and running count, then takes the Broker's: ready jobs in
-    /// bulk ([`FairQueue::extend`]), delayed ones by due time.
+    /// bulk ([`FairQueue::extend`], which keeps each tenant's list as its backlog),
+    /// delayed ones by due time.
     fn restore(&mut self, snapshot: Snapshot, now: Instant) {
         self.fair.clear();
         self.delayed.clear();
         let wall = wall_ms();
-        for (tenant, jobs) in snapshot.jobs {
+        for (tenant, mut jobs) in snapshot.jobs {
             let due = jobs.partition_point(|&(_, ready_at)| ready_at <= wall);
-            for &(id, ready_at) in &jobs[due..] {
+            for (id, ready_at) in jobs.split_off(due) {
                 self.delayed
-                    .push(now + until(ready_at, wall), tenant.clone(), id);
+                    .push(now + until(ready_at, wall), tenant.clone(), id, ready_at);
             }
-            self.fair.extend(tenant, &jobs[..due]);
+            self.fair.extend(tenant, jobs);
         }
         for (tenant, n) in snapshot.running {
             for _ in 0..n {
@@ -306,9 +309,8 @@ impl SchedulerState {
 
     /// Hands ready jobs to waiting lessees, then re-arms the timer.
     fn dispatch(&mut self, now: Instant) {
-        let wall = wall_ms();
-        for (tenant, id) in self.delayed.pop_due(now) {
-            self.fair.push(tenant, id, wall);
+        for (tenant, id, ready_at) in self.delayed.pop_due(now) {
+            self.fair.push(tenant, id, ready_at);
         }
         self.waiters.retain(|w| !w.reply.is_closed());
         if !self.paused && !self.draining {

@@ -63,7 +63,8 @@ pub fn changed(out: &mut Outbox, old: &Job, new: &Job, now: UnixMillis) {
         out.push(&old.queue, SchedulerMsg::Finished(old.tenant.clone(), run));
     }
     if matches!(old.state, State::Ready | State::Delayed) && new.state == State::Cancelled {
-        out.push(&old.queue, SchedulerMsg::Remove(old.id));
+        let remove = SchedulerMsg::Remove(old.tenant.clone(), old.id, old.ready_at);
+        out.push(&old.queue, remove);
     }
     if matches!(new.state, State::Ready | State::Delayed)
         && !matches!(old.state, State::Ready | State::Delayed)
