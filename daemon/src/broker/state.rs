@@ -305,7 +305,7 @@ impl BrokerState {
                 State::Ready | State::Delayed => {
                     job.lease_seq += 1;
                     r.waiting += 1;
-                    self.jobs.insert(job);
+                    self.jobs.insert_new(job);
                 }
                 State::Leased => {
                     let deadline = keep_leases.unwrap_or_else(Instant::now)
