@@ -282,9 +282,10 @@ impl BrokerState {
     /// answers how many leases of this piece were kept.
     ///
     /// Must start from an empty state, with each job once (the store's rows are
-    /// unique by id). Rows come in key order and mostly share their queue and tenant
-    /// with the row before (the store hands out one allocation per name): such a run
-    /// is interned, checked against the config and counted once, not per job.
+    /// unique by id). Rows come in key order within a piece and mostly share their
+    /// queue and tenant with the row before (the store hands out one allocation per
+    /// name): such a run is interned, checked against the config and counted once,
+    /// not per job.
     pub(super) fn recover(&mut self, jobs: Vec<Job>, keep_leases: Option<Instant>) -> usize {
         let mut kept = 0usize;
         let mut run: Option<Run> = None;

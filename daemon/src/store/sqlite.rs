@@ -192,8 +192,14 @@ fn read_range(
     let mut part = Vec::with_capacity(chunk);
     while let Some(row) = rows.next()? {
         part.push(stored_job(row, &mut names, 9)?);
-        if part.len() == chunk && !each(std::mem::replace(&mut part, Vec::with_capacity(chunk))) {
-            return Ok(());
+        if part.len() == chunk {
+            // Fresh name allocations per piece: the caller drops the piece's names
+            // on another thread, and a count that both threads change per row makes
+            // its cache line bounce between cores.
+            names = Names::default();
+            if !each(std::mem::replace(&mut part, Vec::with_capacity(chunk))) {
+                return Ok(());
+            }
         }
     }
     if !part.is_empty() {
@@ -807,7 +813,7 @@ impl Backend for SqliteBackend {
     /// connection reads the lower half while a read-only connection on a second
     /// thread reads the upper half, and their pieces are handed to `each` as they
     /// come (each piece in key order). Queue and tenant names are shared between rows
-    /// (one allocation per distinct name and half). The live leases (none after a
+    /// (one allocation per distinct name and piece). The live leases (none after a
     /// daemon start) are read first and laid over their jobs in memory: a join with
     /// `temp.leases` costs an index probe per row, about half the time of reading a
     /// million rows.
