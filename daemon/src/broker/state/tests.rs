@@ -261,7 +261,7 @@ async fn recovery_in_runs_counts_interns_and_snapshots_as_one_job_at_a_time() {
     for n in 0..200u32 {
         let mut job = ready_job(if n % 50 < 40 { "runs" } else { "other" });
         job.tenant = match n % 7 {
-            0 | 1 | 2 => shared[0].clone(),
+            0..=2 => shared[0].clone(),
             3 => Arc::from("b"),
             4 => shared[1].clone(),
             _ => shared[usize::try_from(n % 3).expect("small")].clone(),
