@@ -48,7 +48,29 @@ pub fn status(s: &StatusInfo) -> String {
     for a in &s.actors {
         t.add_row(vec![a.name.clone(), a.restarts.to_string()]);
     }
-    out + &finish(&t)
+    let mut out = out + &finish(&t);
+    if !s.nodes.is_empty() {
+        let mut t = table(&["NODE", "LAST HEARTBEAT", "STATE", "LEADER"]);
+        for n in &s.nodes {
+            let name = if n.this {
+                format!("{} (this node)", n.name)
+            } else {
+                n.name.clone()
+            };
+            let state = if n.alive { "alive" } else { "dead" };
+            let leader = n
+                .epoch
+                .map_or("-".to_owned(), |e| format!("yes (epoch {e})"));
+            t.add_row(vec![
+                name,
+                format!("{} ago", age(n.heartbeat_age_ms as f64 / 1000.0)),
+                state.to_owned(),
+                leader,
+            ]);
+        }
+        out = out + "\n" + &finish(&t);
+    }
+    out
 }
 
 /// `qctl queues`.

@@ -124,7 +124,7 @@ impl AdminHandler for Handler {
         let by = format!("uid {}", peer.uid);
         let req_op = req.op();
         match req {
-            Request::Status {} => Ok(Response::Status(views::status(&self.daemon))),
+            Request::Status {} => Ok(Response::Status(views::status(&self.daemon).await)),
             Request::Queues {} => Ok(Response::Queues {
                 queues: self.queues().await,
             }),
@@ -638,19 +638,7 @@ impl Handler {
         for (scope, name, key, value) in changes {
             self.daemon.limits.set(scope, &name, key, value);
         }
-        for limiter in self.daemon.limiters.all() {
-            if let Some(settings) = self.daemon.limits.limiter(limiter.name()) {
-                limiter.reconfigure(&settings);
-            }
-        }
-        for queue in self.daemon.config().queues.keys() {
-            if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
-                let _ = s.cast(SchedulerMsg::LimitsChanged);
-            }
-            if let Some(p) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
-                let _ = p.cast(PoolMsg::LimitsChanged);
-            }
-        }
+        self.daemon.limits_changed();
         for ((scope, name), before) in scopes.iter().zip(before) {
             let after = audit::scope_state(&self.daemon, scope, name);
             audit::change(

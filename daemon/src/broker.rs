@@ -332,6 +332,19 @@ pub enum BrokerMsg {
     Settle(Settle),
     /// Timer: while the store refuses writes, try a small write.
     Probe,
+    /// A shared store: look for jobs other nodes enqueued, redrove or gave back
+    /// (from the Cluster actor on a notification or its poll interval).
+    Refresh,
+    /// Internal: a look for other nodes' jobs answered with claimable jobs.
+    Refreshed(Result<Vec<Job>, StoreError>),
+    /// Internal: a shared store's current records of the jobs an operator's change
+    /// names were read; the change (the boxed message) runs on them.
+    Reloaded(Result<Vec<Job>, StoreError>, Box<BrokerMsg>),
+    /// From the Cluster actor of the leader of this epoch: end the leases of dead or
+    /// silent nodes.
+    Sweep(u64),
+    /// Internal: the sweep found these expired leases (leased records).
+    Swept(u64, Result<Vec<Job>, StoreError>),
 }
 
 /// What the broker is started with.
@@ -512,8 +525,18 @@ impl BrokerState {
     /// lease timer is re-armed, and the Scheduler messages the change produced are
     /// sent, one per queue.
     pub(crate) fn take(&mut self, msg: BrokerMsg, now: UnixMillis, mono: Instant) {
+        self.follow_config();
+        match operator_targets(&msg) {
+            Some(ids) if self.shared() => self.reload_then(ids, msg),
+            _ => self.dispatch(msg, now, mono),
+        }
+        self.arm();
+        self.out.flush();
+    }
+
+    /// Handles one message on memory as it is (see [`Self::take`]).
+    fn dispatch(&mut self, msg: BrokerMsg, now: UnixMillis, mono: Instant) {
         let state = self;
-        state.follow_config();
         match msg {
             BrokerMsg::Enqueue(req, reply) => state.enqueue(req, reply, now),
             BrokerMsg::Inserted(job, result, reply) => {
@@ -563,9 +586,22 @@ impl BrokerState {
                     let _ = reply.send(());
                 },
             ),
+            BrokerMsg::Refresh => state.refresh(),
+            BrokerMsg::Refreshed(result) => state.refreshed(result, now),
+            BrokerMsg::Reloaded(result, then) => state.reloaded(result, *then, now, mono),
+            BrokerMsg::Sweep(epoch) => state.sweep(epoch),
+            BrokerMsg::Swept(epoch, result) => state.swept(epoch, result, now),
         }
-        state.arm();
-        state.out.flush();
+    }
+}
+
+/// The jobs an operator's change names (redrive, purge, cancel): on a shared store
+/// they are read from it first.
+fn operator_targets(msg: &BrokerMsg) -> Option<Vec<JobId>> {
+    match msg {
+        BrokerMsg::Redrive(ids, ..) | BrokerMsg::Purge(ids, _) => Some(ids.clone()),
+        BrokerMsg::RedriveWithPayload(id, ..) | BrokerMsg::Cancel(id, ..) => Some(vec![*id]),
+        _ => None,
     }
 }
 

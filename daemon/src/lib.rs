@@ -12,6 +12,7 @@ pub mod backoff;
 pub mod backup;
 pub mod broker;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod data_lock;
 pub mod dlq;

@@ -82,6 +82,21 @@ impl Limits {
         map.contains_key(&(scope.to_string(), name.to_string(), key.to_string()))
     }
 
+    /// Replaces every override in memory with `stored` (read from a store other
+    /// nodes write too); answers whether anything changed.
+    pub fn replace_overrides(&self, stored: Vec<Override>) -> bool {
+        let fresh: Overrides = stored
+            .into_iter()
+            .map(|o| ((o.scope, o.name, o.key), o.value))
+            .collect();
+        let mut map = self.overrides.write().unwrap_or_else(|e| e.into_inner());
+        if *map == fresh {
+            return false;
+        }
+        *map = fresh;
+        true
+    }
+
     /// Sets (Some) or removes (None) one override in memory. The caller stores it.
     pub fn set(&self, scope: &str, name: &str, key: &str, value: Option<String>) {
         let mut map = self.overrides.write().unwrap_or_else(|e| e.into_inner());

@@ -173,6 +173,7 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
         started: tokio::time::Instant::now(),
         restarts: Default::default(),
         failure: Arc::new(Mutex::new(None)),
+        cluster: Default::default(),
     };
     let failure = daemon.failure.clone();
     let (root, handle) = Actor::spawn(Some(supervisor::NAME.into()), Supervisor, daemon)
@@ -202,6 +203,9 @@ fn open_store(config: &Config) -> Result<Store, Failure> {
             let client = database.client_config().map_err(Failure::Config)?;
             let options = PgOptions {
                 history: config.daemon.history,
+                node: database.node_name.clone(),
+                node_id: node_id(&config.daemon.data_dir)?,
+                node_timeout: database.node_timeout,
                 ..PgOptions::default()
             };
             let store = qd::store::postgres::describe(&client);
@@ -220,6 +224,27 @@ fn open_store(config: &Config) -> Result<Store, Failure> {
     let opened = opened.map_err(|e| Failure::Runtime(format!("cannot open the store: {e}")))?;
     info!(%store, "Store opened.");
     Ok(opened)
+}
+
+/// This node's id in a cluster: a UUID kept in `data_dir/node-id`, created at the
+/// first start. The data directory's lock makes it one process's at a time.
+fn node_id(data_dir: &std::path::Path) -> Result<uuid::Uuid, Failure> {
+    let path = data_dir.join("node-id");
+    let failed = |e: std::io::Error| Failure::Runtime(format!("{}: {e}", path.display()));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse().map_err(|e| {
+            Failure::Runtime(format!(
+                "{}: not a node id ({e}); remove the file to make a new one",
+                path.display()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = uuid::Uuid::now_v7();
+            std::fs::write(&path, format!("{id}\n")).map_err(failed)?;
+            Ok(id)
+        }
+        Err(e) => Err(failed(e)),
+    }
 }
 
 /// The error and its sources, each once, without ractor's start-up wrappers

@@ -62,6 +62,8 @@ pub const BUILD_INFO: &str = "qd_build_info";
 /// Gauge, 1 or 0: whether the store accepts writes (0 from a failed write until one
 /// succeeds; leasing stops meanwhile).
 pub const STORE_WRITABLE: &str = "qd_store_writable";
+/// 1 while this node holds a shared store's leader lease (see `cluster.rs`).
+pub const CLUSTER_LEADER: &str = "qd_cluster_leader";
 /// Counter `{result}`: config reloads (SIGHUP, `qctl reload`), `success` or `failure`.
 pub const CONFIG_RELOADS: &str = "qd_config_reloads_total";
 /// Gauge, Unix seconds: when the config in force was last loaded successfully
@@ -204,6 +206,11 @@ pub fn describe() {
         "Age of the oldest ready job; 0 when none is ready."
     );
     describe_gauge!(DLQ_DEPTH, Unit::Count, "Jobs in the dead-letter queue.");
+    describe_gauge!(
+        CLUSTER_LEADER,
+        Unit::Count,
+        "1 while this node is the leader of a cluster sharing one PostgreSQL database, else 0."
+    );
     describe_gauge!(
         STORE_WRITABLE,
         Unit::Count,
@@ -395,6 +402,12 @@ pub fn lease_expired(queue: &str) {
 /// `qd_store_writable` = 1 or 0.
 pub fn store_writable(writable: bool) {
     gauge!(STORE_WRITABLE).set(if writable { 1.0 } else { 0.0 });
+}
+
+/// This node holds (`true`) or does not hold the leader lease of a shared store:
+/// `qd_cluster_leader` = 1 or 0.
+pub fn cluster_leader(leader: bool) {
+    gauge!(CLUSTER_LEADER).set(if leader { 1.0 } else { 0.0 });
 }
 
 /// Restarts per actor kind since the daemon started: the one record behind both

@@ -20,6 +20,8 @@
 //! to `qd_prune_backlog_age_seconds{queue}`. A store error ends the pass (logged once);
 //! the next pass retries.
 //!
+//! On a store shared by several nodes only the leader prunes (see `cluster.rs`).
+//!
 //! Messages: only its own [`PrunerMsg::Pass`] timer. Supervised by the Supervisor.
 
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::clock::wall_ms;
+use crate::cluster::ClusterView;
 use crate::config::Config;
 use crate::job::UnixMillis;
 use crate::limits::Limits;
@@ -57,6 +60,9 @@ pub struct PrunerArgs {
     pub limits: Arc<Limits>,
     /// The store to prune.
     pub store: Store,
+    /// On a store shared by several nodes, this node's standing: only the leader
+    /// prunes. `None`: the store is this node's alone.
+    pub cluster: Option<Arc<ClusterView>>,
 }
 
 /// Messages the pruner takes.
@@ -98,6 +104,10 @@ impl Actor for Pruner {
         state: &mut PrunerState,
     ) -> Result<(), ActorProcessingErr> {
         let PrunerState { args, batch } = state;
+        if !ClusterView::prunes(args.cluster.as_deref()) {
+            myself.send_after(EVERY, || PrunerMsg::Pass);
+            return Ok(());
+        }
         match pass(&args.limits.config(), &args.store, wall_ms(), batch).await {
             Ok(0) => {}
             Ok(pruned) => tracing::debug!(pruned, "Finished jobs past retention pruned."),

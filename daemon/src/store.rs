@@ -327,6 +327,66 @@ pub trait Backend: Send {
     /// dead, ordered by tenant then life-cycle order; only non-zero counts. For the
     /// per-tenant view of `qctl top`.
     fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError>;
+
+    /// The operations of a store shared by several nodes ([`SharedStore`]), or `None` for
+    /// a store only this process writes (SQLite, the model).
+    fn shared(&mut self) -> Option<&mut dyn SharedStore> {
+        None
+    }
+}
+
+/// What only a store shared by several nodes (PostgreSQL) offers: how a node learns
+/// what the others changed, keeps its leases alive, and how one node at a time (the
+/// leader, fenced by an epoch) ends the leases of dead nodes. Times are the
+/// database's clock, never a node's. The node's name and id are the backend's own
+/// (given when it was opened); every lease it claims is stored with its name.
+pub trait SharedStore {
+    /// Jobs of `queues` that any node may claim (ready or delayed, no lease), at most
+    /// `per_queue` of each queue, oldest `ready_at` first: how a node finds the jobs
+    /// other nodes enqueued, redrove or gave back.
+    fn claimable(&mut self, queues: &[String], per_queue: u32) -> Result<Vec<Job>, StoreError>;
+
+    /// The stored records of `ids` (unknown ids are absent), a lease showing as
+    /// state leased with its token: what a node reads before an operator's change
+    /// of jobs another node may have changed.
+    fn reload(&mut self, ids: &[JobId]) -> Result<Vec<Job>, StoreError>;
+
+    /// This node's heartbeat, every fifth of its `node_timeout`: records it alive,
+    /// renews its stored leases to at least `node_timeout` from now, and takes or
+    /// keeps the leader lease (`node_timeout` long). Answers the leader epoch when
+    /// this node is the leader. Errors: [`StoreError::Other`] when this node's row
+    /// names another node id (a node of the same name replaced it).
+    fn beat(&mut self) -> Result<Option<u64>, StoreError>;
+
+    /// For the leader: at most `limit` leases held by other nodes that ended without
+    /// their holder (their deadline passed, or their node's heartbeat is older than
+    /// `node_timeout`), soonest deadline first, as leased records.
+    fn expired_leases(&mut self, limit: u32) -> Result<Vec<Job>, StoreError>;
+
+    /// Ends leases found by [`SharedStore::expired_leases`] as [`Backend::complete`]
+    /// does, but only while this node is still the leader of `epoch` and each lease
+    /// is still expired (a deposed leader, or a holder that came back, changes
+    /// nothing); answers per item whether it applied.
+    fn expire(&mut self, ends: &[Transition], epoch: u64) -> Result<Vec<bool>, StoreError>;
+
+    /// Every node that joined, by name, with its last heartbeat and whether it is
+    /// the leader.
+    fn nodes(&mut self) -> Result<Vec<NodeInfo>, StoreError>;
+}
+
+/// A node of a cluster sharing one database, as `qctl status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeInfo {
+    /// Its `node_name`.
+    pub name: String,
+    /// When it (last) joined, Unix ms by the database's clock.
+    pub started_at: UnixMillis,
+    /// Milliseconds since its last heartbeat, by the database's clock.
+    pub heartbeat_age_ms: u64,
+    /// Whether it holds the leader lease now.
+    pub leader: bool,
+    /// The leader lease's epoch, when it is the leader (raised at each change of leader).
+    pub epoch: Option<u64>,
 }
 
 /// How a payload changed, for history: `payload replaced: 12 bytes (sha256 9f86…)

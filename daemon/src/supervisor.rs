@@ -30,6 +30,7 @@ use crate::admin::{self, AdminArgs};
 use crate::api::auth::LiveTokens;
 use crate::api::{Api, ApiArgs};
 use crate::broker::{self, Broker, BrokerArgs, BrokerMsg};
+use crate::cluster::{self, Cluster, ClusterArgs, ClusterView};
 use crate::config::Config;
 use crate::dlq::{self, Dlq};
 use crate::executor::Executors;
@@ -64,12 +65,33 @@ pub struct Daemon {
     pub restarts: metrics::Restarts,
     /// Set when the supervisor gives up: why the daemon must exit non-zero.
     pub failure: Arc<Mutex<Option<String>>>,
+    /// This node's standing in a cluster sharing one database (unused on SQLite).
+    pub cluster: Arc<ClusterView>,
 }
 
 impl Daemon {
     /// The config in force (it changes on reload; read it where it is used).
     pub fn config(&self) -> Arc<Config> {
         self.limits.config()
+    }
+
+    /// Puts the limits in force (config plus overrides) into effect after they
+    /// changed: rate limiters take their settings, and every Scheduler and WorkerPool
+    /// rereads caps, weights, pauses and worker bounds.
+    pub fn limits_changed(&self) {
+        for limiter in self.limiters.all() {
+            if let Some(settings) = self.limits.limiter(limiter.name()) {
+                limiter.reconfigure(&settings);
+            }
+        }
+        for queue in self.config().queues.keys() {
+            if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
+                let _ = s.cast(SchedulerMsg::LimitsChanged);
+            }
+            if let Some(p) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
+                let _ = p.cast(PoolMsg::LimitsChanged);
+            }
+        }
     }
 }
 
@@ -78,6 +100,8 @@ impl Daemon {
 pub enum Child {
     /// The Broker.
     Broker,
+    /// The Cluster (a shared store only).
+    Cluster,
     /// A queue's Scheduler.
     Scheduler(Arc<str>),
     /// The Dlq.
@@ -99,6 +123,7 @@ impl Child {
     pub fn kind(&self) -> &'static str {
         match self {
             Child::Broker => "broker",
+            Child::Cluster => "cluster",
             Child::Scheduler(_) => "scheduler",
             Child::Dlq => "dlq",
             Child::Pool(_) => "worker_pool",
@@ -232,6 +257,9 @@ impl SupervisorState {
         let cfg = self.daemon.config();
         let queues = || cfg.queues.keys().map(|q| Arc::<str>::from(q.as_str()));
         let mut children = vec![Child::Broker];
+        if cfg.daemon.database.is_some() {
+            children.push(Child::Cluster);
+        }
         children.extend(queues().map(Child::Scheduler));
         children.push(Child::Dlq);
         children.extend(
@@ -259,6 +287,21 @@ impl SupervisorState {
                     restarted: self.broker_started,
                 };
                 Actor::spawn_linked(Some(broker::NAME.into()), Broker, args, sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
+            Child::Cluster => {
+                let database = config
+                    .daemon
+                    .database
+                    .clone()
+                    .ok_or("no database_url: not a cluster")?;
+                let args = ClusterArgs {
+                    daemon: d.clone(),
+                    database,
+                };
+                Actor::spawn_linked(Some(cluster::NAME.into()), Cluster, args, sup)
                     .await?
                     .0
                     .get_cell()
@@ -300,6 +343,7 @@ impl SupervisorState {
                 let args = PrunerArgs {
                     limits: d.limits.clone(),
                     store: d.store.clone(),
+                    cluster: config.daemon.database.is_some().then(|| d.cluster.clone()),
                 };
                 Actor::spawn_linked(Some(pruner::NAME.into()), Pruner, args, sup)
                     .await?

@@ -556,9 +556,30 @@ fn every_json_output_parses_with_stable_field_sets() {
             "store_path",
             "store_bytes",
             "actors",
+            "nodes",
         ],
     );
     assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+    let nodes = status["nodes"].as_array().expect("nodes");
+    match &qd.database {
+        // PostgreSQL: this node, the only one of its cluster.
+        Some(_) => {
+            assert_eq!(nodes.len(), 1, "{status}");
+            assert_keys(
+                &nodes[0],
+                &[
+                    "name",
+                    "heartbeat_age_ms",
+                    "alive",
+                    "leader",
+                    "epoch",
+                    "this",
+                ],
+            );
+            assert_eq!(nodes[0]["this"], true, "{status}");
+        }
+        None => assert!(nodes.is_empty(), "{status}"),
+    }
     let store = status["store_path"].as_str().expect("store path");
     let bytes = status["store_bytes"].as_u64().expect("bytes");
     match &qd.database {

@@ -20,9 +20,9 @@ mod response;
 pub use request::{DlqSelection, JOB_STATES, Payload, Request};
 pub use response::{
     ActorInfo, BackupInfo, Enqueued, ExportedJob, HistoryItem, JobDetail, JobPayload, JobSummary,
-    LimitsView, PREVIEW_BYTES, PurgeResult, QueueInfo, QueueLimits, RedriveResult, Refusal,
-    ReloadInfo, Response, Source, StateCount, StatusInfo, TenantCounts, TenantLimits, TopInfo,
-    TopQueue, Valued,
+    LimitsView, NodeStatus, PREVIEW_BYTES, PurgeResult, QueueInfo, QueueLimits, RedriveResult,
+    Refusal, ReloadInfo, Response, Source, StateCount, StatusInfo, TenantCounts, TenantLimits,
+    TopInfo, TopQueue, Valued,
 };
 
 use serde::{Deserialize, Serialize};

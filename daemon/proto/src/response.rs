@@ -107,6 +107,28 @@ pub struct StatusInfo {
     pub store_bytes: u64,
     /// Supervised actors, in supervision order.
     pub actors: Vec<ActorInfo>,
+    /// On a store shared by several nodes, every node that joined, by name (empty
+    /// on SQLite, or when the database could not be read).
+    #[serde(default)]
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// One node of a cluster sharing one database.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// Its `node_name`.
+    pub name: String,
+    /// Milliseconds since its last heartbeat (database clock).
+    pub heartbeat_age_ms: u64,
+    /// Whether its heartbeat is younger than `node_timeout` (the leader ends the
+    /// leases of a node that is not alive).
+    pub alive: bool,
+    /// Whether it holds the leader lease.
+    pub leader: bool,
+    /// The leader lease's epoch, on the leader.
+    pub epoch: Option<u64>,
+    /// Whether it is the node that answered.
+    pub this: bool,
 }
 
 /// One supervised actor.

@@ -3,8 +3,9 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use qd_proto::{
-    ActorInfo, ExportedJob, HistoryItem, JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo,
-    QueueLimits, RedriveResult, Refusal, StatusInfo, TenantCounts, TenantLimits, Valued,
+    ActorInfo, ExportedJob, HistoryItem, JobDetail, JobSummary, LimitsView, NodeStatus,
+    PurgeResult, QueueInfo, QueueLimits, RedriveResult, Refusal, StatusInfo, TenantCounts,
+    TenantLimits, Valued,
 };
 
 use crate::broker::{BatchOutcome, QueueCounts};
@@ -17,8 +18,9 @@ use crate::supervisor::Daemon;
 use crate::worker_pool::PoolStats;
 
 /// The actor kinds `qctl status` reports, in tree order.
-const ACTORS: [&str; 9] = [
+const ACTORS: [&str; 10] = [
     "broker",
+    "cluster",
     "scheduler",
     "dlq",
     "worker_pool",
@@ -30,8 +32,13 @@ const ACTORS: [&str; 9] = [
 ];
 
 /// `qctl status`.
-pub fn status(d: &Daemon) -> StatusInfo {
+pub async fn status(d: &Daemon) -> StatusInfo {
     let stats = d.store.stats();
+    let config = d.config();
+    let nodes = match &config.daemon.database {
+        Some(database) => nodes(d, database).await,
+        None => Vec::new(),
+    };
     StatusInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_secs: d.started.elapsed().as_secs_f64(),
@@ -42,12 +49,41 @@ pub fn status(d: &Daemon) -> StatusInfo {
         store_bytes: stats.size_bytes,
         actors: ACTORS
             .iter()
+            .filter(|name| **name != "cluster" || config.daemon.database.is_some())
             .map(|name| ActorInfo {
                 name: (*name).to_string(),
                 restarts: d.restarts.count(name),
             })
             .collect(),
+        nodes,
     }
+}
+
+/// The nodes of the cluster, from the shared store (empty if it cannot be read).
+async fn nodes(d: &Daemon, database: &crate::config::DatabaseConfig) -> Vec<NodeStatus> {
+    let listed = d
+        .store
+        .run(|b| match b.shared() {
+            Some(shared) => shared.nodes(),
+            None => Ok(Vec::new()),
+        })
+        .await;
+    let timeout = u64::try_from(database.node_timeout.as_millis()).unwrap_or(u64::MAX);
+    listed
+        .unwrap_or_else(|err| {
+            tracing::warn!(error = %err, "Could not list the cluster's nodes.");
+            Vec::new()
+        })
+        .into_iter()
+        .map(|n| NodeStatus {
+            this: n.name == database.node_name,
+            alive: n.heartbeat_age_ms < timeout,
+            name: n.name,
+            heartbeat_age_ms: n.heartbeat_age_ms,
+            leader: n.leader,
+            epoch: n.epoch,
+        })
+        .collect()
 }
 
 /// The state a user sees: a delayed job whose time has come is ready.

@@ -25,6 +25,7 @@ impl AdminHandler for Fake {
                 store_path: "/tmp/qd.db".into(),
                 store_bytes: 4096,
                 actors: vec![],
+                nodes: vec![],
             })),
             Request::JobsShow { id } if id == "slow" => {
                 tokio::time::sleep(Duration::from_secs(3600)).await;

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 mod settle;
+mod shared;
 
 use super::deadlines::Deadlines;
 use super::events::{self, Outbox};
@@ -113,6 +114,12 @@ pub struct BrokerState {
     hot: HotPayloads,
     /// Scheduler messages of the Broker message being handled, sent when it is done.
     pub(super) out: Outbox,
+    /// A shared store: a look for other nodes' jobs is under way, and whether
+    /// another was asked for meanwhile (see `state/shared.rs`).
+    refreshing: bool,
+    refresh_again: bool,
+    /// A shared store: the leader's sweep for expired leases is under way.
+    sweeping: bool,
 }
 
 impl BrokerState {
@@ -145,6 +152,9 @@ impl BrokerState {
             parked: Vec::new(),
             hot: HotPayloads::new(HOT_PAYLOAD_BYTES),
             out: Outbox::default(),
+            refreshing: false,
+            refresh_again: false,
+            sweeping: false,
         }
     }
 
@@ -795,6 +805,12 @@ impl BrokerState {
             let Some(leased) = current.filter(|_| held) else {
                 continue;
             };
+            if self.shared() {
+                // Another node took or changed the job: it is not this node's to hold.
+                self.drop_stale(&leased);
+                self.refresh();
+                continue;
+            }
             debug!(queue = %job.queue, job = %job.id, "Lease taken back: the store did not record it.");
             self.replace(job.clone());
             events::changed(&mut self.out, &leased, &job, now);

@@ -195,17 +195,44 @@ fn compile_database(
         .as_deref()
         .map(|p| resolve(base_dir, p));
     let Some(url) = &raw.database_url else {
-        if password_file.is_some() {
-            diag.error(
-                &at("database_password_file"),
-                "set without daemon.database_url; remove it or name the database",
-            );
+        let cluster_only = [
+            ("database_password_file", password_file.is_some()),
+            ("node_name", raw.node_name.is_some()),
+            ("node_timeout", raw.node_timeout.is_some()),
+            ("poll_interval", raw.poll_interval.is_some()),
+        ];
+        for (key, set) in cluster_only {
+            if set {
+                diag.error(
+                    &at(key),
+                    "set without daemon.database_url; remove it or name the database",
+                );
+            }
         }
         return None;
     };
-    DatabaseConfig::parse(url, password_file)
+    let mut database = DatabaseConfig::parse(url, password_file)
         .map_err(|e| diag.error(&at("database_url"), e))
-        .ok()
+        .ok()?;
+    if let Some(name) = &raw.node_name {
+        if let Err(e) = crate::broker::check_name("node_name", name) {
+            diag.error(&at("node_name"), e.to_string());
+        }
+        database.node_name = name.clone();
+    }
+    if let Some(timeout) = raw.node_timeout {
+        if timeout.0 < Duration::from_secs(1) {
+            diag.error(&at("node_timeout"), "must be at least 1s");
+        }
+        database.node_timeout = timeout.0;
+    }
+    if let Some(poll) = raw.poll_interval {
+        if poll.0 < Duration::from_millis(10) || poll.0 > Duration::from_secs(60) {
+            diag.error(&at("poll_interval"), "must be between 10ms and 60s");
+        }
+        database.poll_interval = poll.0;
+    }
+    Some(database)
 }
 
 fn compile_history(diag: &mut Diagnostics<'_>, raw: &RawDaemon) -> HistoryLimits {

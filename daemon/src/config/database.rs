@@ -12,6 +12,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::time::Duration;
 
 use tokio_postgres::config::SslMode;
 
@@ -26,6 +27,30 @@ pub struct DatabaseConfig {
     /// A file holding the password (its first line), owner-only (mode 0600 or
     /// stricter). Without it, the password comes from `PGPASSWORD`, if set.
     pub password_file: Option<PathBuf>,
+    /// How this node names itself in the cluster (`[daemon] node_name`, default the
+    /// host name): stored with each lease it holds and in `qd_nodes`. Two live nodes
+    /// may not share a name; a node that restarts under its name takes back (ends)
+    /// the leases its earlier run held.
+    pub node_name: String,
+    /// A node whose heartbeat is older than this is dead: the leader ends its leases
+    /// (default 10 s; nodes heartbeat every fifth of it, the leader's lease lasts it).
+    pub node_timeout: Duration,
+    /// How often an idle node looks for jobs other nodes enqueued when no
+    /// notification woke it (default 1 s; LISTEN/NOTIFY wakes it sooner).
+    pub poll_interval: Duration,
+}
+
+/// The cluster settings' defaults.
+pub(crate) const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// This machine's host name (the default `node_name`), or `"qd"` if it has none.
+pub(crate) fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| crate::broker::check_name("node_name", h).is_ok())
+        .unwrap_or_else(|| "qd".to_owned())
 }
 
 /// The Unix socket directory used when the URL names no host (Debian's default, as
@@ -56,6 +81,9 @@ impl DatabaseConfig {
         Ok(DatabaseConfig {
             url: url.to_owned(),
             password_file,
+            node_name: host_name(),
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            poll_interval: DEFAULT_POLL_INTERVAL,
         })
     }
 

@@ -32,6 +32,9 @@ pub(crate) struct RawDaemon {
     pub api_tokens_file: Option<String>,
     pub database_url: Option<String>,
     pub database_password_file: Option<String>,
+    pub node_name: Option<String>,
+    pub node_timeout: Option<Dur>,
+    pub poll_interval: Option<Dur>,
     pub restart: Option<RawRestart>,
     pub history: Option<RawHistory>,
 }

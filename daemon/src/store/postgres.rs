@@ -78,14 +78,14 @@ use uuid::Uuid;
 
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
-    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewRecord, Override,
-    PruneScope, StoreError, history, sort_counts,
+    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewRecord, NodeInfo, Override,
+    PruneScope, SharedStore, StoreError, history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from version
 /// `i` to `i + 1` (recorded as a row of `qd_migrations`). Append only.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
 const V1: &str = r#"
@@ -151,6 +151,36 @@ CREATE TABLE qd_meta (
 );
 "#;
 
+/// Version 2: several nodes. Each stored lease names its node (`lease_node`); nodes
+/// record their heartbeats in `qd_nodes`; one row of `qd_leader` is the leader lease
+/// with its epoch. A lease stored by version 1 names no node: the leader ends it.
+const V2: &str = r#"
+ALTER TABLE qd_jobs ADD COLUMN lease_node text COLLATE "C";
+CREATE INDEX qd_jobs_lease_node ON qd_jobs (lease_node) WHERE lease_token IS NOT NULL;
+CREATE TABLE qd_nodes (
+    name         text COLLATE "C" PRIMARY KEY,
+    node_id      uuid        NOT NULL,
+    started_at   timestamptz NOT NULL,
+    heartbeat_at timestamptz NOT NULL
+);
+CREATE TABLE qd_leader (
+    id         integer PRIMARY KEY CHECK (id = 1),
+    node       text COLLATE "C",
+    epoch      bigint      NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+INSERT INTO qd_leader (id, node, epoch, expires_at) VALUES (1, NULL, 0, '-infinity');
+"#;
+
+/// How often at most one queue's new jobs are announced to idle nodes
+/// (`NOTIFY qd_jobs`); jobs enqueued in between are found by the notified nodes'
+/// next look or by polling.
+const NOTIFY_EVERY: Duration = Duration::from_millis(25);
+
+/// The channel on which enqueues and redrives announce a queue's new jobs (the
+/// payload is the queue's name).
+pub const NOTIFY_CHANNEL: &str = "qd_jobs";
+
 /// The newest schema version this build reads and writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
@@ -180,6 +210,15 @@ pub struct PgOptions {
     /// The length of a lease taken through [`Backend::claim`], which does not name
     /// one (default 5 minutes); [`Backend::claim_for`] names its own.
     pub default_lease: Duration,
+    /// This node's name (`[daemon] node_name`): stored with its leases and in
+    /// `qd_nodes` (`A-Za-z0-9_.-`, checked by the config).
+    pub node: String,
+    /// This node's id, kept in its data directory: a restart of the same node keeps
+    /// it, so it may take its name back at once; another node may take a name only
+    /// once its holder's heartbeat is older than `node_timeout`.
+    pub node_id: Uuid,
+    /// A node whose heartbeat is older than this is dead (`[daemon] node_timeout`).
+    pub node_timeout: Duration,
 }
 
 impl Default for PgOptions {
@@ -187,6 +226,9 @@ impl Default for PgOptions {
         PgOptions {
             history: HistoryLimits::default(),
             default_lease: Duration::from_secs(300),
+            node: "qd".to_owned(),
+            node_id: Uuid::nil(),
+            node_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -201,6 +243,8 @@ pub struct PgBackend {
     /// Where the database is, for messages; never holds the password.
     target: String,
     options: PgOptions,
+    /// When each queue's new jobs were last announced ([`NOTIFY_EVERY`]).
+    notified: HashMap<String, std::time::Instant>,
 }
 
 /// Where `config` points, for messages and logs: hosts, ports, database and user,
@@ -274,9 +318,11 @@ impl PgBackend {
             client: None,
             target,
             options: options.clone(),
+            notified: HashMap::new(),
         };
         backend.connect()?;
         backend.migrate()?;
+        backend.join()?;
         Ok(backend)
     }
 
@@ -363,6 +409,96 @@ impl PgBackend {
         Ok(())
     }
 
+    /// Records this node in `qd_nodes` and ends the leases an earlier run of it
+    /// held (uncharged, as a restart on SQLite does: their holder died with it). A
+    /// name held by another node id whose heartbeat is younger than `node_timeout`
+    /// is refused.
+    fn join(&mut self) -> Result<(), StoreError> {
+        let name = self.options.node.clone();
+        let id = self.options.node_id;
+        let timeout_ms = millis(self.options.node_timeout);
+        let (joined, released) = self.block(async |c| {
+            let joined = c
+                .query_opt(
+                    "INSERT INTO qd_nodes (name, node_id, started_at, heartbeat_at) \
+                     VALUES ($1, $2, now(), now()) \
+                     ON CONFLICT (name) DO UPDATE SET node_id = EXCLUDED.node_id, \
+                       started_at = now(), heartbeat_at = now() \
+                     WHERE qd_nodes.node_id = EXCLUDED.node_id \
+                       OR qd_nodes.heartbeat_at <= now() - $3::int8 * interval '1 millisecond' \
+                     RETURNING 1",
+                    &[&name, &id, &timeout_ms],
+                )
+                .await?
+                .is_some();
+            if !joined {
+                return Ok((false, 0));
+            }
+            let released = c
+                .execute(
+                    "UPDATE qd_jobs SET lease_token = NULL, worker = NULL, leased_at = NULL, \
+                       lease_deadline = NULL, lease_node = NULL \
+                     WHERE lease_node = $1 AND lease_token IS NOT NULL",
+                    &[&name],
+                )
+                .await?;
+            Ok((true, released))
+        })?;
+        if !joined {
+            return Err(StoreError::Other(format!(
+                "{}: another live node is named {name:?} (its heartbeat is younger than \
+                 node_timeout); give each node its own daemon.node_name",
+                self.target
+            )));
+        }
+        if released > 0 {
+            tracing::info!(node = %name, released, "Leases held by this node's earlier run ended; their jobs are ready again.");
+        }
+        Ok(())
+    }
+
+    /// Announces new jobs of `queues` to idle nodes (`NOTIFY`, sent at commit), each
+    /// queue at most once per [`NOTIFY_EVERY`].
+    fn notify<'q>(&mut self, queues: impl IntoIterator<Item = &'q str>) -> Result<(), StoreError> {
+        let now = std::time::Instant::now();
+        let mut due: Vec<&str> = Vec::new();
+        for queue in queues {
+            if due.contains(&queue) {
+                continue;
+            }
+            let last = self.notified.get(queue);
+            if last.is_none_or(|at| now.duration_since(*at) >= NOTIFY_EVERY) {
+                self.notified.insert(queue.to_owned(), now);
+                due.push(queue);
+            }
+        }
+        if due.is_empty() {
+            return Ok(());
+        }
+        self.block(async |c| {
+            let stmt = c
+                .prepare_cached("SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q")
+                .await?;
+            c.execute(&stmt, &[&NOTIFY_CHANNEL, &due]).await
+        })?;
+        Ok(())
+    }
+
+    /// The SQL condition (over `j`, a row of `qd_jobs`) of a lease that ended
+    /// without its holder: held by another node, and past its deadline or its
+    /// node's heartbeat older than `node_timeout`. The node name is checked by the
+    /// config (no quote can occur in it).
+    fn lease_lost(&self) -> String {
+        format!(
+            "j.lease_token IS NOT NULL AND j.lease_node IS DISTINCT FROM '{node}' \
+             AND (j.lease_deadline <= now() OR NOT EXISTS (SELECT 1 FROM qd_nodes n \
+               WHERE n.name = j.lease_node \
+                 AND n.heartbeat_at > now() - {timeout}::int8 * interval '1 millisecond'))",
+            node = self.options.node,
+            timeout = millis(self.options.node_timeout),
+        )
+    }
+
     /// Runs `op` against the current connection, mapping its error.
     fn block<T>(
         &mut self,
@@ -406,24 +542,24 @@ impl PgBackend {
             .map(|j| j.leased_at.unwrap_or(j.updated_at))
             .collect();
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
+        let node = self.options.node.clone();
         let rows = self.block(async |c| {
             let stmt = c
                 .prepare_cached(
                     "WITH claimed AS (\
                        UPDATE qd_jobs j SET lease_seq = c.token, lease_token = c.token, \
-                         worker = c.worker, leased_at = c.leased_at, \
+                         worker = c.worker, leased_at = c.leased_at, lease_node = $6, \
                          lease_deadline = now() + $5::int8 * interval '1 millisecond' \
                        FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::int8[]) \
                          AS c(id, token, worker, leased_at) \
                        WHERE j.id = c.id AND j.state IN ('ready', 'delayed') \
-                         AND (j.lease_token IS NULL OR j.lease_deadline <= now()) \
-                         AND j.lease_seq < c.token \
+                         AND j.lease_token IS NULL AND j.lease_seq < c.token \
                        RETURNING j.id) \
                      SELECT p.job_id, p.body FROM claimed JOIN qd_payloads p \
                        ON p.job_id = claimed.id",
                 )
                 .await?;
-            c.query(&stmt, &[&uuids, &tokens, &workers, &at, &lease_ms])
+            c.query(&stmt, &[&uuids, &tokens, &workers, &at, &lease_ms, &node])
                 .await
         })?;
         let mut bodies: HashMap<Uuid, Vec<u8>> =
@@ -458,7 +594,7 @@ impl PgBackend {
             "UPDATE qd_jobs j SET state = t.state, attempts = t.attempts, \
                budget_start = t.budget_start, lease_seq = t.lease_seq, ready_at = t.ready_at, \
                updated_at = t.updated_at, last_error = t.last_error, lease_token = NULL, \
-               worker = NULL, leased_at = NULL, lease_deadline = NULL \
+               worker = NULL, leased_at = NULL, lease_deadline = NULL, lease_node = NULL \
              FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::int8[], $5::int8[], \
                $6::int8[], $7::int8[], $8::text[]) \
                AS t(id, state, attempts, budget_start, lease_seq, ready_at, updated_at, \
@@ -631,15 +767,16 @@ impl PgBackend {
     ) -> Result<Vec<(Job, Vec<u8>)>, StoreError> {
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
         let limit = i64::from(limit);
+        let node = self.options.node.clone();
         let sql = format!(
             "WITH picked AS (\
                SELECT id FROM qd_jobs \
                WHERE queue = $1 AND state IN ('ready', 'delayed') AND ready_at <= $2 \
-                 AND (lease_token IS NULL OR lease_deadline <= now()) \
+                 AND lease_token IS NULL \
                ORDER BY ready_at, id LIMIT $3 FOR UPDATE SKIP LOCKED), \
              claimed AS (\
                UPDATE qd_jobs j SET lease_seq = j.lease_seq + 1, lease_token = j.lease_seq + 1, \
-                 worker = $4, leased_at = $5, \
+                 worker = $4, leased_at = $5, lease_node = $7, \
                  lease_deadline = now() + $6::int8 * interval '1 millisecond' \
                FROM picked WHERE j.id = picked.id RETURNING j.*) \
              SELECT {JOB_COLUMNS}, p.body FROM claimed j JOIN qd_payloads p ON p.job_id = j.id \
@@ -649,7 +786,9 @@ impl PgBackend {
             let stmt = c.prepare_cached(&sql).await?;
             c.query(
                 &stmt,
-                &[&queue, &now_ms, &limit, &worker, &leased_at, &lease_ms],
+                &[
+                    &queue, &now_ms, &limit, &worker, &leased_at, &lease_ms, &node,
+                ],
             )
             .await
         })?;
@@ -700,6 +839,11 @@ fn cause_source<'a>(
     source: Option<&'a (dyn std::error::Error + 'static)>,
 ) -> Option<&'a (dyn std::error::Error + 'static)> {
     source.and_then(std::error::Error::source)
+}
+
+/// `d` in whole milliseconds, for SQL intervals (`$n::int8 * interval '1 millisecond'`).
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
 fn uuids(ids: &[JobId]) -> Vec<Uuid> {
@@ -862,6 +1006,9 @@ impl Backend for PgBackend {
             .iter()
             .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3))))
             .collect();
+        if !new_ids.is_empty() {
+            self.notify(queues.iter().copied())?;
+        }
         batch
             .iter()
             .zip(new)
@@ -891,6 +1038,10 @@ impl Backend for PgBackend {
         false
     }
 
+    fn shared(&mut self) -> Option<&mut dyn SharedStore> {
+        Some(self)
+    }
+
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let lease = self.options.default_lease;
         self.claim_until(leased, lease)
@@ -912,7 +1063,9 @@ impl Backend for PgBackend {
     }
 
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        self.change(changes, "j.state = 'dead' AND j.lease_token IS NULL")
+        let applied = self.change(changes, "j.state = 'dead' AND j.lease_token IS NULL")?;
+        self.notify(changes.iter().map(|t| &*t.job.queue))?;
+        Ok(applied)
     }
 
     fn set_payload(&mut self, id: JobId, payload: &[u8]) -> Result<bool, StoreError> {
@@ -939,9 +1092,11 @@ impl Backend for PgBackend {
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM qd_jobs j \
-             WHERE j.state IN ('delayed', 'ready', 'dead') ORDER BY j.id"
+             WHERE j.state IN ('delayed', 'ready', 'dead') \
+               AND (j.lease_token IS NULL OR j.lease_node = $1) ORDER BY j.id"
         );
-        self.query_jobs(&sql, &[])
+        let node = self.options.node.clone();
+        self.query_jobs(&sql, &[&node])
     }
 
     fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError> {
@@ -1184,5 +1339,107 @@ impl Engine for PgBackend {
     fn shutdown(&mut self) {
         self.client = None;
         self.pool.close();
+    }
+}
+
+impl SharedStore for PgBackend {
+    fn claimable(&mut self, queues: &[String], per_queue: u32) -> Result<Vec<Job>, StoreError> {
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (\
+               SELECT * FROM qd_jobs c WHERE c.queue = q.name \
+                 AND c.state IN ('ready', 'delayed') AND c.lease_token IS NULL \
+               ORDER BY c.ready_at, c.id LIMIT $2) j"
+        );
+        let limit = i64::from(per_queue);
+        self.query_jobs(&sql, &[&queues, &limit])
+    }
+
+    fn reload(&mut self, ids: &[JobId]) -> Result<Vec<Job>, StoreError> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM qd_jobs j WHERE j.id = ANY($1::uuid[])");
+        self.query_jobs(&sql, &[&uuids(ids)])
+    }
+
+    fn beat(&mut self) -> Result<Option<u64>, StoreError> {
+        let name = self.options.node.clone();
+        let id = self.options.node_id;
+        let timeout_ms = millis(self.options.node_timeout);
+        let row = self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "WITH me AS (\
+                       UPDATE qd_nodes SET heartbeat_at = now() \
+                       WHERE name = $1 AND node_id = $2 RETURNING name), \
+                     renewed AS (\
+                       UPDATE qd_jobs SET lease_deadline = \
+                         GREATEST(lease_deadline, now() + $3::int8 * interval '1 millisecond') \
+                       WHERE lease_node = $1 AND lease_token IS NOT NULL \
+                         AND EXISTS (SELECT 1 FROM me) RETURNING 1), \
+                     led AS (\
+                       UPDATE qd_leader SET node = $1, \
+                         epoch = CASE WHEN node = $1 THEN epoch ELSE epoch + 1 END, \
+                         expires_at = now() + $3::int8 * interval '1 millisecond' \
+                       WHERE id = 1 AND (node = $1 OR expires_at <= now()) \
+                         AND EXISTS (SELECT 1 FROM me) RETURNING epoch) \
+                     SELECT (SELECT count(*) FROM me), (SELECT count(*) FROM renewed), \
+                       (SELECT epoch FROM led)",
+                )
+                .await?;
+            c.query_one(&stmt, &[&name, &id, &timeout_ms]).await
+        })?;
+        if row.get::<_, i64>(0) == 0 {
+            return Err(StoreError::Other(format!(
+                "{}: node {name:?} was replaced by another node of the same name; \
+                 give each node its own daemon.node_name",
+                self.target
+            )));
+        }
+        Ok(row
+            .get::<_, Option<i64>>(2)
+            .map(|epoch| u64::try_from(epoch).unwrap_or(0)))
+    }
+
+    fn expired_leases(&mut self, limit: u32) -> Result<Vec<Job>, StoreError> {
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM qd_jobs j WHERE {} ORDER BY j.lease_deadline LIMIT $1",
+            self.lease_lost()
+        );
+        self.query_jobs(&sql, &[&i64::from(limit)])
+    }
+
+    fn expire(&mut self, ends: &[Transition], epoch: u64) -> Result<Vec<bool>, StoreError> {
+        let condition = format!(
+            "j.lease_token = t.lease_seq AND j.state IN ('ready', 'delayed') AND {} \
+             AND EXISTS (SELECT 1 FROM qd_leader l WHERE l.id = 1 AND l.node = '{}' \
+               AND l.epoch = {epoch} AND l.expires_at > now())",
+            self.lease_lost(),
+            self.options.node,
+        );
+        self.change(ends, &condition)
+    }
+
+    fn nodes(&mut self) -> Result<Vec<NodeInfo>, StoreError> {
+        let rows = self.block(async |c| {
+            c.query(
+                "SELECT n.name, (extract(epoch FROM n.started_at) * 1000)::int8, \
+                   GREATEST(0, extract(epoch FROM now() - n.heartbeat_at) * 1000)::int8, \
+                   l.node IS NOT DISTINCT FROM n.name AND l.expires_at > now(), l.epoch \
+                 FROM qd_nodes n CROSS JOIN qd_leader l ORDER BY n.name",
+                &[],
+            )
+            .await
+        })?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let leader: bool = r.get(3);
+                NodeInfo {
+                    name: r.get(0),
+                    started_at: r.get(1),
+                    heartbeat_age_ms: u64::try_from(r.get::<_, i64>(2)).unwrap_or(0),
+                    leader,
+                    epoch: leader.then(|| u64::try_from(r.get::<_, i64>(4)).unwrap_or(0)),
+                }
+            })
+            .collect())
     }
 }

@@ -110,13 +110,31 @@ impl Qd {
 
     /// Writes the config without starting the daemon.
     pub fn configure(dir: TempDir, body: &str, grace: &str) -> Qd {
+        let database = if on_postgres() { pg::database() } else { None };
+        Self::configure_on(dir, body, grace, database, "")
+    }
+
+    /// Writes the config of one node of a cluster on `database` (shared by every
+    /// node given the same), with `daemon` (more `[daemon]` keys, e.g. `node_name`)
+    /// and `body`, without starting it.
+    pub fn configure_node(database: &pg::Database, daemon: &str, body: &str) -> Qd {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::configure_on(dir, body, "5s", Some(database.clone()), daemon)
+    }
+
+    fn configure_on(
+        dir: TempDir,
+        body: &str,
+        grace: &str,
+        database: Option<pg::Database>,
+        daemon: &str,
+    ) -> Qd {
         let (api_port, metrics_port) = (free_port(), free_port());
         let socket = dir.path().join("qctl.sock");
         let config = dir.path().join("qd.toml");
-        let database = if on_postgres() { pg::database() } else { None };
         let store = database
             .as_ref()
-            .map(|db| format!("database_url = \"{}\"\n", db.url))
+            .map(|db| format!("database_url = \"{}\"\n{daemon}", db.url))
             .unwrap_or_default();
         let text = format!(
             "[daemon]\n{store}data_dir = \"{data}\"\nadmin_socket = \"{sock}\"\napi_listen = \"127.0.0.1:{api_port}\"\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\nshutdown_grace = \"{grace}\"\n\n{body}",

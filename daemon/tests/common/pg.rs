@@ -38,6 +38,7 @@ pub struct Cluster {
 }
 
 /// A fresh, empty database of the test run's cluster.
+#[derive(Clone)]
 pub struct Database {
     /// Its name (`qd_test_<pid>_<n>`).
     pub name: String,

@@ -42,6 +42,9 @@ pub(super) enum Intent {
     RedriveWithPayload(Arc<[u8]>),
     /// Operator cancels: [`crate::store::Backend::cancel`].
     Cancel,
+    /// The leader of this epoch ends leases of dead or silent nodes (never held in
+    /// this node's memory): [`crate::store::SharedStore::expire`].
+    Expire(u64),
 }
 
 /// What a [`Settle`] runs: the Broker's state, wall time, monotonic time.
@@ -117,6 +120,10 @@ impl BrokerState {
                     .map(|t| b.redrive_with_payload(t, &payload))
                     .collect(),
                 Intent::Cancel => b.cancel(&writes),
+                Intent::Expire(epoch) => match b.shared() {
+                    Some(shared) => shared.expire(&writes, epoch),
+                    None => Err(StoreError::Other("expire: the store is not shared".into())),
+                },
             },
             move |result| {
                 // The Settle is queued before the caller hears the answer, so any
@@ -156,6 +163,11 @@ impl BrokerState {
         for ((old, t), applied) in planned.into_iter().zip(applied) {
             if applied {
                 self.apply(&intent, old, t, now);
+            } else if self.shared() {
+                // Another node changed the job: memory's copy is stale.
+                if let Some(known) = self.jobs.get(old.id) {
+                    self.drop_stale(&known);
+                }
             } else {
                 error!(job = %old.id, state = %old.state, "The store did not hold the state the Broker expected; the change was not written.");
             }
@@ -167,10 +179,17 @@ impl BrokerState {
         debug!(queue = %old.queue, job = %old.id, from = %old.state, to = %t.job.state,
             attempts = t.job.attempts, "Job state changed.");
         self.replace(t.job.clone());
-        events::changed(&mut self.out, &old, &t.job, now);
+        if matches!(intent, Intent::Expire(_)) {
+            // Another node's lease: no slot of this node's Scheduler was taken.
+            if matches!(t.job.state, State::Ready | State::Delayed) {
+                events::ready(&mut self.out, &t.job);
+            }
+        } else {
+            events::changed(&mut self.out, &old, &t.job, now);
+        }
         events::throttled(&mut self.out, &t, now);
         match intent {
-            Intent::End => {
+            Intent::End | Intent::Expire(_) => {
                 record_end(&self.labels, &old, &t, now);
                 let Some(entry) = &t.entry else { return };
                 if entry.outcome == Outcome::LeaseExpired {

@@ -11,6 +11,15 @@ use super::*;
 use crate::store::postgres::{PgBackend, PgOptions, SCHEMA_VERSION};
 
 /// Opens a store on the database `url` (a libpq key=value string).
+/// The options of a node named `name` (its id derived from the name).
+fn node(name: &str) -> PgOptions {
+    PgOptions {
+        node: name.to_owned(),
+        node_id: uuid::Uuid::from_u128(u128::from(name.as_bytes()[0])),
+        ..PgOptions::default()
+    }
+}
+
 pub(super) fn open_pg(url: &str, options: &PgOptions) -> Store {
     let config = tokio_postgres::Config::from_str(url).expect("test url parses");
     Store::open_postgres(&config, options).expect("open PostgreSQL store")
@@ -93,21 +102,40 @@ fn jobs_leases_and_history_survive_reopen_with_the_lease_in_the_row() {
     });
     assert_eq!(payloads, Ok(vec![Some(b"hello".to_vec())]));
     store.close();
-    // Another node (or this one restarted) sees the lease: it is in the row, with a
-    // deadline ten minutes ahead by the database's clock.
-    let store = open_pg(&db.url, &PgOptions::default());
-    let seen = block(&store, |b| b.load_unfinished()).expect("load");
+    // Another node sees the lease: it is in the row, with a deadline ten minutes
+    // ahead by the database's clock, and it is not that node's to load.
+    let other = open_pg(&db.url, &node("b"));
+    let seen = block(&other, |b| b.load_unfinished()).expect("load");
+    assert_eq!(seen, Vec::new(), "another node's lease is not loaded");
+    let id = stored.id;
+    let seen = block(&other, move |b| b.shared().expect("shared").reload(&[id])).expect("reload");
     assert_eq!(seen, vec![leased(&stored, 1)]);
+    other.close();
     let left: f64 = db
         .psql("SELECT extract(epoch FROM lease_deadline - now()) FROM qd_jobs")
         .parse()
         .expect("seconds");
     assert!((500.0..=600.0).contains(&left), "{left}");
+    // The node that held it comes back: its earlier run's lease ends, uncharged.
+    let store = open_pg(&db.url, &PgOptions::default());
+    let seen = block(&store, |b| b.load_unfinished()).expect("load");
+    assert_eq!(
+        seen,
+        vec![Job {
+            lease_seq: 1,
+            ..stored.clone()
+        }]
+    );
+    let claim = leased(&stored, 2);
+    let payloads = block(&store, move |b| {
+        b.claim_for(&[claim], Duration::from_secs(60))
+    });
+    assert_eq!(payloads, Ok(vec![Some(b"hello".to_vec())]));
     let end = Transition {
         job: Job {
             state: State::Succeeded,
             attempts: 1,
-            lease_seq: 1,
+            lease_seq: 2,
             ..stored.clone()
         },
         entry: Some(HistoryEntry {
@@ -134,12 +162,9 @@ fn jobs_leases_and_history_survive_reopen_with_the_lease_in_the_row() {
 }
 
 #[test]
-fn two_nodes_never_hold_one_job_and_an_expired_lease_is_fenced() {
+fn two_nodes_never_hold_one_job_and_only_the_leader_ends_an_expired_lease() {
     let Some(db) = database() else { return };
-    let (a, b) = (
-        open_pg(&db.url, &PgOptions::default()),
-        open_pg(&db.url, &PgOptions::default()),
-    );
+    let (a, b) = (open_pg(&db.url, &node("a")), open_pg(&db.url, &node("b")));
     let stored = job(1, "q", None);
     let inserted = stored.clone();
     block(&a, move |s| insert(s, &inserted, b"p")).expect("insert");
@@ -158,36 +183,109 @@ fn two_nodes_never_hold_one_job_and_an_expired_lease_is_fenced() {
             "token {token} over a live lease"
         );
     }
-    // The deadline passes (by the database's clock): node b may take the job, but
-    // only with a newer token than any it had.
-    let stale = leased(&stored, 1);
+    assert_eq!(
+        block(&b, |s| s
+            .shared()
+            .expect("shared")
+            .claimable(&["q".into()], 10)),
+        Ok(Vec::new()),
+        "a leased job is not claimable"
+    );
+    // The leader: b takes the lease first; a, beating later, is not the leader.
+    let epoch = block(&b, |s| s.shared().expect("shared").beat())
+        .expect("beat")
+        .expect("b leads");
+    assert_eq!(block(&a, |s| s.shared().expect("shared").beat()), Ok(None));
+    // While a beats, its lease is not expired; once its deadline passes (by the
+    // database's clock) and a is silent, the leader sees it and ends it: charged
+    // through the retry policy, under the leader's epoch only.
+    let expired = |s: &Store| block(s, |s| s.shared().expect("shared").expired_leases(10));
+    assert_eq!(expired(&b), Ok(Vec::new()));
     db.psql("UPDATE qd_jobs SET lease_deadline = now() - interval '1 second'");
+    assert_eq!(expired(&b), Ok(vec![leased(&stored, 1)]));
     assert_eq!(
-        block(&b, move |s| s.claim_for(&[stale], long)),
-        Ok(vec![None]),
-        "an expired lease is not taken with a token already used"
+        expired(&a),
+        Ok(Vec::new()),
+        "a node's own leases are its own to end"
     );
-    let fresh = leased(&stored, 2);
-    assert_eq!(
-        block(&b, move |s| s.claim_for(&[fresh], long)),
-        Ok(vec![Some(b"p".to_vec())]),
-        "an expired lease is taken with a newer token"
-    );
-    // Node a's ack under its old token is fenced off; node b's applies.
-    let ack = |token| Transition {
+    let end = Transition {
         job: Job {
-            state: State::Succeeded,
+            state: State::Ready,
             attempts: 1,
-            lease_seq: token,
+            lease_seq: 1,
             ..stored.clone()
         },
         entry: None,
     };
-    let (old, new) = (ack(1), ack(2));
-    assert_eq!(block(&a, move |s| s.complete(&[old])), Ok(vec![false]));
-    assert_eq!(block(&b, move |s| s.complete(&[new])), Ok(vec![true]));
-    let counts = block(&a, |s| s.counts()).expect("counts");
-    assert_eq!(counts, vec![("q".to_owned(), State::Succeeded, 1)]);
+    let stale = end.clone();
+    assert_eq!(
+        block(&b, move |s| s
+            .shared()
+            .expect("shared")
+            .expire(&[stale], epoch + 1)),
+        Ok(vec![false]),
+        "a deposed leader's epoch changes nothing"
+    );
+    let (old, again) = (end.clone(), end.clone());
+    assert_eq!(
+        block(&b, move |s| s
+            .shared()
+            .expect("shared")
+            .expire(&[end], epoch)),
+        Ok(vec![true])
+    );
+    assert_eq!(
+        block(&b, move |s| s
+            .shared()
+            .expect("shared")
+            .expire(&[again], epoch)),
+        Ok(vec![false]),
+        "a lease ends once"
+    );
+    // Node a's ack under its old token is fenced off; the job runs again elsewhere.
+    let ack = Transition {
+        job: Job {
+            state: State::Succeeded,
+            attempts: 1,
+            ..old.job.clone()
+        },
+        entry: None,
+    };
+    assert_eq!(block(&a, move |s| s.complete(&[ack])), Ok(vec![false]));
+    let fresh = leased(
+        &Job {
+            attempts: 1,
+            ..stored.clone()
+        },
+        2,
+    );
+    assert_eq!(
+        block(&b, move |s| s.claim_for(&[fresh], long)),
+        Ok(vec![Some(b"p".to_vec())]),
+        "the job is claimable again, with a newer token"
+    );
+    let nodes = block(&a, |s| s.shared().expect("shared").nodes()).expect("nodes");
+    let names: Vec<(&str, bool)> = nodes.iter().map(|n| (n.name.as_str(), n.leader)).collect();
+    assert_eq!(names, vec![("a", false), ("b", true)]);
+}
+
+#[test]
+fn a_live_node_name_is_refused_to_another_node() {
+    let Some(db) = database() else { return };
+    let first = open_pg(&db.url, &node("a"));
+    let impostor = PgOptions {
+        node_id: uuid::Uuid::from_u128(7),
+        ..node("a")
+    };
+    let err = match Store::open_postgres(&config(&db.url), &impostor) {
+        Err(err) => err.to_string(),
+        Ok(_) => panic!("a second live node named a was let in"),
+    };
+    assert!(err.contains("another live node is named \"a\""), "{err}");
+    first.close();
+    // The same node (same id) comes back at once.
+    let again = open_pg(&db.url, &node("a"));
+    again.close();
 }
 
 #[test]

@@ -1,0 +1,229 @@
+//! The Cluster actor: this node's membership of a cluster sharing one PostgreSQL
+//! database (only spawned when `[daemon] database_url` is set).
+//!
+//! It owns the node's heartbeat and its claim to the leader lease, and wakes the
+//! Broker when other nodes may have made work:
+//! - every fifth of `node_timeout` it writes the node's heartbeat, which also renews
+//!   the leases this node holds in the store and takes or keeps the leader lease
+//!   ([`crate::store::SharedStore::beat`]). While this node is the leader it asks
+//!   its Broker to end the leases of dead or silent nodes ([`BrokerMsg::Sweep`],
+//!   fenced by the lease's epoch) and the Pruner works ([`ClusterView::prunes`]);
+//! - at each heartbeat it reads the runtime overrides (`qctl limits`, pause and
+//!   resume, set on any node) and puts them in force here when they changed;
+//! - it listens on the store's notification channel (`LISTEN qd_jobs`, on a
+//!   connection of its own, reconnected after a loss) and sends the Broker
+//!   [`BrokerMsg::Refresh`] for each notification, and once per `poll_interval`
+//!   whatever arrives (polling is the fallback when notifications are lost).
+//!
+//! Messages: its own timers ([`ClusterMsg::Beat`], [`ClusterMsg::Poll`]).
+//! Supervised by the Supervisor; the listener task is aborted when it stops.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::task::JoinHandle;
+use tokio_postgres::{AsyncMessage, NoTls};
+use tracing::{debug, info, warn};
+
+use crate::broker::{self, BrokerMsg};
+use crate::config::DatabaseConfig;
+use crate::store::postgres::NOTIFY_CHANNEL;
+use crate::supervisor::Daemon;
+
+/// The registered name of the Cluster actor.
+pub const NAME: &str = "cluster";
+
+/// This node's standing in the cluster, shared with the Pruner and `qctl status`.
+/// Its one writer is the Cluster actor.
+#[derive(Debug, Default)]
+pub struct ClusterView {
+    /// The leader lease's epoch while this node holds it, else 0 (epochs start at 1).
+    epoch: AtomicU64,
+}
+
+impl ClusterView {
+    /// The epoch of the leader lease this node holds, if it holds it (as of its last
+    /// heartbeat).
+    pub fn leader_epoch(&self) -> Option<u64> {
+        Some(self.epoch.load(Ordering::Relaxed)).filter(|e| *e > 0)
+    }
+
+    /// Whether this node does the cluster's pruning: true on a store only this
+    /// node writes (`None`), else only while it is the leader.
+    pub fn prunes(view: Option<&ClusterView>) -> bool {
+        view.is_none_or(|v| v.leader_epoch().is_some())
+    }
+}
+
+/// What the Cluster actor is started with.
+pub struct ClusterArgs {
+    /// The daemon: its shared store, its limits (overrides set on other nodes are
+    /// taken at each heartbeat) and where this node's standing is published.
+    pub daemon: Daemon,
+    /// Where the database is, `node_timeout` and `poll_interval`.
+    pub database: DatabaseConfig,
+}
+
+/// Messages the Cluster actor takes (its own timers).
+pub enum ClusterMsg {
+    /// Write this node's heartbeat; sweep if it is the leader.
+    Beat,
+    /// Ask the Broker to look for other nodes' jobs (the polling fallback).
+    Poll,
+}
+
+/// The Cluster actor (its state is [`ClusterState`]).
+pub struct Cluster;
+
+/// The Cluster actor's state.
+pub struct ClusterState {
+    daemon: Daemon,
+    /// Whether the last heartbeat failed (logged once per outage).
+    failing: bool,
+    listener: JoinHandle<()>,
+}
+
+impl Actor for Cluster {
+    type Msg = ClusterMsg;
+    type State = ClusterState;
+    type Arguments = ClusterArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ClusterMsg>,
+        args: ClusterArgs,
+    ) -> Result<ClusterState, ActorProcessingErr> {
+        let beat_every = args.database.node_timeout / 5;
+        myself.send_interval(beat_every, || ClusterMsg::Beat);
+        myself.send_interval(args.database.poll_interval, || ClusterMsg::Poll);
+        let _ = myself.cast(ClusterMsg::Beat);
+        let listener = tokio::spawn(listen(args.database));
+        Ok(ClusterState {
+            daemon: args.daemon,
+            failing: false,
+            listener,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ClusterMsg>,
+        state: &mut ClusterState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.listener.abort();
+        state.daemon.cluster.epoch.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<ClusterMsg>,
+        msg: ClusterMsg,
+        state: &mut ClusterState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ClusterMsg::Beat => state.beat().await,
+            ClusterMsg::Poll => broker::cast(BrokerMsg::Refresh),
+        }
+        Ok(())
+    }
+}
+
+impl ClusterState {
+    async fn beat(&mut self) {
+        let result = self
+            .daemon
+            .store
+            .run(|b| {
+                let epoch = match b.shared() {
+                    Some(shared) => shared.beat()?,
+                    None => None,
+                };
+                Ok((epoch, b.overrides()?))
+            })
+            .await;
+        let epoch = match result {
+            Ok((epoch, overrides)) => {
+                if std::mem::take(&mut self.failing) {
+                    info!("Node heartbeat written again.");
+                }
+                if self.daemon.limits.replace_overrides(overrides) {
+                    info!("Limits changed on another node; now in force here.");
+                    self.daemon.limits_changed();
+                }
+                epoch
+            }
+            Err(err) => {
+                if !std::mem::replace(&mut self.failing, true) {
+                    warn!(error = %err, "Node heartbeat failed; this node does no cluster duty until one succeeds.");
+                }
+                None
+            }
+        };
+        let before = self
+            .daemon
+            .cluster
+            .epoch
+            .swap(epoch.unwrap_or(0), Ordering::Relaxed);
+        if let Some(epoch) = epoch {
+            if before != epoch {
+                info!(epoch, "This node is the cluster's leader.");
+            }
+            broker::cast(BrokerMsg::Sweep(epoch));
+        } else if before != 0 {
+            info!(
+                epoch = before,
+                "This node is no longer the cluster's leader."
+            );
+        }
+        crate::metrics::cluster_leader(epoch.is_some());
+    }
+}
+
+/// Listens on [`NOTIFY_CHANNEL`] and sends the Broker a [`BrokerMsg::Refresh`] per
+/// notification; reconnects after a lost connection (polling covers the gap).
+async fn listen(database: DatabaseConfig) {
+    let retry = database.poll_interval.max(Duration::from_secs(1));
+    loop {
+        match listen_once(&database).await {
+            Ok(()) => debug!("Notification connection closed; reconnecting."),
+            Err(err) => debug!(error = %err, "Notification connection failed; polling meanwhile."),
+        }
+        tokio::time::sleep(retry).await;
+    }
+}
+
+/// One notification connection, until it ends.
+async fn listen_once(database: &DatabaseConfig) -> Result<(), String> {
+    let config = database.client_config()?;
+    let (client, mut connection) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(_)) => {
+                    if tx.send(()).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    debug!(error = %err, "Notification connection failed.");
+                    return;
+                }
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    // Jobs may have arrived before the LISTEN: look once.
+    broker::cast(BrokerMsg::Refresh);
+    while rx.recv().await.is_some() {
+        broker::cast(BrokerMsg::Refresh);
+    }
+    driver.abort();
+    Ok(())
+}
