@@ -1,10 +1,12 @@
 //! The Scheduler actor, one per queue: decides which ready job goes to which lessee.
 //!
-//! It owns the queue's ready jobs per tenant (a [`fair::FairQueue`]: weighted deficit
-//! round robin with per-tenant concurrency caps), the delayed jobs (a
-//! [`delayed::DelayedJobs`] keyed by monotonic due time), and the lessees waiting in a
-//! long poll (in-process Workers and external workers alike). It holds ids only,
-//! never payloads. It arms one timer for the soonest of: a delayed job's due time, a
+//! It owns the dispatch order of the queue's ready jobs per tenant (a
+//! [`fair::FairQueue`]: weighted deficit round robin with per-tenant concurrency
+//! caps, 24 bytes per ready job), the delayed jobs (a [`delayed::DelayedJobs`] keyed
+//! by monotonic due time), and the lessees waiting in a long poll (in-process Workers
+//! and external workers alike). The jobs' states are the Broker's: it holds ids and
+//! ready times only, never payloads, and the Broker refuses a pick that is no longer
+//! leasable. It arms one timer for the soonest of: a delayed job's due time, a
 //! waiter's deadline, or the rate limiter's next token — it never polls.
 //!
 //! Messages ([`SchedulerMsg`]): `Ready`, `Remove`, `Finished`, `Restore`, `Batch`,
@@ -67,8 +69,9 @@ pub struct SchedulerStats {
 pub enum SchedulerMsg {
     /// A job is ready at `ready_at` (now or later).
     Ready(Arc<str>, JobId, UnixMillis),
-    /// Forget a ready or delayed job (cancelled).
-    Remove(JobId),
+    /// Forget a ready or delayed job of this tenant (cancelled), ready at this time
+    /// (Unix ms) as it was handed over.
+    Remove(Arc<str>, JobId, UnixMillis),
     /// A leased job of this tenant ended after running this long.
     Finished(Arc<str>, Duration),
     /// Replace every job and running count with the Broker's view (a resync), in
@@ -201,9 +204,9 @@ impl SchedulerState {
                 }
             }
             SchedulerMsg::Ready(tenant, id, ready_at) => self.ready(tenant, id, ready_at, now),
-            SchedulerMsg::Remove(id) => {
-                if !self.fair.remove(id) {
-                    self.delayed.remove(id);
+            SchedulerMsg::Remove(tenant, id, ready_at) => {
+                if !self.delayed.remove(id) {
+                    self.fair.remove(&tenant, id, ready_at);
                 }
             }
             SchedulerMsg::Finished(tenant, run) => self.fair.finish(&tenant, run),
@@ -254,25 +257,27 @@ impl SchedulerState {
     fn ready(&mut self, tenant: Arc<str>, id: JobId, ready_at: UnixMillis, now: Instant) {
         let wall = wall_ms();
         if ready_at > wall {
-            self.delayed.push(now + until(ready_at, wall), tenant, id);
+            self.delayed
+                .push(now + until(ready_at, wall), tenant, id, ready_at);
         } else {
             self.fair.push(tenant, id, ready_at);
         }
     }
 
     /// Forgets every job and running count, then takes the Broker's: ready jobs in
-    /// bulk ([`FairQueue::extend`]), delayed ones by due time.
+    /// bulk ([`FairQueue::extend`], which keeps each tenant's list as its backlog),
+    /// delayed ones by due time.
     fn restore(&mut self, snapshot: Snapshot, now: Instant) {
         self.fair.clear();
         self.delayed.clear();
         let wall = wall_ms();
-        for (tenant, jobs) in snapshot.jobs {
+        for (tenant, mut jobs) in snapshot.jobs {
             let due = jobs.partition_point(|&(_, ready_at)| ready_at <= wall);
-            for &(id, ready_at) in &jobs[due..] {
+            for (id, ready_at) in jobs.split_off(due) {
                 self.delayed
-                    .push(now + until(ready_at, wall), tenant.clone(), id);
+                    .push(now + until(ready_at, wall), tenant.clone(), id, ready_at);
             }
-            self.fair.extend(tenant, &jobs[..due]);
+            self.fair.extend(tenant, jobs);
         }
         for (tenant, n) in snapshot.running {
             for _ in 0..n {
@@ -306,9 +311,8 @@ impl SchedulerState {
 
     /// Hands ready jobs to waiting lessees, then re-arms the timer.
     fn dispatch(&mut self, now: Instant) {
-        let wall = wall_ms();
-        for (tenant, id) in self.delayed.pop_due(now) {
-            self.fair.push(tenant, id, wall);
+        for (tenant, id, ready_at) in self.delayed.pop_due(now) {
+            self.fair.push(tenant, id, ready_at);
         }
         self.waiters.retain(|w| !w.reply.is_closed());
         if !self.paused && !self.draining {
@@ -405,3 +409,56 @@ impl SchedulerState {
 
 /// The longest long poll a lessee may ask for.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    async fn stats(actor: &ActorRef<SchedulerMsg>) -> SchedulerStats {
+        match actor
+            .call(SchedulerMsg::Stats, Some(Duration::from_secs(10)))
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(stats)) => stats,
+            _ => panic!("the scheduler answers Stats"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_delayed_job_cancelled_after_it_became_ready_is_removed_by_its_ready_time() {
+        let text = "[queues.q]\nexecutor = { kind = \"external\" }\n";
+        let config = Config::parse(text, std::path::Path::new("/tmp/qd.toml")).expect("config");
+        let args = SchedulerArgs {
+            queue: Arc::from("q"),
+            fairness: Fairness::Jobs,
+            limits: Arc::new(Limits::new(Arc::new(config), Vec::new())),
+            limiter: None,
+        };
+        let (actor, task) = Actor::spawn(None, Scheduler, args).await.expect("spawn");
+        let (tenant, id) = (Arc::<str>::from("t"), JobId::new());
+        let ready_at = wall_ms() + 100;
+        actor
+            .cast(SchedulerMsg::Ready(tenant.clone(), id, ready_at))
+            .expect("cast");
+        // Its timer moves it from delayed to ready once due.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let s = stats(&actor).await;
+            if (s.ready, s.delayed) == (1, 0) {
+                assert_eq!(s.oldest_ready_at, Some(ready_at), "its own ready time");
+                break;
+            }
+            assert!(Instant::now() < deadline, "never became ready: {s:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The Broker names the job by its tenant and the ready time it holds.
+        actor
+            .cast(SchedulerMsg::Remove(tenant, id, ready_at))
+            .expect("cast");
+        let s = stats(&actor).await;
+        assert_eq!((s.ready, s.delayed, s.oldest_ready_at), (0, 0, None));
+        actor.stop(None);
+        let _ = task.await;
+    }
+}

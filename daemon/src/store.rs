@@ -253,10 +253,12 @@ pub trait Backend: Send {
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError>;
 
     /// [`Backend::load_unfinished`] handed to `each` in pieces of at most `chunk`
-    /// jobs (at least 1), in the same order, so that a caller streaming a large store
-    /// never holds the whole list; stops early, without error, once `each` answers
-    /// `false`. Errors as [`Backend::load_unfinished`]. The default reads the whole
-    /// list first; a backend overrides it to read row by row.
+    /// jobs (at least 1), each piece in id order (the pieces themselves may come in
+    /// any order: a backend may read parts of the key range at once), so that a
+    /// caller streaming a large store never holds the whole list; stops early,
+    /// without error, once `each` answers `false`. Errors as
+    /// [`Backend::load_unfinished`]. The default reads the whole list first; a
+    /// backend overrides it to read row by row.
     fn load_unfinished_chunks(
         &mut self,
         chunk: usize,

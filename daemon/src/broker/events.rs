@@ -62,14 +62,23 @@ pub fn changed(out: &mut Outbox, old: &Job, new: &Job, now: UnixMillis) {
             .unwrap_or_default();
         out.push(&old.queue, SchedulerMsg::Finished(old.tenant.clone(), run));
     }
-    if matches!(old.state, State::Ready | State::Delayed) && new.state == State::Cancelled {
-        out.push(&old.queue, SchedulerMsg::Remove(old.id));
+    let waiting = |job: &Job| matches!(job.state, State::Ready | State::Delayed);
+    // Still waiting at another ready time (another node retried it): the Scheduler
+    // finds its entry by the old time and queues it again at the new one.
+    let moved = waiting(old) && waiting(new) && old.ready_at != new.ready_at;
+    if waiting(old) && (new.state == State::Cancelled || moved) {
+        remove(out, old);
     }
-    if matches!(new.state, State::Ready | State::Delayed)
-        && !matches!(old.state, State::Ready | State::Delayed)
-    {
+    if waiting(new) && (!waiting(old) || moved) {
         ready(out, new);
     }
+}
+
+/// Takes a ready or delayed job out of its queue's Scheduler, named as it was
+/// handed over (tenant and ready time).
+fn remove(out: &mut Outbox, job: &Job) {
+    let msg = SchedulerMsg::Remove(job.tenant.clone(), job.id, job.ready_at);
+    out.push(&job.queue, msg);
 }
 
 /// After a throttled result, pauses the queue's shared rate limiter (through its
@@ -103,7 +112,7 @@ pub fn restore(queue: &str, snapshot: impl FnOnce() -> Snapshot) {
 /// it): a waiting job is removed, a lease held here frees its tenant's slot.
 pub fn dropped(out: &mut Outbox, job: &Job) {
     match job.state {
-        State::Ready | State::Delayed => out.push(&job.queue, SchedulerMsg::Remove(job.id)),
+        State::Ready | State::Delayed => remove(out, job),
         State::Leased => release(out, &job.queue, job.tenant.clone()),
         State::Dead | State::Succeeded | State::Cancelled => {}
     }
@@ -112,4 +121,63 @@ pub fn dropped(out: &mut Outbox, job: &Job) {
 /// Tells a queue's Scheduler that a job it handed out was not leased after all.
 pub fn release(out: &mut Outbox, queue: &Arc<str>, tenant: Arc<str>) {
     out.push(queue, SchedulerMsg::Finished(tenant, Duration::ZERO));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::NewJob;
+
+    fn waiting(ready_at: UnixMillis) -> Job {
+        let new = NewJob {
+            queue: "q".into(),
+            tenant: "t".into(),
+            idempotency_key: None,
+            delay: Duration::ZERO,
+            max_attempts: 3,
+        };
+        Job {
+            ready_at,
+            ..Job::new(new, 1_000)
+        }
+    }
+
+    /// The Scheduler messages in `out` as (kind, ready time) pairs.
+    fn sent(out: &Outbox) -> Vec<(&'static str, UnixMillis)> {
+        out.0
+            .iter()
+            .map(|(_, msg)| match msg {
+                SchedulerMsg::Remove(_, _, at) => ("remove", *at),
+                SchedulerMsg::Ready(_, _, at) => ("ready", *at),
+                _ => ("other", 0),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_waiting_job_is_removed_by_the_ready_time_it_was_handed_over_with() {
+        let old = waiting(1_000);
+        let mut out = Outbox::default();
+        let cancelled = Job {
+            state: State::Cancelled,
+            ..old.clone()
+        };
+        changed(&mut out, &old, &cancelled, 2_000);
+        assert_eq!(sent(&out), vec![("remove", 1_000)]);
+
+        // Another node retried it: still waiting, at a new time.
+        let mut out = Outbox::default();
+        let retried = Job {
+            ready_at: 5_000,
+            ..old.clone()
+        };
+        changed(&mut out, &old, &retried, 2_000);
+        assert_eq!(sent(&out), vec![("remove", 1_000), ("ready", 5_000)]);
+
+        let mut out = Outbox::default();
+        changed(&mut out, &old, &old.clone(), 2_000);
+        assert!(sent(&out).is_empty(), "an unchanged job sends nothing");
+        dropped(&mut out, &old);
+        assert_eq!(sent(&out), vec![("remove", 1_000)]);
+    }
 }

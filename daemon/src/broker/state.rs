@@ -213,15 +213,7 @@ impl BrokerState {
     }
 
     fn account(&mut self, job: &Job, add: bool) {
-        let apply = |n: &mut u64| *n = if add { *n + 1 } else { n.saturating_sub(1) };
-        if let Some(n) = self
-            .counts
-            .entry(job.queue.clone())
-            .or_default()
-            .slot(job.state)
-        {
-            apply(n);
-        }
+        self.tally(&job.queue, &job.tenant, job.state, if add { 1 } else { -1 });
         if job.state == State::Dead {
             let dead = self.dead.entry(job.queue.clone()).or_default();
             if add {
@@ -229,10 +221,6 @@ impl BrokerState {
             } else {
                 dead.remove(&(job.updated_at, job.id));
             }
-        }
-        if matches!(job.state, State::Ready | State::Delayed | State::Leased) {
-            let key = (job.queue.clone(), job.tenant.clone());
-            apply(self.tenant_depth.entry(key).or_default());
         }
         if job.state == State::Leased && !add {
             self.deadlines.untrack(job.id);
@@ -244,6 +232,20 @@ impl BrokerState {
                     self.by_worker.remove(worker);
                 }
             }
+        }
+    }
+
+    /// Adds `n` jobs in `state` of `queue` and `tenant` to the counts (a negative
+    /// `n` takes them off, never below 0): the queue's count of that state, and the
+    /// tenant's depth for a state that counts against `max_depth`.
+    fn tally(&mut self, queue: &Arc<str>, tenant: &Arc<str>, state: State, n: i64) {
+        let apply = |c: &mut u64| *c = c.saturating_add_signed(n);
+        if let Some(c) = self.counts.entry(queue.clone()).or_default().slot(state) {
+            apply(c);
+        }
+        if matches!(state, State::Ready | State::Delayed | State::Leased) {
+            let key = (queue.clone(), tenant.clone());
+            apply(self.tenant_depth.entry(key).or_default());
         }
     }
 
@@ -288,31 +290,65 @@ impl BrokerState {
     ///
     /// Takes the store's jobs in pieces (call [`Self::recovered`] after the last);
     /// answers how many leases of this piece were kept.
+    ///
+    /// Must start from an empty state, with each job once (the store's rows are
+    /// unique by id). Rows come in key order within a piece and mostly share their
+    /// queue and tenant with the row before (the store hands out one allocation per
+    /// name): such a run is interned, checked against the config and counted once,
+    /// not per job.
     pub(super) fn recover(&mut self, jobs: Vec<Job>, keep_leases: Option<Instant>) -> usize {
         let mut kept = 0usize;
+        let mut run: Option<Run> = None;
         for job in jobs {
-            let queue = self.intern(&job.queue);
-            let tenant = self.intern(&job.tenant);
+            if !run.as_ref().is_some_and(|r| r.holds(&job)) {
+                if let Some(done) = run.take() {
+                    self.tally(&done.queue, &done.tenant, State::Ready, done.waiting);
+                }
+                run = Some(self.start_run(&job));
+            }
+            let r = run.as_mut().expect("invariant: a run was just started");
             let mut job = Job {
-                queue,
-                tenant,
+                queue: r.queue.clone(),
+                tenant: r.tenant.clone(),
                 ..job
             };
-            if !self.config.queues.contains_key(&*job.queue) {
-                warn!(queue = %job.queue, job = %job.id, "Job belongs to a queue that is not configured; it waits until the queue is configured again.");
+            match job.state {
+                State::Ready | State::Delayed => {
+                    job.lease_seq += 1;
+                    r.waiting += 1;
+                    self.jobs.insert_new(job);
+                }
+                State::Leased => {
+                    let deadline = keep_leases.unwrap_or_else(Instant::now)
+                        + self.queue(&job.queue).map_or(MAX_EXTEND, |q| q.lease);
+                    kept += 1;
+                    self.deadlines.track(job.id, job.lease_seq, deadline);
+                    self.replace(job);
+                }
+                _ => {
+                    job.lease_seq += 1;
+                    self.replace(job);
+                }
             }
-            if job.state != State::Leased {
-                job.lease_seq += 1;
-                self.replace(job);
-                continue;
-            }
-            let deadline = keep_leases.unwrap_or_else(Instant::now)
-                + self.queue(&job.queue).map_or(MAX_EXTEND, |q| q.lease);
-            kept += 1;
-            self.deadlines.track(job.id, job.lease_seq, deadline);
-            self.replace(job);
+        }
+        if let Some(done) = run {
+            self.tally(&done.queue, &done.tenant, State::Ready, done.waiting);
         }
         kept
+    }
+
+    /// Begins a [`Run`] of recovered jobs with the queue and tenant of `job`.
+    fn start_run(&mut self, job: &Job) -> Run {
+        let run = Run {
+            stored: (job.queue.clone(), job.tenant.clone()),
+            queue: self.intern(&job.queue),
+            tenant: self.intern(&job.tenant),
+            waiting: 0,
+        };
+        if !self.config.queues.contains_key(&*run.queue) {
+            warn!(queue = %run.queue, job = %job.id, "Job belongs to a queue that is not configured; it waits until the queue is configured again.");
+        }
+        run
     }
 
     /// The start-up load ended: `kept` leases survived a restart of the Broker alone.
@@ -341,20 +377,31 @@ impl BrokerState {
 
     /// The Scheduler's view of `queue`: its ready and delayed jobs per tenant,
     /// oldest first, and its leased jobs counted per tenant.
+    ///
+    /// Consecutive jobs of one tenant (the common case: the table is filled in key
+    /// order) are filed without hashing the tenant's name.
     fn snapshot(&self, queue: &str) -> Snapshot {
-        let mut jobs: HashMap<Arc<str>, Vec<Waiting>> = HashMap::new();
+        let mut jobs: Vec<(Arc<str>, Vec<Waiting>)> = Vec::new();
+        let mut slots: HashMap<Arc<str>, usize> = HashMap::new();
         let mut running: HashMap<Arc<str>, u32> = HashMap::new();
+        let mut last: Option<usize> = None;
         for job in self.jobs.in_queue(queue) {
             match job.state {
-                State::Ready | State::Delayed => jobs
-                    .entry(job.tenant.clone())
-                    .or_default()
-                    .push((job.id, job.ready_at)),
+                State::Ready | State::Delayed => {
+                    let slot = match last.filter(|&k| Arc::ptr_eq(&jobs[k].0, job.tenant)) {
+                        Some(k) => k,
+                        None => *slots.entry(job.tenant.clone()).or_insert_with(|| {
+                            jobs.push((job.tenant.clone(), Vec::new()));
+                            jobs.len() - 1
+                        }),
+                    };
+                    last = Some(slot);
+                    jobs[slot].1.push((job.id, job.ready_at));
+                }
                 State::Leased => *running.entry(job.tenant.clone()).or_default() += 1,
                 _ => {}
             }
         }
-        let mut jobs: Vec<_> = jobs.into_iter().collect();
         for (_, waiting) in &mut jobs {
             waiting.sort_unstable_by_key(|&(id, ready_at)| (ready_at, id));
         }
@@ -1119,6 +1166,26 @@ impl BrokerState {
                 (queue.clone(), stats)
             })
             .collect()
+    }
+}
+
+/// Recovered jobs in a row that share the store's allocations of their queue and
+/// tenant names ([`BrokerState::recover`]).
+struct Run {
+    /// The store's names, compared by address.
+    stored: (Arc<str>, Arc<str>),
+    /// The interned queue.
+    queue: Arc<str>,
+    /// The interned tenant.
+    tenant: Arc<str>,
+    /// Ready or delayed jobs filed in this run, not counted yet.
+    waiting: i64,
+}
+
+impl Run {
+    /// True when `job` names the same allocations as the run.
+    fn holds(&self, job: &Job) -> bool {
+        Arc::ptr_eq(&self.stored.0, &job.queue) && Arc::ptr_eq(&self.stored.1, &job.tenant)
     }
 }
 

@@ -17,16 +17,17 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
-use crate::job::JobId;
+use crate::job::{JobId, UnixMillis};
 
 /// A heap entry: due time, then push order (equal deadlines come out first-in,
-/// first-out), then the job.
+/// first-out), then the job and its `ready_at` (Unix ms), handed back when due.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Entry<D> {
     due: D,
     seq: u64,
     id: JobId,
     tenant: Arc<str>,
+    ready_at: UnixMillis,
 }
 
 /// Garbage entries are compacted once there are more of them than this and than
@@ -58,9 +59,10 @@ impl<D: Ord + Copy> DelayedJobs<D> {
         }
     }
 
-    /// Schedules job `id` of `tenant` to become ready at `due`. If `id` is already
-    /// here, the new due time replaces the old one and `false` is returned.
-    pub fn push(&mut self, due: D, tenant: Arc<str>, id: JobId) -> bool {
+    /// Schedules job `id` of `tenant`, ready at `ready_at` (Unix ms), to become ready
+    /// at `due`. If `id` is already here, the new due time replaces the old one and
+    /// `false` is returned.
+    pub fn push(&mut self, due: D, tenant: Arc<str>, id: JobId, ready_at: UnixMillis) -> bool {
         let seq = self.next_seq;
         self.next_seq += 1;
         let fresh = self.live.insert(id, seq).is_none();
@@ -69,6 +71,7 @@ impl<D: Ord + Copy> DelayedJobs<D> {
             seq,
             id,
             tenant,
+            ready_at,
         }));
         if !fresh {
             self.tidy();
@@ -85,9 +88,9 @@ impl<D: Ord + Copy> DelayedJobs<D> {
         found
     }
 
-    /// Removes and returns every job due at or before `now`, soonest first (equal
-    /// deadlines in push order).
-    pub fn pop_due(&mut self, now: D) -> Vec<(Arc<str>, JobId)> {
+    /// Removes and returns every job due at or before `now` as `(tenant, id,
+    /// ready_at)`, soonest first (equal deadlines in push order).
+    pub fn pop_due(&mut self, now: D) -> Vec<(Arc<str>, JobId, UnixMillis)> {
         let mut due = Vec::new();
         while let Some(Reverse(top)) = self.heap.peek() {
             if top.due > now {
@@ -98,7 +101,7 @@ impl<D: Ord + Copy> DelayedJobs<D> {
             };
             if self.live.get(&entry.id) == Some(&entry.seq) {
                 self.live.remove(&entry.id);
-                due.push((entry.tenant, entry.id));
+                due.push((entry.tenant, entry.id, entry.ready_at));
             }
         }
         self.tidy();
@@ -152,23 +155,27 @@ mod tests {
         JobId(uuid::Uuid::from_u128(n))
     }
 
-    fn ids(popped: Vec<(Arc<str>, JobId)>) -> Vec<JobId> {
-        popped.into_iter().map(|(_, id)| id).collect()
+    fn ids(popped: Vec<(Arc<str>, JobId, UnixMillis)>) -> Vec<JobId> {
+        popped.into_iter().map(|(_, id, _)| id).collect()
     }
 
     #[test]
     fn jobs_come_out_in_due_order_and_only_when_due() {
         let mut heap = DelayedJobs::new();
-        heap.push(30u64, "a".into(), id(3));
-        heap.push(10, "b".into(), id(1));
-        heap.push(20, "a".into(), id(2));
+        heap.push(30u64, "a".into(), id(3), 300);
+        heap.push(10, "b".into(), id(1), 0);
+        heap.push(20, "a".into(), id(2), 0);
         assert_eq!(heap.next_due(), Some(10));
         assert!(heap.pop_due(9).is_empty());
         assert_eq!(ids(heap.pop_due(25)), vec![id(1), id(2)]);
         assert_eq!(heap.next_due(), Some(30));
         assert_eq!(heap.len(), 1);
         let last = heap.pop_due(30);
-        assert_eq!(last, vec![(Arc::from("a"), id(3))]);
+        assert_eq!(
+            last,
+            vec![(Arc::from("a"), id(3), 300)],
+            "with its ready_at"
+        );
         assert_eq!(heap.next_due(), None);
         assert!(heap.is_empty());
     }
@@ -177,7 +184,7 @@ mod tests {
     fn equal_deadlines_come_out_in_push_order() {
         let mut heap = DelayedJobs::new();
         for n in [5u128, 1, 9, 3] {
-            heap.push(7u64, "t".into(), id(n));
+            heap.push(7u64, "t".into(), id(n), 0);
         }
         assert_eq!(ids(heap.pop_due(7)), vec![id(5), id(1), id(9), id(3)]);
     }
@@ -185,8 +192,8 @@ mod tests {
     #[test]
     fn removed_job_is_never_due_and_next_due_skips_it() {
         let mut heap = DelayedJobs::new();
-        heap.push(1u64, "t".into(), id(1));
-        heap.push(2, "t".into(), id(2));
+        heap.push(1u64, "t".into(), id(1), 0);
+        heap.push(2, "t".into(), id(2), 0);
         assert!(heap.remove(id(1)));
         assert!(!heap.remove(id(1)));
         assert_eq!(heap.next_due(), Some(2));
@@ -197,8 +204,8 @@ mod tests {
     #[test]
     fn push_again_replaces_the_due_time() {
         let mut heap = DelayedJobs::new();
-        assert!(heap.push(5u64, "t".into(), id(1)));
-        assert!(!heap.push(50, "t".into(), id(1)));
+        assert!(heap.push(5u64, "t".into(), id(1), 0));
+        assert!(!heap.push(50, "t".into(), id(1), 0));
         assert_eq!(heap.next_due(), Some(50));
         assert!(heap.pop_due(10).is_empty());
         assert_eq!(ids(heap.pop_due(50)), vec![id(1)]);
@@ -209,7 +216,7 @@ mod tests {
     fn garbage_is_compacted_after_many_removals() {
         let mut heap = DelayedJobs::new();
         for n in 0..1_000u128 {
-            heap.push(u64::try_from(n).expect("small"), "t".into(), id(n));
+            heap.push(u64::try_from(n).expect("small"), "t".into(), id(n), 0);
         }
         for n in 1..1_000u128 {
             heap.remove(id(n));
@@ -249,7 +256,7 @@ mod tests {
                         model.retain(|e| e.2 != job);
                         model.push((due, seq, job));
                         seq += 1;
-                        prop_assert_eq!(heap.push(due, "t".into(), job), !had);
+                        prop_assert_eq!(heap.push(due, "t".into(), job, 0), !had);
                     }
                     Op::Remove(i) => {
                         let job = id(u128::from(i));

@@ -1,8 +1,11 @@
 //! Weighted fair choice between tenants within one queue: the pure data structure
 //! behind the per-queue Scheduler actor (no async, no clock, no I/O).
 //!
-//! [`FairQueue`] owns the queue's *ready* jobs (ids only, no payloads), per tenant,
-//! oldest `ready_at` first, and decides which job a free worker gets next. Tenants are
+//! [`FairQueue`] holds the order of the queue's *ready* jobs (ids and ready times
+//! only, no payloads), per tenant, oldest `ready_at` first, and decides which job a
+//! free worker gets next. The jobs' states belong to the Broker, which hands each
+//! ready job here once and refuses a lease of a job that is no longer ready, so this
+//! keeps no index of ids: a removal names the job's tenant and ready time. Tenants are
 //! served by **weighted deficit round robin** (M. Shreedhar and G. Varghese,
 //! "Efficient Fair Queuing using Deficit Round Robin", SIGCOMM 1995): every round a
 //! backlogged tenant earns `quantum × weight` of credit (its *deficit* counter) and is
@@ -29,13 +32,14 @@
 //!   tenant's moving average run time); `finish` refunds it and charges the measured
 //!   run time, so the long-run charge is exactly the run time.
 //!
-//! Costs: `push`, `remove` and `pop` are O(1) hash work plus O(log tenants), plus
-//! O(log m) for the m jobs of a tenant pushed out of `ready_at` order. `len` and
-//! `running` are O(1); `oldest_ready_at` is O(log tenants); `tenant_stats` is
-//! O(tenants log tenants), meant for a once-a-second metrics or `qctl` call. Memory per
-//! queued job: one 24-byte deque entry and one 40-byte index entry plus hash-table
-//! and deque slack; `benches/scheduler.rs` measured ~125 bytes of RSS per job with
-//! 1M jobs over 10k tenants (the id index had just doubled, so that is near the top).
+//! Costs: `push` and `pop` are O(1) hash work (of the tenant name) plus
+//! O(log tenants), plus O(log m) for the m jobs of a tenant pushed out of `ready_at`
+//! order; `remove` adds O(log m + k) for the k jobs of the tenant ready in the same
+//! millisecond. `extend` of a sorted list into an idle tenant is O(1) per tenant
+//! (the list becomes its deque). `len` and `running` are O(1); `oldest_ready_at` is
+//! O(log tenants); `tenant_stats` is O(tenants log tenants), meant for a
+//! once-a-second metrics or `qctl` call. Memory per queued job: one 24-byte deque
+//! entry plus deque slack (at most twice that while a drained deque has not shrunk).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -50,7 +54,6 @@ mod tenant;
 #[cfg(test)]
 mod tests;
 
-use backlog::{Index, Slot};
 use tenant::{Place, Tenant, Turn};
 
 /// What a tenant's share is measured in.
@@ -120,7 +123,8 @@ pub struct FairQueue {
     tenants: Vec<Tenant>,
     free: Vec<u32>,
     by_name: HashMap<Arc<str>, u32>,
-    index: Index,
+    /// Ready jobs queued, over all tenants.
+    len: usize,
     /// Backlogged, uncapped tenants by their next turn.
     calendar: BTreeMap<Turn, u32>,
     /// Each backlogged tenant's oldest ready time.
@@ -149,7 +153,7 @@ impl FairQueue {
             tenants: Vec::new(),
             free: Vec::new(),
             by_name: HashMap::new(),
-            index: Index::new(),
+            len: 0,
             calendar: BTreeMap::new(),
             oldest: BTreeSet::new(),
             round: 0,
@@ -207,67 +211,50 @@ impl FairQueue {
         }
     }
 
-    /// A job of `tenant` became ready at `ready_at` (Unix ms). Returns false, and
-    /// changes nothing, if `id` is already queued.
-    pub fn push(&mut self, tenant: Arc<str>, id: JobId, ready_at: UnixMillis) -> bool {
-        if self.index.contains_key(&id) {
-            return false;
-        }
+    /// A job of `tenant` became ready at `ready_at` (Unix ms). The caller hands each
+    /// job once (a job pushed twice would be popped twice; the Broker refuses the
+    /// second lease and releases its slot).
+    pub fn push(&mut self, tenant: Arc<str>, id: JobId, ready_at: UnixMillis) {
         let t = self.tenant_slot(tenant);
-        self.queue_new(t, id, ready_at);
-        self.refresh_oldest(t);
-        true
+        self.tenants[t as usize].backlog.push(id, ready_at);
+        self.queued(t, 1);
     }
 
     /// Many jobs of `tenant` became ready (a resync): the same as [`Self::push`] of
-    /// each in order, with one tenant lookup and one index reservation for the lot.
-    /// Jobs already queued are skipped. O(n) for `jobs` sorted by `ready_at`.
-    pub fn extend(&mut self, tenant: Arc<str>, jobs: &[(JobId, UnixMillis)]) {
+    /// each in order, with one tenant lookup for the lot. For `jobs` sorted by
+    /// `ready_at` and a tenant with nothing queued (a resync) it is O(1): the list
+    /// becomes the tenant's backlog without a copy.
+    pub fn extend(&mut self, tenant: Arc<str>, jobs: Vec<(JobId, UnixMillis)>) {
         if jobs.is_empty() {
             return;
         }
-        self.index.reserve(jobs.len());
-        // The tenant gets a slot only with its first new job, as with `push`.
-        let mut slot = None;
-        for &(id, ready_at) in jobs {
-            if !self.index.contains_key(&id) {
-                let t = *slot.get_or_insert_with(|| self.tenant_slot(tenant.clone()));
-                self.queue_new(t, id, ready_at);
-            }
-        }
-        if let Some(t) = slot {
-            self.refresh_oldest(t);
-        }
+        let n = jobs.len();
+        let t = self.tenant_slot(tenant);
+        self.tenants[t as usize].backlog.extend(jobs);
+        self.queued(t, n);
     }
 
-    /// Queues job `id` (not queued yet) at the back of tenant slot `t`'s backlog and
-    /// activates the tenant if it was idle; the caller refreshes its oldest time.
-    fn queue_new(&mut self, t: u32, id: JobId, ready_at: UnixMillis) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.index.insert(
-            id,
-            Slot {
-                tenant: t,
-                seq,
-                ready_at,
-            },
-        );
-        let tenant = &mut self.tenants[t as usize];
-        tenant.backlog.push(id, seq, ready_at);
-        if tenant.place == Place::Idle {
+    /// `n` jobs were added to the backlog of tenant slot `t`: counts them, activates
+    /// the tenant if it was idle and refreshes its oldest time.
+    fn queued(&mut self, t: u32, n: usize) {
+        self.len += n;
+        if self.tenants[t as usize].place == Place::Idle {
             self.activate(t);
         }
+        self.refresh_oldest(t);
     }
 
-    /// Drops a queued job (cancelled, or leased by another path). Returns false if it
-    /// is not queued here. Does not touch running counts.
-    pub fn remove(&mut self, id: JobId) -> bool {
-        let Some(slot) = self.index.remove(&id) else {
+    /// Drops the queued job `id` of `tenant`, ready at `ready_at` (Unix ms) as it was
+    /// pushed (cancelled). Returns false if it is not queued here (already popped, or
+    /// never pushed). Does not touch running counts.
+    pub fn remove(&mut self, tenant: &str, id: JobId, ready_at: UnixMillis) -> bool {
+        let Some(&t) = self.by_name.get(tenant) else {
             return false;
         };
-        let t = slot.tenant;
-        self.tenants[t as usize].backlog.forget(slot, &self.index);
+        if !self.tenants[t as usize].backlog.remove(id, ready_at) {
+            return false;
+        }
+        self.len -= 1;
         self.refresh_oldest(t);
         if self.tenants[t as usize].backlog.is_empty() {
             self.go_idle(t);
@@ -333,19 +320,19 @@ impl FairQueue {
         self.tenants.clear();
         self.free.clear();
         self.by_name.clear();
-        self.index.clear();
+        self.len = 0;
         self.calendar.clear();
         self.oldest.clear();
     }
 
     /// Number of ready jobs queued. O(1).
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.len
     }
 
     /// True when no job is queued.
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len == 0
     }
 
     /// The `ready_at` (Unix ms) of the oldest queued job, for
@@ -392,8 +379,9 @@ impl FairQueue {
         let tenant = &mut self.tenants[t as usize];
         let id = tenant
             .backlog
-            .take_head(&mut self.index)
+            .take_head()
             .expect("invariant: a tenant in the calendar has ready jobs");
+        self.len -= 1;
         tenant.running = tenant.running.saturating_add(1);
         tenant.deficit = tenant.deficit.saturating_sub(cost);
         if self.fairness == Fairness::Runtime {
@@ -579,7 +567,7 @@ impl FairQueue {
     /// Re-files `t` in the oldest-ready index after its head may have changed.
     fn refresh_oldest(&mut self, t: u32) {
         let tenant = &mut self.tenants[t as usize];
-        let now = tenant.backlog.head(&self.index).map(|(at, _, _)| at);
+        let now = tenant.backlog.head().map(|(at, _)| at);
         if now != tenant.oldest {
             if let Some(at) = tenant.oldest {
                 self.oldest.remove(&(at, t));

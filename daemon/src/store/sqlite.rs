@@ -2,7 +2,7 @@
 //! path) and the [`Backend`] operations as SQL. The schema and its invariants are
 //! documented in the parent module; [`MIGRATIONS`] is the one place it changes.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -153,6 +153,61 @@ const JOB_COLUMNS: &str = "j.id, j.queue, j.tenant, j.idempotency_key, \
 /// A job's state as readers see it: `leased` while this process holds a lease.
 const EFFECTIVE_STATE: &str = "CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END";
 
+/// The unfinished stored jobs, in the columns of [`JOB_COLUMNS`] without the
+/// lease's (laid over from `temp.leases` in memory by
+/// [`Backend::load_unfinished_chunks`]), as [`stored_job`] reads them; completed by
+/// a [`Range`]. The states are spelled as `OR` terms: an `IN` list probes a
+/// temporary index per row.
+const LOAD_UNFINISHED: &str = "SELECT id, queue, tenant, idempotency_key, state, attempts, \
+     budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at, last_error \
+     FROM jobs WHERE (state = 'ready' OR state = 'delayed' OR state = 'dead')";
+
+/// Which ids a start-up read covers: all, those below a key, or those from it on.
+#[derive(Clone, Copy)]
+enum Range {
+    All,
+    Below([u8; 16]),
+    From([u8; 16]),
+}
+
+/// Reads the unfinished jobs of `range` on `conn` in key order, handed to `each` in
+/// pieces of `chunk`; stops when `each` answers `false`.
+fn read_range(
+    conn: &Connection,
+    range: Range,
+    chunk: usize,
+    each: &mut dyn FnMut(Vec<Job>) -> bool,
+) -> rusqlite::Result<()> {
+    let (bound, key) = match range {
+        Range::All => ("", None),
+        Range::Below(key) => (" AND id < ?1", Some(key)),
+        Range::From(key) => (" AND id >= ?1", Some(key)),
+    };
+    let mut stmt = conn.prepare_cached(&format!("{LOAD_UNFINISHED}{bound} ORDER BY id"))?;
+    let mut rows = match key {
+        Some(key) => stmt.query([key])?,
+        None => stmt.query([])?,
+    };
+    let mut names = Names::default();
+    let mut part = Vec::with_capacity(chunk);
+    while let Some(row) = rows.next()? {
+        part.push(stored_job(row, &mut names, 9)?);
+        if part.len() == chunk {
+            // Fresh name allocations per piece: the caller drops the piece's names
+            // on another thread, and a count that both threads change per row makes
+            // its cache line bounce between cores.
+            names = Names::default();
+            if !each(std::mem::replace(&mut part, Vec::with_capacity(chunk))) {
+                return Ok(());
+            }
+        }
+    }
+    if !part.is_empty() {
+        each(part);
+    }
+    Ok(())
+}
+
 /// The stored jobs with this process's leases laid over them.
 const JOINED: &str = "jobs j LEFT JOIN temp.leases l ON l.id = j.id";
 
@@ -185,6 +240,9 @@ pub struct SqliteBackend {
     conn: Connection,
     path: PathBuf,
     history: HistoryLimits,
+    /// The connection's count of changed rows when the open transaction began: the
+    /// same count later means nothing is written but not yet committed.
+    changes_at_begin: u64,
 }
 
 /// Bytes the database at `path` takes on disk: the file plus its `-wal` (0 if absent).
@@ -222,6 +280,7 @@ impl SqliteBackend {
             conn,
             path: path.to_path_buf(),
             history: options.history,
+            changes_at_begin: 0,
         };
         backend.configure(options).map_err(|e| backend.err(e))?;
         backend.migrate()?;
@@ -370,6 +429,39 @@ impl SqliteBackend {
                 })
             })
             .optional()
+    }
+
+    /// A key splitting the stored jobs into two halves of the key range (job ids
+    /// are time-ordered, so about half the jobs each), or `None` when there are
+    /// fewer than two. Two index lookups.
+    fn key_split(&self) -> rusqlite::Result<Option<[u8; 16]>> {
+        let ends: (Option<[u8; 16]>, Option<[u8; 16]>) = self
+            .conn
+            .prepare_cached("SELECT min(id), max(id) FROM jobs")?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let (Some(low), Some(high)) = ends else {
+            return Ok(None);
+        };
+        let (low, high) = (u128::from_be_bytes(low), u128::from_be_bytes(high));
+        Ok((high > low).then(|| (low + (high - low) / 2 + 1).to_be_bytes()))
+    }
+
+    /// The leases in `temp.leases`, by job (empty after a daemon start).
+    fn live_leases(&self) -> rusqlite::Result<HashMap<JobId, LiveLease>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT id, token, worker, leased_at FROM temp.leases")?;
+        let rows = stmt.query_map([], |r| {
+            let token: i64 = r.get(1)?;
+            let lease = LiveLease {
+                token: u64::try_from(token)
+                    .map_err(|_| rusqlite::Error::IntegralValueOutOfRange(1, token))?,
+                worker: r.get(2)?,
+                leased_at: r.get(3)?,
+            };
+            Ok((JobId(Uuid::from_bytes(r.get(0)?)), lease))
+        })?;
+        rows.collect()
     }
 
     /// Records one lease in `temp.leases` if the stored job is claimable and not
@@ -528,27 +620,60 @@ fn parse<T: std::str::FromStr<Err = String>>(r: &Row<'_>, idx: usize) -> rusqlit
 }
 
 fn job_from_row(r: &Row<'_>) -> rusqlite::Result<Job> {
-    job_from_row_with(r, &mut Names::default())
+    let mut job = stored_job(r, &mut Names::default(), 11)?;
+    job.worker = r.get(9)?;
+    job.leased_at = r.get(10)?;
+    Ok(job)
 }
 
 /// How many rows [`Backend::load_unfinished`] reads per piece.
 const LOAD_CHUNK: usize = 4096;
 
+/// A row of `temp.leases`: a lease this process holds.
+struct LiveLease {
+    token: Token,
+    worker: String,
+    leased_at: UnixMillis,
+}
+
+impl LiveLease {
+    /// Shows `job` (as stored) as leased, as [`JOB_COLUMNS`] would read it.
+    fn lay_over(self, job: &mut Job) {
+        job.state = State::Leased;
+        job.lease_seq = self.token;
+        job.worker = Some(self.worker);
+        job.leased_at = Some(self.leased_at);
+    }
+}
+
 /// Queue and tenant names already read, so rows share one allocation per name.
 #[derive(Default)]
-struct Names(HashSet<Arc<str>>);
+struct Names {
+    known: HashSet<Arc<str>>,
+    /// The name returned last per column: rows in key order mostly repeat it, and a
+    /// comparison is cheaper than a hash.
+    last: [Option<Arc<str>>; 2],
+}
 
 impl Names {
-    /// The shared copy of the text in column `idx`.
+    /// The shared copy of the text in column `idx` (1 or 2: queue or tenant).
     fn get(&mut self, r: &Row<'_>, idx: usize) -> rusqlite::Result<Arc<str>> {
         let text = r.get_ref(idx)?.as_str().map_err(|e| {
             rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, e.into())
         })?;
-        if let Some(name) = self.0.get(text) {
+        let last = &mut self.last[idx % 2];
+        if let Some(name) = last.as_ref().filter(|n| &***n == text) {
             return Ok(name.clone());
         }
-        let name: Arc<str> = Arc::from(text);
-        self.0.insert(name.clone());
+        let name = match self.known.get(text) {
+            Some(name) => name.clone(),
+            None => {
+                let name: Arc<str> = Arc::from(text);
+                self.known.insert(name.clone());
+                name
+            }
+        };
+        *last = Some(name.clone());
         Ok(name)
     }
 }
@@ -562,8 +687,10 @@ fn state_of(r: &Row<'_>, idx: usize) -> rusqlite::Result<State> {
     text.parse().map_err(|e: String| bad(e.into()))
 }
 
-/// [`job_from_row`], sharing queue and tenant names through `names`.
-fn job_from_row_with(r: &Row<'_>, names: &mut Names) -> rusqlite::Result<Job> {
+/// A job without lease fields from columns 0-8 of [`JOB_COLUMNS`], then
+/// `created_at, ready_at, updated_at, last_error` from column `rest` on, sharing
+/// queue and tenant names through `names`.
+fn stored_job(r: &Row<'_>, names: &mut Names, rest: usize) -> rusqlite::Result<Job> {
     let lease_seq: i64 = r.get(8)?;
     Ok(Job {
         id: JobId(Uuid::from_bytes(r.get(0)?)),
@@ -576,12 +703,12 @@ fn job_from_row_with(r: &Row<'_>, names: &mut Names) -> rusqlite::Result<Job> {
         max_attempts: r.get(7)?,
         lease_seq: u64::try_from(lease_seq)
             .map_err(|_| rusqlite::Error::IntegralValueOutOfRange(8, lease_seq))?,
-        worker: r.get(9)?,
-        leased_at: r.get(10)?,
-        created_at: r.get(11)?,
-        ready_at: r.get(12)?,
-        updated_at: r.get(13)?,
-        last_error: r.get(14)?,
+        worker: None,
+        leased_at: None,
+        created_at: r.get(rest)?,
+        ready_at: r.get(rest + 1)?,
+        updated_at: r.get(rest + 2)?,
+        last_error: r.get(rest + 3)?,
     })
 }
 
@@ -678,40 +805,91 @@ impl Backend for SqliteBackend {
             jobs.extend(part);
             true
         })?;
+        jobs.sort_unstable_by_key(|job| job.id);
         Ok(jobs)
     }
 
-    /// Streams the rows; queue and tenant names are shared between rows (one
-    /// allocation per distinct name, not per row).
+    /// Streams the stored rows in two halves of the key range at once: this
+    /// connection reads the lower half while a read-only connection on a second
+    /// thread reads the upper half, and their pieces are handed to `each` as they
+    /// come (each piece in key order). Queue and tenant names are shared between rows
+    /// (one allocation per distinct name and piece). The live leases (none after a
+    /// daemon start) are read first and laid over their jobs in memory: a join with
+    /// `temp.leases` costs an index probe per row, about half the time of reading a
+    /// million rows.
+    ///
+    /// Both connections see the same rows: the load runs on the writer thread, so no
+    /// write commits while it reads, and when an earlier operation of the same batch
+    /// wrote rows that are not committed yet (which only this connection sees), this
+    /// connection reads the whole range alone.
     fn load_unfinished_chunks(
         &mut self,
         chunk: usize,
         each: &mut dyn FnMut(Vec<Job>) -> bool,
     ) -> Result<(), StoreError> {
         let chunk = chunk.max(1);
-        let sql = format!(
-            "SELECT {JOB_COLUMNS} FROM {JOINED} \
-             WHERE j.state IN ('delayed', 'ready', 'dead') ORDER BY j.id"
-        );
-        let mut run = || {
-            let mut names = Names::default();
-            let mut stmt = self.conn.prepare_cached(&sql)?;
-            let mut rows = stmt.query([])?;
-            let mut part = Vec::with_capacity(chunk);
-            while let Some(row) = rows.next()? {
-                part.push(job_from_row_with(row, &mut names)?);
-                if part.len() == chunk
-                    && !each(std::mem::replace(&mut part, Vec::with_capacity(chunk)))
-                {
-                    return Ok(());
+        let mut leases = self.live_leases().map_err(|e| self.err(e))?;
+        let mut deliver = |mut part: Vec<Job>| {
+            if !leases.is_empty() {
+                for job in &mut part {
+                    if let Some(lease) = leases.remove(&job.id) {
+                        lease.lay_over(job);
+                    }
                 }
             }
-            if !part.is_empty() {
-                each(part);
-            }
-            Ok(())
+            each(part)
         };
-        run().map_err(|e| self.err(e))
+        let uncommitted =
+            !self.conn.is_autocommit() && self.conn.total_changes() != self.changes_at_begin;
+        let split = if uncommitted {
+            None
+        } else {
+            self.key_split().map_err(|e| self.err(e))?
+        };
+        let Some(split) = split else {
+            return read_range(&self.conn, Range::All, chunk, &mut deliver)
+                .map_err(|e| self.err(e));
+        };
+        let (path, conn) = (self.path.clone(), &self.conn);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<rusqlite::Result<Vec<Job>>>(2);
+        let read = std::thread::scope(move |scope| {
+            scope.spawn(move || {
+                let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                let upper = Connection::open_with_flags(&path, flags)
+                    .and_then(|upper| upper.busy_timeout(BUSY_TIMEOUT).map(|()| upper));
+                let read = upper.and_then(|upper| {
+                    read_range(&upper, Range::From(split), chunk, &mut |part| {
+                        tx.send(Ok(part)).is_ok()
+                    })
+                });
+                if let Err(e) = read {
+                    let _ = tx.send(Err(e));
+                }
+            });
+            // Dropped (ending the upper reader) before the scope joins it.
+            let rx = rx;
+            let mut failed = None;
+            let mut pass = |part: rusqlite::Result<Vec<Job>>| match part {
+                Ok(part) => deliver(part),
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            };
+            let mut go_on = true;
+            read_range(conn, Range::Below(split), chunk, &mut |part| {
+                go_on = pass(Ok(part));
+                while go_on && let Ok(part) = rx.try_recv() {
+                    go_on = pass(part);
+                }
+                go_on
+            })?;
+            while go_on && let Ok(part) = rx.recv() {
+                go_on = pass(part);
+            }
+            failed.map_or(Ok(()), Err)
+        });
+        read.map_err(|e| self.err(e))
     }
 
     fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError> {
@@ -840,7 +1018,9 @@ fn count_rows(
 
 impl Engine for SqliteBackend {
     fn begin(&mut self) -> Result<(), StoreError> {
-        self.exec("BEGIN IMMEDIATE")
+        self.exec("BEGIN IMMEDIATE")?;
+        self.changes_at_begin = self.conn.total_changes();
+        Ok(())
     }
 
     fn savepoint(&mut self) -> Result<(), StoreError> {

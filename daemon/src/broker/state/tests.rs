@@ -250,3 +250,81 @@ async fn a_batch_is_admitted_whole_or_not_at_all_and_a_refusal_frees_its_reserva
     broker.stop(None);
     let _ = broker_task.await;
 }
+
+#[tokio::test]
+async fn recovery_in_runs_counts_interns_and_snapshots_as_one_job_at_a_time() {
+    let (broker, broker_task) = Actor::spawn(None, Inert, ()).await.expect("inert broker");
+    // Runs of shared names (as the store hands them out), names allocated per job,
+    // interleaved tenants, a second queue, delayed and dead jobs, over chunk edges.
+    let shared: [Arc<str>; 3] = ["a".into(), "b".into(), "c".into()];
+    let mut jobs = Vec::new();
+    for n in 0..200u32 {
+        let mut job = ready_job(if n % 50 < 40 { "runs" } else { "other" });
+        job.tenant = match n % 7 {
+            0..=2 => shared[0].clone(),
+            3 => Arc::from("b"),
+            4 => shared[1].clone(),
+            _ => shared[usize::try_from(n % 3).expect("small")].clone(),
+        };
+        job.ready_at = i64::from(n % 9);
+        if n % 11 == 0 {
+            job.state = State::Delayed;
+        }
+        if n % 13 == 0 {
+            job.state = State::Dead;
+        }
+        jobs.push(job);
+    }
+    let mut state = state("runs", broker.clone());
+    for chunk in jobs.chunks(64) {
+        state.recover(chunk.to_vec(), None);
+    }
+
+    let mut counts: HashMap<Arc<str>, QueueCounts> = HashMap::new();
+    let mut depth: HashMap<(Arc<str>, Arc<str>), u64> = HashMap::new();
+    for job in &jobs {
+        let c = counts.entry(job.queue.clone()).or_default();
+        if job.state == State::Dead {
+            c.dead += 1;
+        } else {
+            c.waiting += 1;
+            *depth
+                .entry((job.queue.clone(), job.tenant.clone()))
+                .or_default() += 1;
+        }
+    }
+    for (queue, want) in &counts {
+        assert_eq!(state.counts.get(queue), Some(want), "queue {queue}");
+    }
+    assert_eq!(state.tenant_depth, depth);
+    assert_eq!(state.jobs.len(), jobs.len());
+    for job in &jobs {
+        let held = state.jobs.get(job.id).expect("recovered");
+        assert_eq!(held.lease_seq, job.lease_seq + 1);
+        assert!(Arc::ptr_eq(&held.tenant, &state.intern(&job.tenant)));
+    }
+
+    // The Scheduler's view: every waiting job of the queue, per tenant, sorted.
+    let snapshot = state.snapshot("runs");
+    let mut seen: Vec<(Arc<str>, Waiting)> = Vec::new();
+    for (tenant, waiting) in &snapshot.jobs {
+        assert!(
+            waiting.is_sorted_by_key(|&(id, at)| (at, id)),
+            "{tenant} sorted"
+        );
+        seen.extend(waiting.iter().map(|w| (tenant.clone(), *w)));
+    }
+    let names: HashSet<_> = snapshot.jobs.iter().map(|(t, _)| t.clone()).collect();
+    assert_eq!(names.len(), snapshot.jobs.len(), "each tenant named once");
+    let mut want: Vec<(Arc<str>, Waiting)> = jobs
+        .iter()
+        .filter(|j| &*j.queue == "runs" && j.state != State::Dead)
+        .map(|j| (j.tenant.clone(), (j.id, j.ready_at)))
+        .collect();
+    seen.sort();
+    want.sort();
+    assert_eq!(seen, want);
+
+    broker.stop(None);
+    let _ = broker_task.await;
+}

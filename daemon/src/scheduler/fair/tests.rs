@@ -291,7 +291,9 @@ fn fifo_within_a_tenant_is_by_ready_time_and_oldest_is_exact() {
     queue.push("t".into(), id(4), 300);
     queue.push("u".into(), id(5), 70);
     assert_eq!(queue.oldest_ready_at(), Some(50));
-    assert!(queue.remove(id(3)));
+    assert!(!queue.remove("t", id(3), 100), "not at that ready time");
+    assert!(!queue.remove("u", id(3), 50), "not of that tenant");
+    assert!(queue.remove("t", id(3), 50));
     assert_eq!(queue.oldest_ready_at(), Some(70));
     let order: Vec<JobId> = std::iter::from_fn(|| queue.pop().map(|(_, id)| id))
         .filter(|&j| j != id(5))
@@ -301,21 +303,59 @@ fn fifo_within_a_tenant_is_by_ready_time_and_oldest_is_exact() {
 }
 
 #[test]
-fn duplicate_push_is_ignored_and_removed_jobs_are_never_popped() {
+fn removed_jobs_are_never_popped_and_a_popped_job_is_not_removed() {
     let mut queue = FairQueue::new(Fairness::Jobs);
-    assert!(queue.push("t".into(), id(1), 0));
-    assert!(!queue.push("u".into(), id(1), 0));
-    assert!(queue.push("t".into(), id(2), 0));
+    queue.push("t".into(), id(1), 0);
+    queue.push("t".into(), id(2), 0);
+    queue.push("t".into(), id(3), 0);
+    assert_eq!(queue.len(), 3);
+    assert!(queue.remove("t", id(2), 0));
+    assert!(!queue.remove("t", id(2), 0));
     assert_eq!(queue.len(), 2);
-    assert!(queue.remove(id(1)));
-    assert!(!queue.remove(id(1)));
-    assert_eq!(queue.len(), 1);
-    assert_eq!(queue.pop(), Some(("t".into(), id(2))));
+    assert_eq!(queue.pop(), Some(("t".into(), id(1))));
+    assert!(
+        !queue.remove("t", id(1), 0),
+        "popped already (a lease in flight)"
+    );
+    assert_eq!(queue.pop(), Some(("t".into(), id(3))));
     assert_eq!(queue.pop(), None);
     // Re-pushing a removed id queues it again, once.
-    assert!(queue.push("t".into(), id(1), 0));
-    assert_eq!(queue.pop(), Some(("t".into(), id(1))));
+    queue.push("t".into(), id(2), 0);
+    assert_eq!(queue.pop(), Some(("t".into(), id(2))));
     assert_eq!(queue.pop(), None);
+    assert!(!queue.remove("nobody", id(9), 0));
+}
+
+#[test]
+fn a_removal_finds_its_job_among_many_ready_in_the_same_millisecond() {
+    let mut queue = FairQueue::new(Fairness::Jobs);
+    for n in 0..3_000 {
+        queue.push("t".into(), id(n), i64::try_from(n / 1_000).expect("small"));
+    }
+    for n in [1_500, 1_000, 1_999, 2_000, 0] {
+        let at = i64::try_from(n / 1_000).expect("small");
+        assert!(queue.remove("t", id(n), at), "job {n}");
+    }
+    assert_eq!(queue.len(), 2_995);
+    let popped: Vec<JobId> = std::iter::from_fn(|| queue.pop().map(|(_, id)| id)).collect();
+    let want: Vec<JobId> = (0..3_000)
+        .filter(|n| ![1_500, 1_000, 1_999, 2_000, 0].contains(n))
+        .map(id)
+        .collect();
+    assert_eq!(popped, want);
+}
+
+#[test]
+fn extend_of_a_sorted_list_into_an_idle_tenant_takes_the_list_without_a_copy() {
+    let mut queue = FairQueue::new(Fairness::Jobs);
+    let jobs: Vec<(JobId, UnixMillis)> = (0..100).map(|n| (id(n), 7)).collect();
+    let buffer = jobs.as_ptr();
+    queue.extend("t".into(), jobs);
+    let t = queue.by_name["t"] as usize;
+    let (front, _) = queue.tenants[t].backlog.as_slices_for_test();
+    assert_eq!(front.as_ptr(), buffer);
+    assert_eq!(queue.len(), 100);
+    assert_eq!(queue.oldest_ready_at(), Some(7));
 }
 
 #[test]
@@ -325,14 +365,19 @@ fn many_cancellations_keep_counts_exact_and_memory_bounded() {
         queue.push("t".into(), id(n), i64::try_from(n).expect("small"));
     }
     for n in (1..10_000).filter(|n| n % 100 != 0) {
-        assert!(queue.remove(id(n)));
+        assert!(queue.remove("t", id(n), i64::try_from(n).expect("small")));
     }
     assert_eq!(queue.len(), 100);
     assert_eq!(queue.oldest_ready_at(), Some(0));
-    assert!(queue.remove(id(0)));
+    assert!(queue.remove("t", id(0), 0));
     assert_eq!(queue.oldest_ready_at(), Some(100));
     let slot = queue.by_name["t"];
     assert_eq!(queue.tenants[slot as usize].backlog.len(), 99);
+    let (front, back) = queue.tenants[slot as usize].backlog.as_slices_for_test();
+    assert!(
+        front.len() + back.len() <= 2 * 99 + 65,
+        "tombstones compacted"
+    );
     let popped: Vec<JobId> = std::iter::from_fn(|| queue.pop().map(|(_, id)| id)).collect();
     assert_eq!(popped, (1..100).map(|k| id(k * 100)).collect::<Vec<_>>());
 }
