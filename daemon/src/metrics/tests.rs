@@ -40,6 +40,8 @@ fn every_event(tenants: &TenantLabels) {
     config_reloaded(false);
     jobs_pruned("email", 1_000);
     set_prune_backlog_age("email", Duration::from_secs(3));
+    cluster_leader(true);
+    set_cluster_depth("email", DepthState::Leased, 4);
 }
 
 #[derive(Debug, PartialEq)]
@@ -85,6 +87,8 @@ fn every_metric_name_is_exported_with_its_type_and_help() {
         ),
         ("qd_jobs_pruned_total", Kind::Counter),
         ("qd_prune_backlog_age_seconds", Kind::Gauge),
+        ("qd_cluster_leader", Kind::Gauge),
+        ("qd_cluster_queue_depth", Kind::Gauge),
     ]);
     assert_eq!(
         METRIC_NAMES.len(),
