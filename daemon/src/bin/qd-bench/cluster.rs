@@ -295,3 +295,41 @@ async fn on_nodes(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_initdb_is_an_error_at_once_with_its_log_and_leaves_no_directory() {
+        let fake = Scratch::new("fake-pg").expect("scratch");
+        fake.script("initdb", "echo 'initdb: no space left' >&2\nexit 1")
+            .expect("fake initdb");
+        let started = Instant::now();
+        let Err(e) = Cluster::start(&fake.0, &[], Duration::from_secs(60)) else {
+            panic!("a cluster started with an initdb that fails");
+        };
+        let text = format!("{e:#}");
+        if text.contains("the postgres user must exist") {
+            // Root without the postgres user: what PostgreSQL's package creates.
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{text}");
+            eprintln!("SKIPPED: {text} (install the Debian package postgresql)");
+            return;
+        }
+        assert!(
+            text.contains("start-up script ended") && text.contains("initdb: no space left"),
+            "{text}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            started.elapsed()
+        );
+        let dir = text
+            .split(" in ")
+            .nth(1)
+            .and_then(|t| t.lines().next())
+            .expect("dir");
+        assert!(!Path::new(dir).exists(), "{dir} left behind");
+    }
+}

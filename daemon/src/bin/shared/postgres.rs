@@ -108,7 +108,7 @@ impl Cluster {
             .spawn()
             .context("start the PostgreSQL wrapper (sh)")?;
         let lifeline = wrapper.stdin.take();
-        let cluster = Cluster {
+        let mut cluster = Cluster {
             dir,
             bin: bin.to_path_buf(),
             lifeline,
@@ -118,21 +118,30 @@ impl Cluster {
         Ok(cluster)
     }
 
-    fn wait_ready(&self, within: Duration) -> Result<()> {
+    /// Waits until the server answers; on failure (the wrapper ended, e.g. a failed
+    /// `initdb`, or `within` passed) removes the directory and names the logs.
+    fn wait_ready(&mut self, within: Duration) -> Result<()> {
         let started = Instant::now();
         loop {
             if self.psql("postgres", "SELECT 1").is_ok() {
                 return Ok(());
             }
-            if started.elapsed() > within {
+            let ended = self.wrapper.try_wait().ok().flatten();
+            if ended.is_some() || started.elapsed() > within {
                 let log =
                     |name: &str| std::fs::read_to_string(self.dir.join(name)).unwrap_or_default();
-                bail!(
-                    "PostgreSQL did not start within {within:?} in {}\ninitdb:\n{}\nserver:\n{}",
+                let what = match ended {
+                    Some(status) => format!("PostgreSQL's start-up script ended ({status})"),
+                    None => format!("PostgreSQL did not start within {within:?}"),
+                };
+                let error = anyhow::anyhow!(
+                    "{what} in {}\ninitdb:\n{}\nserver:\n{}",
                     self.dir.display(),
                     log("initdb.log"),
                     log("server.log")
                 );
+                let _ = std::fs::remove_dir_all(&self.dir);
+                return Err(error);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
