@@ -126,7 +126,7 @@ impl Cli {
     fn apply_smoke(&mut self) {
         if self.smoke {
             self.mode = vec![Mode::All, Mode::Soak, Mode::Cluster];
-            self.jobs = 50;
+            self.jobs = 30;
             self.rate = 50.0;
             self.duration = Duration::from_secs(2);
             self.exec_jobs = 20;
