@@ -1,9 +1,15 @@
 //! `qd-bench --smoke` against the qd built for the tests: it completes jobs end to
-//! end (also through the batch endpoints) and prints the side-by-side table, with beanstalkd's columns filled when
-//! beanstalkd is installed (required under `CI=true`; a visible skip elsewhere).
+//! end (also through the batch endpoints) and prints the side-by-side table, with
+//! beanstalkd's columns filled when beanstalkd is installed, and the cluster mode's
+//! tables (SQLite beside PostgreSQL, 1 and 2 nodes) when PostgreSQL is installed
+//! (each required under `CI=true`; a visible skip elsewhere).
 
 use std::process::Command;
 use std::time::Instant;
+
+#[allow(dead_code)]
+#[path = "../src/bin/shared/postgres.rs"]
+mod postgres;
 
 /// The table's cells: columns are separated by two or more spaces.
 fn cells(line: &str) -> Vec<&str> {
@@ -27,8 +33,51 @@ fn beanstalkd_installed() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// The row of `mode` and `metric` in `table`, as cells.
+fn row_of(table: &str, mode: &str, metric: &str) -> Vec<String> {
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(mode) && l.contains(metric))
+        .unwrap_or_else(|| panic!("no {mode} {metric} row:\n{table}"));
+    cells(line).into_iter().map(str::to_string).collect()
+}
+
+/// The cluster mode's tables: both stores and both node counts completed jobs,
+/// with a ratio, and no job ran twice.
+fn check_cluster_tables(stdout: &str) {
+    for header in [
+        [
+            "mode",
+            "metric",
+            "qd SQLite",
+            "qd PostgreSQL",
+            "PostgreSQL ÷ SQLite",
+        ],
+        ["mode", "metric", "1 node", "2 nodes", "2 nodes ÷ 1"],
+    ] {
+        assert!(
+            stdout.lines().any(|l| cells(l) == header),
+            "no table headed {header:?}:\n{stdout}"
+        );
+    }
+    for (mode, metric) in [
+        ("cluster single", "end to end (jobs/s)"),
+        ("cluster batch", "end to end (jobs/s)"),
+        ("cluster nodes", "50 ms command jobs (jobs/s)"),
+        ("cluster nodes", "no-op jobs, batches of 100 (jobs/s)"),
+        ("cluster nodes", "no-op jobs, 1 per request (jobs/s)"),
+    ] {
+        let row = row_of(stdout, mode, metric);
+        assert!(
+            figure(&row[2]) > 0.0 && figure(&row[3]) > 0.0 && row[4].ends_with('×'),
+            "{row:?}\n{stdout}"
+        );
+    }
+    assert!(!stdout.contains("ran twice"), "{stdout}");
+}
+
 #[test]
-fn smoke_run_completes_jobs_and_prints_the_side_by_side_table() {
+fn smoke_run_completes_jobs_and_prints_the_side_by_side_tables() {
     let beanstalkd = beanstalkd_installed();
     if !beanstalkd {
         assert!(
@@ -37,6 +86,18 @@ fn smoke_run_completes_jobs_and_prints_the_side_by_side_table() {
         );
         eprintln!(
             "SKIP beanstalkd columns: beanstalkd is not installed (apt-get install beanstalkd)"
+        );
+    }
+    let postgresql = postgres::binaries().is_some();
+    if !postgresql {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "PostgreSQL is not installed; .ci/run installs it ({})",
+            postgres::INSTALL_HINT
+        );
+        eprintln!(
+            "SKIP the cluster mode's checks: PostgreSQL is not installed ({})",
+            postgres::INSTALL_HINT
         );
     }
     let start = Instant::now();
@@ -65,13 +126,7 @@ fn smoke_run_completes_jobs_and_prints_the_side_by_side_table() {
             "qd ÷ default"
         ]
     );
-    let mode_row = |mode: &str, metric: &str| -> Vec<String> {
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with(mode) && l.contains(metric))
-            .unwrap_or_else(|| panic!("no {mode} {metric} row:\n{stdout}"));
-        cells(line).into_iter().map(str::to_string).collect()
-    };
+    let mode_row = |mode: &str, metric: &str| row_of(&stdout, mode, metric);
     let row = |metric: &str| mode_row("single", metric);
     let batch = mode_row("batch", "end to end (jobs/s)");
     assert!(
@@ -102,4 +157,12 @@ fn smoke_run_completes_jobs_and_prints_the_side_by_side_table() {
         stdout.contains("\nsoak:\n") && stdout.contains("executor: xargs -P"),
         "every mode reported:\n{stdout}"
     );
+    if postgresql {
+        check_cluster_tables(&stdout);
+    } else {
+        assert!(
+            stdout.contains("Cluster failed: PostgreSQL is not installed"),
+            "{stdout}"
+        );
+    }
 }

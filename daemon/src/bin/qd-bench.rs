@@ -2,21 +2,26 @@
 //! by side with beanstalkd (when it is on the PATH) driven by the same client.
 //!
 //! Usage: `cargo build --release -p qd && target/release/qd-bench [--mode
-//! single,batch,paced,executor,soak|all] [--jobs N] [--producers P] [--consumers C]
-//! [--rate R] [--duration D] [--qd PATH] [--json] [--smoke]`. Each mode starts its
-//! servers on loopback on fresh temp dirs, runs bounded phases (every phase ends
-//! by `--max-time`) and stops them; the report is a table on stdout (or JSON with
-//! `--json`). Without `--qd`, the `qd` built beside this binary is used. The modes
-//! are described in `qd-bench/modes.rs`, the client in `qd-bench/load.rs`.
+//! single,batch,paced,executor,soak,cluster|all] [--jobs N] [--producers P]
+//! [--consumers C] [--rate R] [--duration D] [--database-url URL] [--qd PATH]
+//! [--json] [--smoke]`. Each mode starts its servers on loopback on fresh temp
+//! dirs, runs bounded phases (every phase ends by `--max-time`) and stops them;
+//! the report is a table on stdout (or JSON with `--json`). Without `--qd`, the
+//! `qd` built beside this binary is used. The modes are described in
+//! `qd-bench/modes.rs` and `qd-bench/cluster.rs`, the client in `qd-bench/load.rs`.
 
 #[path = "qd-bench/beanstalk.rs"]
 mod beanstalk;
+#[path = "qd-bench/cluster.rs"]
+mod cluster;
 #[path = "qd-bench/latency.rs"]
 mod latency;
 #[path = "qd-bench/load.rs"]
 mod load;
 #[path = "qd-bench/modes.rs"]
 mod modes;
+#[path = "shared/postgres.rs"]
+mod postgres;
 #[path = "qd-bench/probe.rs"]
 mod probe;
 #[path = "qd-bench/qd_http.rs"]
@@ -52,7 +57,10 @@ enum Mode {
     Executor,
     /// A steady rate for a duration; store, WAL and RSS over time.
     Soak,
-    /// Every mode above but soak.
+    /// qd on PostgreSQL: SQLite beside PostgreSQL, then 1 and 2 nodes on one
+    /// PostgreSQL (50 ms command jobs, no-op jobs).
+    Cluster,
+    /// Every mode above but soak and cluster.
     All,
 }
 
@@ -86,15 +94,22 @@ struct Cli {
     /// Payload size in bytes (at least 17: the enqueue timestamp).
     #[arg(long, default_value_t = 100)]
     payload: usize,
-    /// Jobs of the executor mode.
+    /// Jobs of the executor mode, and 50 ms command jobs of the cluster mode.
     #[arg(long, default_value_t = 2_000)]
     exec_jobs: u64,
-    /// Workers of the executor mode (qd's pool, `xargs -P`).
+    /// Workers of the executor mode (qd's pool, `xargs -P`), and of each node in the
+    /// cluster mode.
     #[arg(long, default_value_t = 8)]
     workers: u32,
     /// Time limit of each phase.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "120s")]
     max_time: Duration,
+    /// The cluster mode's PostgreSQL database (a libpq key=value string or a
+    /// `postgresql://` URL, no password: use PGPASSWORD), a scratch database every
+    /// phase fills with jobs. Default: a throw-away PostgreSQL started by the bench
+    /// (needs initdb: the Debian package postgresql).
+    #[arg(long)]
+    database_url: Option<String>,
     /// The qd binary (default: the `qd` beside this binary).
     #[arg(long)]
     qd: Option<PathBuf>,
@@ -110,8 +125,8 @@ impl Cli {
     /// `--smoke` replaces the sizes with small ones and runs every mode.
     fn apply_smoke(&mut self) {
         if self.smoke {
-            self.mode = vec![Mode::All, Mode::Soak];
-            self.jobs = 100;
+            self.mode = vec![Mode::All, Mode::Soak, Mode::Cluster];
+            self.jobs = 30;
             self.rate = 50.0;
             self.duration = Duration::from_secs(2);
             self.exec_jobs = 20;
@@ -121,7 +136,8 @@ impl Cli {
     }
 
     fn wants(&self, mode: Mode) -> bool {
-        self.mode.contains(&mode) || (mode != Mode::Soak && self.mode.contains(&Mode::All))
+        self.mode.contains(&mode)
+            || (!matches!(mode, Mode::Soak | Mode::Cluster) && self.mode.contains(&Mode::All))
     }
 
     fn settings(&self) -> Result<Settings> {
@@ -185,6 +201,7 @@ async fn main() -> Result<()> {
         Mode::Paced,
         Mode::Executor,
         Mode::Soak,
+        Mode::Cluster,
     ];
     for mode in modes.into_iter().filter(|m| cli.wants(*m)) {
         eprintln!("qd-bench: running {mode:?}");
@@ -194,6 +211,9 @@ async fn main() -> Result<()> {
             Mode::Paced => modes::paced(&settings, &mut report).await,
             Mode::Executor => modes::executor(&settings, &mut report).await,
             Mode::Soak => modes::soak(&settings, &mut report).await,
+            Mode::Cluster => {
+                cluster::cluster(&settings, cli.database_url.as_deref(), &mut report).await
+            }
             Mode::All => Ok(()),
         };
         if let Err(e) = done {
@@ -208,6 +228,14 @@ async fn main() -> Result<()> {
     }
     if report.measurements.iter().all(|m| m.mode != "single") && cli.wants(Mode::Single) {
         bail!("the single mode measured nothing");
+    }
+    // The smoke run goes on without PostgreSQL (its test decides what that means).
+    let clustered = report
+        .measurements
+        .iter()
+        .any(|m| m.mode.starts_with("cluster"));
+    if !clustered && cli.wants(Mode::Cluster) && !cli.smoke {
+        bail!("the cluster mode measured nothing (see the notes)");
     }
     Ok(())
 }

@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -49,6 +49,34 @@ pub trait Target: Send + Sync + 'static {
     type Conn: Conn;
     /// Opens one keep-alive connection.
     fn connect(&self) -> impl Future<Output = Result<Self::Conn>> + Send;
+}
+
+/// Several servers as one target: each new connection goes to the next server in
+/// turn, so the producers and consumers of a phase spread evenly over them (the
+/// nodes of a cluster).
+pub struct Spread<T> {
+    targets: Vec<T>,
+    next: AtomicUsize,
+}
+
+impl<T> Spread<T> {
+    /// The servers, in turn from the first; at least one.
+    pub fn new(targets: Vec<T>) -> Spread<T> {
+        assert!(!targets.is_empty(), "a spread over no server");
+        Spread {
+            targets,
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl<T: Target> Target for Spread<T> {
+    type Conn = T::Conn;
+
+    async fn connect(&self) -> Result<T::Conn> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
+        self.targets[i].connect().await
+    }
 }
 
 /// What a phase does.
@@ -389,4 +417,41 @@ async fn consume<C: Conn>(
         }
     }
     log
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that only says which one it is.
+    struct Named(usize);
+
+    impl Conn for usize {
+        async fn put(&mut self, _: Vec<Vec<u8>>) -> Result<u64> {
+            Ok(0)
+        }
+        async fn take(&mut self, _: usize, _: Duration) -> Result<Vec<Taken>> {
+            Ok(Vec::new())
+        }
+        async fn finish(&mut self, _: &[Taken]) -> Result<u64> {
+            Ok(0)
+        }
+    }
+
+    impl Target for Named {
+        type Conn = usize;
+        async fn connect(&self) -> Result<usize> {
+            Ok(self.0)
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_spread_hands_out_connections_to_each_server_in_turn() {
+        let spread = Spread::new(vec![Named(0), Named(1)]);
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            got.push(spread.connect().await.expect("connect"));
+        }
+        assert_eq!(got, [0, 1, 0, 1, 0]);
+    }
 }

@@ -12,6 +12,9 @@
 //!   the same script.
 //! - `soak`: qd at a steady rate for a duration, sampling store size, WAL size
 //!   and RSS.
+//!
+//! The `cluster` mode (qd on PostgreSQL, 1 and 2 nodes) is in `cluster.rs` and
+//! uses the phases and helpers here.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,7 +29,7 @@ use crate::probe;
 use crate::qd_http::{Api, QdTarget};
 use crate::report::{Report, SERVERS, SoakSample};
 use crate::scratch::Scratch;
-use crate::servers::{self, COMMAND_QUEUE, EXTERNAL_QUEUE, Fsync, QdSetup, Server};
+use crate::servers::{self, COMMAND_QUEUE, EXTERNAL_QUEUE, Fsync, Node, QdSetup, Server};
 
 /// What every mode needs to know.
 #[derive(Clone, Debug)]
@@ -54,13 +57,19 @@ const BEANSTALKDS: [(Fsync, &str); 2] = [(Fsync::Always, SERVERS[1]), (Fsync::De
 const RETENTION: &str = "1m";
 
 impl Settings {
-    /// Starts the qd under test, with a command queue running `script`.
-    async fn start_qd(&self, script: &std::path::Path) -> Result<Server> {
+    /// Starts the qd under test, with a command queue running `script`, on SQLite
+    /// or as `node` of a cluster.
+    pub async fn start_qd(
+        &self,
+        script: &std::path::Path,
+        node: Option<Node<'_>>,
+    ) -> Result<Server> {
         servers::start_qd(&QdSetup {
             binary: &self.qd,
             workers: self.workers,
             script,
             retention: RETENTION,
+            node,
         })
         .await
     }
@@ -80,11 +89,12 @@ impl Settings {
     async fn start_qd_for_http(&self) -> Result<(Server, Scratch)> {
         let scripts = Scratch::new("scripts")?;
         let script = scripts.script("noop.sh", "cat >/dev/null")?;
-        Ok((self.start_qd(&script).await?, scripts))
+        Ok((self.start_qd(&script, None).await?, scripts))
     }
 }
 
-fn qd_target(server: &Server, api: Api) -> Arc<QdTarget> {
+/// `server`'s external queue, through `api`.
+pub fn qd_target(server: &Server, api: Api) -> Arc<QdTarget> {
     Arc::new(QdTarget {
         base: format!("http://{}", server.addr),
         queue: EXTERNAL_QUEUE.to_string(),
@@ -93,7 +103,7 @@ fn qd_target(server: &Server, api: Api) -> Arc<QdTarget> {
 }
 
 /// Notes the errors of a phase, if any.
-fn note_errors(report: &mut Report, what: String, outcome: &Outcome) {
+pub fn note_errors(report: &mut Report, what: String, outcome: &Outcome) {
     if outcome.errors > 0 {
         report.notes.push(format!(
             "{what}: {} errors, the first: {}",
@@ -108,12 +118,13 @@ fn note_errors(report: &mut Report, what: String, outcome: &Outcome) {
     }
 }
 
-/// Enqueue only, drain, then end to end, against one server.
-async fn phases<T: Target>(
+/// Enqueue only, drain, then end to end, against one server; `server_cpu` reads
+/// the CPU seconds the server has used so far.
+pub async fn phases<T: Target>(
     mode: &'static str,
     name: &str,
     target: Arc<T>,
-    server: &Server,
+    server_cpu: &dyn Fn() -> f64,
     plan: &Plan,
     report: &mut Report,
 ) -> Result<()> {
@@ -138,9 +149,9 @@ async fn phases<T: Target>(
     .await?;
     note_errors(report, format!("{mode} {name} drain"), &drain);
     report.add(mode, name, "drain", "jobs/s", drain.done_rate());
-    let (server0, client0) = (server.cpu_secs(), probe::own_cpu_secs().unwrap_or(0.0));
+    let (server0, client0) = (server_cpu(), probe::own_cpu_secs().unwrap_or(0.0));
     let mixed = load::run(target, plan.clone(), Phase::Mixed, Default::default()).await?;
-    let (server1, client1) = (server.cpu_secs(), probe::own_cpu_secs().unwrap_or(0.0));
+    let (server1, client1) = (server_cpu(), probe::own_cpu_secs().unwrap_or(0.0));
     note_errors(report, format!("{mode} {name} end to end"), &mixed);
     report.add(mode, name, "end to end", "jobs/s", mixed.done_rate());
     if mixed.done > 0 {
@@ -175,7 +186,7 @@ pub async fn single(s: &Settings, report: &mut Report) -> Result<()> {
         "single",
         SERVERS[0],
         qd_target(&qd, Api::Single),
-        &qd,
+        &|| qd.cpu_secs(),
         &plan,
         report,
     )
@@ -186,7 +197,7 @@ pub async fn single(s: &Settings, report: &mut Report) -> Result<()> {
             return Ok(());
         };
         let target = Arc::new(BeanstalkTarget { addr: bs.addr });
-        phases("single", name, target, &bs, &plan, report).await?;
+        phases("single", name, target, &|| bs.cpu_secs(), &plan, report).await?;
         bs.stop().await;
     }
     Ok(())
@@ -207,7 +218,7 @@ pub async fn batch(s: &Settings, report: &mut Report) -> Result<()> {
         "batch",
         SERVERS[0],
         qd_target(&qd, Api::Batch),
-        &qd,
+        &|| qd.cpu_secs(),
         &plan,
         report,
     )
@@ -289,7 +300,7 @@ pub async fn executor(s: &Settings, report: &mut Report) -> Result<()> {
         &format!("cat >/dev/null\necho x >> '{}'", done_file.display()),
     )?;
     let limit = s.plan.max_time;
-    let qd = s.start_qd(&script).await?;
+    let qd = s.start_qd(&script, None).await?;
     let plan = Plan {
         jobs: s.exec_jobs,
         batch: 1,
@@ -344,20 +355,22 @@ pub async fn executor(s: &Settings, report: &mut Report) -> Result<()> {
 }
 
 /// Seconds until a count was reached, or `None` when it was not in time.
-struct Took(Option<f64>);
+pub struct Took(pub Option<f64>);
 
 impl Took {
-    fn rate(&self, jobs: u64) -> f64 {
+    /// `jobs` per second; 0 when they were not done in time.
+    pub fn rate(&self, jobs: u64) -> f64 {
         self.0.map_or(0.0, |secs| jobs as f64 / secs)
     }
 }
 
-fn line_count(path: &std::path::Path) -> u64 {
+/// Lines ("x\n") in the done file at `path` of the command jobs.
+pub fn line_count(path: &std::path::Path) -> u64 {
     probe::file_bytes(path) / 2
 }
 
 /// Waits until `path` holds `before + n` lines ("x\n" each), at most `limit`.
-async fn wait_lines(
+pub async fn wait_lines(
     path: &std::path::Path,
     before: u64,
     n: u64,

@@ -21,6 +21,29 @@ pub fn cpu_secs(pid: u32) -> Option<f64> {
     Some((utime + stime) / TICKS_PER_SEC)
 }
 
+/// CPU seconds process `pid` and its live children have used so far (PostgreSQL:
+/// the postmaster and its backends); `None` when `pid` is gone.
+pub fn tree_cpu_secs(pid: u32) -> Option<f64> {
+    let own = cpu_secs(pid)?;
+    let children: f64 = std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| parent(*child) == Some(pid))
+        .filter_map(cpu_secs)
+        .sum();
+    Some(own + children)
+}
+
+/// The parent of process `pid` (field 4 of `/proc/<pid>/stat`).
+fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// Resident memory of process `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -47,6 +70,17 @@ mod tests {
     fn this_process_has_cpu_time_and_memory() {
         let pid = std::process::id();
         assert!(cpu_secs(pid).is_some_and(|s| s >= 0.0));
+        assert_eq!(parent(pid), Some(std::os::unix::process::parent_id()));
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("sleep");
+        assert_eq!(parent(child.id()), Some(pid));
+        let own = cpu_secs(pid).expect("this process");
+        let tree = tree_cpu_secs(pid).expect("this process");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(tree >= own, "the tree {tree} s, this process alone {own} s");
         assert!(rss_bytes(pid).is_some_and(|b| b > 0));
         assert_eq!(file_bytes(Path::new("/nonexistent/qd-bench")), 0);
     }

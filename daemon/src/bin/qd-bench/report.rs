@@ -1,6 +1,7 @@
 //! Results: measurements as records (the `--json` output) and the side-by-side
 //! text table (one row per mode and metric, one column per server, qd's ratio to
-//! each beanstalkd).
+//! each beanstalkd), then the tables of the modes that compare two setups of qd
+//! ([`PAIRS`]: SQLite against PostgreSQL, 1 node against 2).
 
 use std::fmt::Write as _;
 
@@ -11,16 +12,51 @@ use crate::targets::{self, Check};
 /// The servers a measurement can belong to, in column order.
 pub const SERVERS: [&str; 3] = ["qd", "beanstalkd -f 0", "beanstalkd default"];
 
+/// Modes that compare two setups of qd instead of qd and beanstalkd, in one table
+/// of their own: which modes, their two servers in column order, and the heading of
+/// the second ÷ first ratio.
+pub struct Pair {
+    /// The modes of the table.
+    pub modes: &'static [&'static str],
+    /// The two servers, in column order.
+    pub servers: [&'static str; 2],
+    /// The heading of the ratio column (second ÷ first).
+    pub ratio: &'static str,
+}
+
+/// The comparisons of `qd-bench --mode cluster`: SQLite against PostgreSQL, then
+/// 1 node against 2 on one PostgreSQL.
+pub const PAIRS: [Pair; 2] = [
+    Pair {
+        modes: &["cluster single", "cluster batch"],
+        servers: STORES,
+        ratio: "PostgreSQL ÷ SQLite",
+    },
+    Pair {
+        modes: &["cluster nodes"],
+        servers: NODES,
+        ratio: "2 nodes ÷ 1",
+    },
+];
+
+/// The servers of the store comparison (`cluster single`, `cluster batch`).
+pub const STORES: [&str; 2] = ["qd SQLite", "qd PostgreSQL"];
+/// The servers of the node comparison (`cluster nodes`): 1 and 2 qd nodes on one
+/// PostgreSQL.
+pub const NODES: [&str; 2] = ["1 node", "2 nodes"];
+
 /// One figure.
 #[derive(Clone, Debug, Serialize)]
 pub struct Measurement {
-    /// The mode that produced it (`single`, `batch`, `paced`, `executor`, `soak`).
+    /// The mode that produced it (`single`, `batch`, `paced`, `executor`, `soak`,
+    /// or one of [`PAIRS`]).
     pub mode: &'static str,
     /// What was measured, e.g. `end to end`.
     pub metric: &'static str,
     /// Its unit, e.g. `jobs/s`, `µs/job`, `ms`.
     pub unit: &'static str,
-    /// Which server (one of [`SERVERS`], or `xargs -P N` for the executor mode).
+    /// Which server (one of [`SERVERS`], `xargs -P N` for the executor mode, or
+    /// one of its mode's pair in [`PAIRS`]).
     pub server: String,
     /// The value.
     pub value: f64,
@@ -97,14 +133,15 @@ impl Report {
             "qd ÷ -f 0".to_string(),
             "qd ÷ default".to_string(),
         ]];
+        let paired = |m: &Measurement| PAIRS.iter().any(|p| p.modes.contains(&m.mode));
         // A figure of another tool (xargs) is compared with qd's on a line of its own.
         let others: Vec<&Measurement> = self
             .measurements
             .iter()
-            .filter(|m| !SERVERS.contains(&m.server.as_str()))
+            .filter(|m| !SERVERS.contains(&m.server.as_str()) && !paired(m))
             .collect();
         let mut seen: Vec<(&str, &str)> = others.iter().map(|m| (m.mode, m.metric)).collect();
-        for m in &self.measurements {
+        for m in self.measurements.iter().filter(|m| !paired(m)) {
             if seen.contains(&(m.mode, m.metric)) {
                 continue;
             }
@@ -124,7 +161,10 @@ impl Report {
             }
             rows.push(row);
         }
-        out += &align(&rows);
+        if rows.len() > 1 {
+            out += &align(&rows);
+        }
+        out += &self.pair_tables();
         for m in others {
             let qd = self.value(m.mode, m.metric, SERVERS[0]);
             let _ = writeln!(
@@ -166,6 +206,54 @@ impl Report {
         }
         for note in &self.notes {
             let _ = writeln!(out, "note: {note}");
+        }
+        out
+    }
+}
+
+impl Report {
+    /// The tables of the [`PAIRS`] modes that measured something: one row per
+    /// mode and metric, the two servers, the second ÷ the first.
+    fn pair_tables(&self) -> String {
+        let mut out = String::new();
+        for pair in &PAIRS {
+            let mut rows = vec![
+                [
+                    "mode",
+                    "metric",
+                    pair.servers[0],
+                    pair.servers[1],
+                    pair.ratio,
+                ]
+                .map(str::to_string)
+                .to_vec(),
+            ];
+            let mut seen: Vec<(&str, &str)> = Vec::new();
+            for m in self
+                .measurements
+                .iter()
+                .filter(|m| pair.modes.contains(&m.mode))
+            {
+                if seen.contains(&(m.mode, m.metric)) {
+                    continue;
+                }
+                seen.push((m.mode, m.metric));
+                let [a, b] = pair.servers.map(|s| self.value(m.mode, m.metric, s));
+                rows.push(vec![
+                    m.mode.to_string(),
+                    format!("{} ({})", m.metric, m.unit),
+                    a.map_or("-".into(), figure),
+                    b.map_or("-".into(), figure),
+                    match (a, b) {
+                        (Some(a), Some(b)) if a > 0.0 => format!("{:.2}×", b / a),
+                        _ => "-".into(),
+                    },
+                ]);
+            }
+            if rows.len() > 1 {
+                out.push('\n');
+                out += &align(&rows);
+            }
         }
         out
     }
@@ -248,6 +336,58 @@ mod tests {
         assert!(
             t.contains("executor: xargs -P 8 850 jobs/s (qd 900 jobs/s, 1.06×)"),
             "{t}"
+        );
+        assert!(
+            !t.contains("2 nodes"),
+            "no cluster table without its figures: {t}"
+        );
+    }
+
+    #[test]
+    fn pair_modes_get_tables_of_their_own_with_the_second_over_the_first() {
+        let mut r = Report::default();
+        r.add("single", "qd", "end to end", "jobs/s", 4000.0);
+        r.add("cluster single", STORES[0], "end to end", "jobs/s", 4000.0);
+        r.add("cluster single", STORES[1], "end to end", "jobs/s", 1000.0);
+        r.add(
+            "cluster nodes",
+            NODES[0],
+            "50 ms command jobs",
+            "jobs/s",
+            150.0,
+        );
+        r.add(
+            "cluster nodes",
+            NODES[1],
+            "50 ms command jobs",
+            "jobs/s",
+            285.0,
+        );
+        let t = r.table();
+        let lines: Vec<&str> = t.lines().collect();
+        let header = |first: &str| {
+            lines
+                .iter()
+                .position(|l| l.starts_with("mode") && l.contains(first))
+                .unwrap_or_else(|| panic!("no table with {first}: {t}"))
+        };
+        let (main, stores, nodes) = (header("beanstalkd"), header("SQLite"), header("1 node"));
+        assert!(main < stores && stores < nodes, "{t}");
+        assert!(lines[stores].ends_with("PostgreSQL ÷ SQLite"), "{t}");
+        let store_row = lines[stores + 1];
+        assert!(
+            store_row.starts_with("cluster single") && store_row.ends_with("0.25×"),
+            "{t}"
+        );
+        let node_row = lines[nodes + 1];
+        assert!(
+            node_row.contains("150") && node_row.contains("285") && node_row.ends_with("1.90×"),
+            "{t}"
+        );
+        assert_eq!(
+            t.matches("cluster").count(),
+            2,
+            "paired figures stay out of the main table: {t}"
         );
     }
 }

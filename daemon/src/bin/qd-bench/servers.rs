@@ -1,5 +1,6 @@
 //! Starting the servers under test on loopback: `qd` on a private temp dir with a
-//! config written here, and `beanstalkd` with its binlog in such a dir. Each
+//! config written here (its store SQLite in that dir, or a PostgreSQL database as
+//! one node of a cluster), and `beanstalkd` with its binlog in such a dir. Each
 //! server is killed (by its own pid) and its dir removed when its handle drops.
 
 use std::net::{SocketAddr, TcpListener};
@@ -15,6 +16,9 @@ use crate::scratch::Scratch;
 
 /// How long a server may take to open its port.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a server may take to exit after `SIGTERM` (qd's `shutdown_grace` is 2 s).
+const STOP_WITHIN: Duration = Duration::from_secs(5);
 
 /// The name of qd's queue for HTTP load (`executor = { kind = "external" }`).
 pub const EXTERNAL_QUEUE: &str = "bench";
@@ -38,8 +42,21 @@ impl Server {
         probe::cpu_secs(self.pid).unwrap_or(0.0)
     }
 
-    /// Stops the server and waits for it to exit.
+    /// Stops the server: `SIGTERM` (a qd node leaves the cluster cleanly: its
+    /// leases and the leader lease are released), `SIGKILL` after [`STOP_WITHIN`];
+    /// waits for it to exit.
     pub async fn stop(mut self) {
+        let term = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        if term.is_ok()
+            && tokio::time::timeout(STOP_WITHIN, self.child.wait())
+                .await
+                .is_ok()
+        {
+            return;
+        }
         let _ = self.child.kill().await;
     }
 }
@@ -54,6 +71,17 @@ pub struct QdSetup<'a> {
     pub script: &'a Path,
     /// `defaults.retention` (how long finished jobs are kept).
     pub retention: &'a str,
+    /// `None`: the store is SQLite in the server's dir. Some: a node of a cluster.
+    pub node: Option<Node<'a>>,
+}
+
+/// One qd node of a cluster on a PostgreSQL database.
+#[derive(Clone, Copy)]
+pub struct Node<'a> {
+    /// `[daemon] database_url`, shared by every node of the cluster.
+    pub database_url: &'a str,
+    /// `[daemon] node_name`, unique among the live nodes.
+    pub name: &'a str,
 }
 
 fn free_addr() -> Result<SocketAddr> {
@@ -66,8 +94,15 @@ pub async fn start_qd(setup: &QdSetup<'_>) -> Result<Server> {
     let dir = Scratch::new("qd")?;
     let (api, metrics) = (free_addr()?, free_addr()?);
     let d = dir.0.display();
+    let store = setup.node.map_or(String::new(), |n| {
+        format!(
+            "database_url = {}\nnode_name = {}\n",
+            toml::Value::from(n.database_url),
+            toml::Value::from(n.name)
+        )
+    });
     let config = format!(
-        "[daemon]\ndata_dir = \"{d}/data\"\nadmin_socket = \"{d}/qctl.sock\"\n\
+        "[daemon]\n{store}data_dir = \"{d}/data\"\nadmin_socket = \"{d}/qctl.sock\"\n\
          api_listen = \"{api}\"\nmetrics_listen = \"{metrics}\"\nshutdown_grace = \"2s\"\n\n\
          [defaults]\nmax_depth = 10000000\nretention = \"{retention}\"\n\n\
          [queues.{EXTERNAL_QUEUE}]\nexecutor = {{ kind = \"external\" }}\n\n\

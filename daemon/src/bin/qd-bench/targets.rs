@@ -1,11 +1,12 @@
-//! The hot path's targets (issue 10, "Targets"), checked against a report: each
+//! The hot path's targets (issue 10, "Targets") and the cluster's scaling target
+//! (issue 13, item 9), checked against a report: each
 //! line says the target, what was measured and whether it is met. A target whose
 //! figures this run did not measure (a mode not run, beanstalkd missing) is left
 //! out of the text and is `null` in the JSON.
 
 use serde::Serialize;
 
-use crate::report::{Report, SERVERS};
+use crate::report::{NODES, Report, SERVERS};
 
 /// One target: its text and, when measured, the measured figure and the verdict.
 #[derive(Debug, Serialize)]
@@ -26,6 +27,7 @@ pub fn check(report: &Report, rate: f64) -> Vec<Check> {
         .iter()
         .find(|m| m.mode == "executor" && m.server.starts_with("xargs"))
         .map(|m| m.value);
+    let nodes = |i: usize| report.value("cluster nodes", "50 ms command jobs", NODES[i]);
     let end = "end to end";
     vec![
         Check {
@@ -61,6 +63,18 @@ pub fn check(report: &Report, rate: f64) -> Vec<Check> {
                 .zip(xargs)
                 .map(|(q, x)| (format!("{q:.0} vs {x:.0} jobs/s"), q >= 0.9 * x)),
         },
+        Check {
+            target: "cluster: 50 ms command jobs on 2 nodes ≥ 1.8× 1 node (issue 13)",
+            measured: nodes(0)
+                .filter(|one| *one > 0.0)
+                .zip(nodes(1))
+                .map(|(one, two)| {
+                    (
+                        format!("{:.2}×, {one:.0} → {two:.0} jobs/s", two / one),
+                        two >= 1.8 * one,
+                    )
+                }),
+        },
     ]
 }
 
@@ -78,7 +92,7 @@ pub fn text(checks: &[Check]) -> String {
     if out.is_empty() {
         return out;
     }
-    format!("\ntargets (issue 10):\n{out}")
+    format!("\ntargets (issues 10 and 13):\n{out}")
 }
 
 #[cfg(test)]
@@ -95,6 +109,25 @@ mod tests {
         assert_eq!(checks[0].measured, Some(("2.14×".to_string(), true)));
         assert_eq!(checks[1].measured, Some(("200 µs".to_string(), false)));
         assert!(checks[2..].iter().all(|c| c.measured.is_none()));
+        r.add(
+            "cluster nodes",
+            NODES[0],
+            "50 ms command jobs",
+            "jobs/s",
+            150.0,
+        );
+        r.add(
+            "cluster nodes",
+            NODES[1],
+            "50 ms command jobs",
+            "jobs/s",
+            285.0,
+        );
+        let cluster = check(&r, 2000.0).pop().expect("the cluster target");
+        assert_eq!(
+            cluster.measured,
+            Some(("1.90×, 150 → 285 jobs/s".to_string(), true))
+        );
         let t = text(&checks);
         assert!(
             t.contains("met (2.14×)") && t.contains("MISSED (200 µs)"),
