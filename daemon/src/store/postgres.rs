@@ -263,6 +263,9 @@ pub struct PgBackend {
     options: PgOptions,
     /// When each queue's new jobs were last announced ([`NOTIFY_EVERY`]).
     notified: HashMap<String, std::time::Instant>,
+    /// The leader epoch this node held at its last heartbeat that could look (see
+    /// [`SharedStore::beat`]).
+    epoch: Option<u64>,
 }
 
 /// Where `config` points, for messages and logs: hosts, ports, database and user,
@@ -337,6 +340,7 @@ impl PgBackend {
             target,
             options: options.clone(),
             notified: HashMap::new(),
+            epoch: None,
         };
         backend.connect()?;
         backend.migrate()?;
@@ -530,6 +534,9 @@ impl PgBackend {
     }
 
     /// Takes leases until `lease` from now by the database clock; see [`Backend::claim`].
+    /// Rows another transaction holds are skipped, not waited for (`FOR UPDATE SKIP
+    /// LOCKED`): a claim never waits on another node, so two nodes' batches cannot
+    /// deadlock on each other's claims; a skipped job is answered as not claimed.
     fn claim_until(
         &mut self,
         leased: &[Job],
@@ -564,14 +571,19 @@ impl PgBackend {
         let rows = self.block(async |c| {
             let stmt = c
                 .prepare_cached(
-                    "WITH claimed AS (\
+                    "WITH c AS (\
+                       SELECT * FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::int8[]) \
+                         AS c(id, token, worker, leased_at)), \
+                     locked AS (\
+                       SELECT j.id FROM qd_jobs j JOIN c ON j.id = c.id \
+                       WHERE j.state IN ('ready', 'delayed') \
+                         AND j.lease_token IS NULL AND j.lease_seq < c.token \
+                       ORDER BY j.id FOR UPDATE OF j SKIP LOCKED), \
+                     claimed AS (\
                        UPDATE qd_jobs j SET lease_seq = c.token, lease_token = c.token, \
                          worker = c.worker, leased_at = c.leased_at, lease_node = $6, \
                          lease_deadline = now() + $5::int8 * interval '1 millisecond' \
-                       FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::int8[]) \
-                         AS c(id, token, worker, leased_at) \
-                       WHERE j.id = c.id AND j.state IN ('ready', 'delayed') \
-                         AND j.lease_token IS NULL AND j.lease_seq < c.token \
+                       FROM c WHERE j.id = c.id AND j.id IN (SELECT id FROM locked) \
                        RETURNING j.id) \
                      SELECT p.job_id, p.body FROM claimed JOIN qd_payloads p \
                        ON p.job_id = claimed.id",
@@ -1364,11 +1376,18 @@ impl SharedStore for PgBackend {
         self.query_jobs(&sql, &[&uuids(ids)])
     }
 
+    /// The leader row and a limiter's bucket are locked with `SKIP LOCKED`, never
+    /// waited for: they are taken inside the writer's group commit beside other
+    /// work, and two nodes' batches must not wait on each other (a deadlock). A
+    /// leader lease not renewed because another node's transaction held the row is
+    /// renewed at the next heartbeat (it lasts five of them); meanwhile the answer is
+    /// the epoch of the last heartbeat that could look (its writes stay fenced by
+    /// the row itself).
     fn beat(&mut self) -> Result<Option<u64>, StoreError> {
         let name = self.options.node.clone();
         let id = self.options.node_id;
         let timeout_ms = millis(self.options.node_timeout);
-        let row = self.block(async |c| {
+        let (alive, led) = self.block(async |c| {
             let stmt = c
                 .prepare_cached(
                     "WITH me AS (\
@@ -1378,29 +1397,43 @@ impl SharedStore for PgBackend {
                        UPDATE qd_jobs SET lease_deadline = \
                          GREATEST(lease_deadline, now() + $3::int8 * interval '1 millisecond') \
                        WHERE lease_node = $1 AND lease_token IS NOT NULL \
-                         AND EXISTS (SELECT 1 FROM me) RETURNING 1), \
-                     led AS (\
-                       UPDATE qd_leader SET node = $1, \
-                         epoch = CASE WHEN node = $1 THEN epoch ELSE epoch + 1 END, \
-                         expires_at = now() + $3::int8 * interval '1 millisecond' \
-                       WHERE id = 1 AND (node = $1 OR expires_at <= now()) \
-                         AND EXISTS (SELECT 1 FROM me) RETURNING epoch) \
-                     SELECT (SELECT count(*) FROM me), (SELECT count(*) FROM renewed), \
-                       (SELECT epoch FROM led)",
+                         AND EXISTS (SELECT 1 FROM me) RETURNING 1) \
+                     SELECT (SELECT count(*) FROM me), (SELECT count(*) FROM renewed)",
                 )
                 .await?;
-            c.query_one(&stmt, &[&name, &id, &timeout_ms]).await
+            let row = c.query_one(&stmt, &[&name, &id, &timeout_ms]).await?;
+            if row.get::<_, i64>(0) == 0 {
+                return Ok((false, None));
+            }
+            let stmt = c
+                .prepare_cached("SELECT id FROM qd_leader WHERE id = 1 FOR UPDATE SKIP LOCKED")
+                .await?;
+            if c.query_opt(&stmt, &[]).await?.is_none() {
+                // Another node's transaction holds the row: ask again next time.
+                return Ok((true, None));
+            }
+            let stmt = c
+                .prepare_cached(
+                    "UPDATE qd_leader SET node = $1, \
+                       epoch = CASE WHEN node = $1 THEN epoch ELSE epoch + 1 END, \
+                       expires_at = now() + $2::int8 * interval '1 millisecond' \
+                     WHERE id = 1 AND (node = $1 OR expires_at <= now()) RETURNING epoch",
+                )
+                .await?;
+            let epoch = c.query_opt(&stmt, &[&name, &timeout_ms]).await?;
+            Ok((true, Some(epoch.map(|r| r.get::<_, i64>(0)))))
         })?;
-        if row.get::<_, i64>(0) == 0 {
+        if !alive {
             return Err(StoreError::Other(format!(
                 "{}: node {name:?} was replaced by another node of the same name; \
                  give each node its own daemon.node_name",
                 self.target
             )));
         }
-        Ok(row
-            .get::<_, Option<i64>>(2)
-            .map(|epoch| u64::try_from(epoch).unwrap_or(0)))
+        if let Some(epoch) = led {
+            self.epoch = epoch.and_then(|e| u64::try_from(e).ok());
+        }
+        Ok(self.epoch)
     }
 
     fn own_leases(&mut self) -> Result<Vec<Job>, StoreError> {
@@ -1457,7 +1490,7 @@ impl SharedStore for PgBackend {
                     "WITH cur AS (\
                        SELECT LEAST($3::float8, tokens + $4::float8 * GREATEST(0, \
                          extract(epoch FROM clock_timestamp() - updated_at)::float8)) AS avail \
-                       FROM qd_rate_limiters WHERE name = $1 FOR UPDATE) \
+                       FROM qd_rate_limiters WHERE name = $1 FOR UPDATE SKIP LOCKED) \
                      UPDATE qd_rate_limiters l \
                      SET tokens = cur.avail - LEAST($2::float8, floor(cur.avail)), \
                        updated_at = clock_timestamp() \
@@ -1465,9 +1498,10 @@ impl SharedStore for PgBackend {
                      RETURNING LEAST($2::float8, floor(cur.avail))::int8",
                 )
                 .await?;
-            c.query_one(&stmt, &[&name, &want, &burst, &rate]).await
+            c.query_opt(&stmt, &[&name, &want, &burst, &rate]).await
         })?;
-        Ok(u32::try_from(taken.get::<_, i64>(0)).unwrap_or(0))
+        // No row: another node's transaction holds the bucket; none this time.
+        Ok(taken.map_or(0, |row| u32::try_from(row.get::<_, i64>(0)).unwrap_or(0)))
     }
 
     fn depths(&mut self, now: UnixMillis) -> Result<Vec<(String, State, u64)>, StoreError> {

@@ -49,7 +49,9 @@ impl Database {
     /// Runs SQL through `psql` against the cluster's `postgres` database (for
     /// statements about this database, e.g. refusing connections to it).
     pub fn psql_admin(&self, sql: &str) -> String {
-        self.cluster.psql("postgres", sql)
+        self.cluster
+            .psql("postgres", sql)
+            .unwrap_or_else(|e| panic!("{e:#}"))
     }
 }
 
