@@ -55,6 +55,9 @@ struct SharedBucket {
     pool: Arc<AtomicU32>,
     /// A refill is under way.
     refilling: Arc<AtomicBool>,
+    /// After a refill that got nothing: no new one before this (the time one token
+    /// takes at the limiter's rate), so an empty bucket is not asked every retry.
+    not_before: Arc<Mutex<Option<Instant>>>,
 }
 
 /// The bucket and the settings it was built from.
@@ -107,6 +110,7 @@ impl RateLimiter {
                 store,
                 pool: Arc::default(),
                 refilling: Arc::default(),
+                not_before: Arc::default(),
             }),
             ..RateLimiter::new(name, cfg)
         }
@@ -162,13 +166,16 @@ impl RateLimiter {
         if spent.is_ok_and(|before| before > 1) {
             return Ok(());
         }
-        // The pool is empty (or just emptied): refill it behind the scenes.
-        if !shared.refilling.swap(true, Ordering::AcqRel) {
+        // The pool is empty (or just emptied): refill it behind the scenes, unless
+        // the bucket was found empty a moment ago.
+        let wait = *shared.not_before.lock().unwrap_or_else(|e| e.into_inner());
+        let due = wait.is_none_or(|at| at <= now);
+        if due && !shared.refilling.swap(true, Ordering::AcqRel) {
             self.refill(shared);
         }
         match spent {
             Ok(_) => Ok(()),
-            Err(_) => Err(now + REFILL_RETRY),
+            Err(_) => Err(wait.filter(|_| !due).unwrap_or(now + REFILL_RETRY)),
         }
     }
 
@@ -179,6 +186,8 @@ impl RateLimiter {
         let want = chunk(&settings);
         let name = self.name.clone();
         let (pool, refilling) = (shared.pool.clone(), shared.refilling.clone());
+        let not_before = shared.not_before.clone();
+        let one_token = Duration::from_secs(1) / settings.per_second.max(1);
         shared.store.submit(
             move |b| {
                 b.shared()
@@ -189,6 +198,8 @@ impl RateLimiter {
                 match result {
                     Ok(granted) => {
                         pool.fetch_add(granted, Ordering::AcqRel);
+                        let empty = (granted == 0).then(|| Instant::now() + one_token);
+                        *not_before.lock().unwrap_or_else(|e| e.into_inner()) = empty;
                     }
                     Err(err) => {
                         tracing::debug!(error = %err, "Taking rate-limiter tokens failed.");

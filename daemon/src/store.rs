@@ -384,9 +384,11 @@ pub trait SharedStore {
     fn expire(&mut self, ends: &[Transition], epoch: u64) -> Result<Vec<bool>, StoreError>;
 
     /// Takes up to `want` tokens from the shared bucket of rate limiter `name`
-    /// (created full at its first use; it refills at `settings.per_second` by the
-    /// database's clock and holds at most `settings.burst`, or the rate when 0);
-    /// answers how many were taken. Tokens are never given back.
+    /// (created full at its first use, and full again when its settings changed, as
+    /// a live retune of a local bucket does; it refills at `settings.per_second` by
+    /// the database's clock and holds at most `settings.burst`, or the rate when 0);
+    /// answers how many were taken (0 also when another node's transaction holds the
+    /// bucket). Tokens are never given back.
     fn take_tokens(
         &mut self,
         name: &str,

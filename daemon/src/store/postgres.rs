@@ -63,7 +63,8 @@
 //! qd_nodes(name PK, node_id uuid, started_at, heartbeat_at timestamptz)
 //! qd_leader(id = 1 PK, node text NULL, epoch bigint, expires_at timestamptz)
 //! -- version 3: rate limiters shared by the nodes
-//! qd_rate_limiters(name PK, tokens float8, updated_at timestamptz)
+//! qd_rate_limiters(name PK, tokens float8, updated_at timestamptz, per_second,
+//!                  burst float8)      -- settings changed: the bucket starts full
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -186,7 +187,9 @@ const V3: &str = r#"
 CREATE TABLE qd_rate_limiters (
     name       text COLLATE "C" PRIMARY KEY,
     tokens     float8      NOT NULL,
-    updated_at timestamptz NOT NULL
+    updated_at timestamptz NOT NULL,
+    per_second float8      NOT NULL,
+    burst      float8      NOT NULL
 );
 "#;
 
@@ -1480,20 +1483,22 @@ impl SharedStore for PgBackend {
         let taken = self.block(async |c| {
             let stmt = c
                 .prepare_cached(
-                    "INSERT INTO qd_rate_limiters (name, tokens, updated_at) \
-                     VALUES ($1, $2, clock_timestamp()) ON CONFLICT (name) DO NOTHING",
+                    "INSERT INTO qd_rate_limiters (name, tokens, updated_at, per_second, burst) \
+                     VALUES ($1, $2, clock_timestamp(), $3, $2) ON CONFLICT (name) DO NOTHING",
                 )
                 .await?;
-            c.execute(&stmt, &[&name, &burst]).await?;
+            c.execute(&stmt, &[&name, &burst, &rate]).await?;
             let stmt = c
                 .prepare_cached(
                     "WITH cur AS (\
-                       SELECT LEAST($3::float8, tokens + $4::float8 * GREATEST(0, \
-                         extract(epoch FROM clock_timestamp() - updated_at)::float8)) AS avail \
+                       SELECT CASE WHEN per_second = $4::float8 AND burst = $3::float8 \
+                         THEN LEAST($3::float8, tokens + $4::float8 * GREATEST(0, \
+                           extract(epoch FROM clock_timestamp() - updated_at)::float8)) \
+                         ELSE $3::float8 END AS avail \
                        FROM qd_rate_limiters WHERE name = $1 FOR UPDATE SKIP LOCKED) \
                      UPDATE qd_rate_limiters l \
                      SET tokens = cur.avail - LEAST($2::float8, floor(cur.avail)), \
-                       updated_at = clock_timestamp() \
+                       updated_at = clock_timestamp(), per_second = $4, burst = $3 \
                      FROM cur WHERE l.name = $1 \
                      RETURNING LEAST($2::float8, floor(cur.avail))::int8",
                 )
