@@ -311,12 +311,7 @@ fn a_lease_of_this_node_that_no_worker_holds_is_ended_uncharged() {
     assert_eq!(body["jobs"][0]["id"], id.as_str(), "{body}");
     assert_eq!(body["jobs"][0]["attempt"], 1, "uncharged: {body}");
     let (_, job) = nodes[0].get(&format!("/v1/jobs/{id}"));
-    let outcomes: Vec<&str> = job["history"]
-        .as_array()
-        .expect("history")
-        .iter()
-        .filter_map(|h| h["outcome"].as_str())
-        .collect();
+    let outcomes = common::outcomes(&job);
     assert_eq!(outcomes, vec!["interrupted"], "{job}");
 }
 

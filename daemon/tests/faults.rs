@@ -288,12 +288,7 @@ fn wall_clock_jumps_neither_expire_live_leases_nor_freeze_delayed_jobs() {
     );
     let job = qd.wait_final(&running, Duration::from_secs(20));
     assert_eq!(job["state"], "succeeded", "{job}");
-    let outcomes: Vec<&str> = job["history"]
-        .as_array()
-        .expect("history")
-        .iter()
-        .filter_map(|h| h["outcome"].as_str())
-        .collect();
+    let outcomes = common::outcomes(&job);
     assert_eq!(
         outcomes,
         ["succeeded"],

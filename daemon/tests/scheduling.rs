@@ -157,18 +157,8 @@ fn enqueue_many(qd: &Qd, queue: &str, tenant: &str, payload: &str, n: usize) -> 
 
 /// Enqueues one job; returns (status, Retry-After header, body).
 fn try_enqueue(qd: &Qd, queue: &str, tenant: &str) -> (u16, Option<String>, Value) {
-    let mut resp = agent()
-        .post(format!("{}/v1/queues/{queue}/jobs", qd.api))
-        .send_json(json!({ "tenant": tenant, "payload": "x" }))
-        .expect("enqueue");
-    let status = resp.status().as_u16();
-    let retry = resp
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let body = resp.body_mut().read_json().unwrap_or(Value::Null);
-    (status, retry, body)
+    let body = json!({ "tenant": tenant, "payload": "x" });
+    qd.post_as(&format!("/v1/queues/{queue}/jobs"), &body, None)
 }
 
 /// Leases up to `max` jobs from an external queue without waiting.

@@ -408,6 +408,16 @@ pub fn ack(qd: &Qd, job: &Value) {
     assert_eq!(status, 200, "ack: {body}");
 }
 
+/// The outcomes of a job's history (`GET /v1/jobs/{id}`'s `history`), oldest first.
+pub fn outcomes(job: &Value) -> Vec<&str> {
+    job["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|h| h["outcome"].as_str())
+        .collect()
+}
+
 /// The value of one sample of `name` whose labels contain every `labels` pair, from
 /// Prometheus exposition `text`; 0 when there is none.
 pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
