@@ -189,7 +189,8 @@ pub trait Backend: Send {
     /// directory's lock; the model). Then the process's Broker is the one owner of
     /// leases, [`Backend::claim`] only records a lease for readers, and a caller may
     /// hand a job out before its claim ran, provided it submits the claim before any
-    /// later change of that job (the writer runs operations in order). A backend
+    /// later change of that job (the writer runs operations in order;
+    /// [`Store::record_leases_later`] writes the records first in the next batch). A backend
     /// shared by several nodes answers `false`: its claim is the lease.
     fn leases_are_local(&self) -> bool;
 
@@ -680,12 +681,14 @@ pub struct Store {
     shared: Arc<Shared>,
 }
 
-/// Counters shared by the handles and the writer thread.
+/// What the handles and the writer thread share: counters, and the leases handed
+/// out whose records wait for the writer's next batch ([`Store::record_leases_later`]).
 #[derive(Default)]
 pub(crate) struct Counters {
     commits: AtomicU64,
     batches: AtomicU64,
     ops: AtomicU64,
+    unrecorded: Mutex<Vec<Job>>,
 }
 
 struct Shared {
@@ -792,6 +795,20 @@ impl Store {
     /// store without a writer thread).
     pub fn leases_are_local(&self) -> bool {
         self.shared.leases_are_local
+    }
+
+    /// Records leases of a backend whose leases are local ([`Backend::leases_are_local`])
+    /// without a write of their own: the writer's next batch writes them
+    /// ([`Backend::record_leases`]) before any op in it, so any op submitted after this
+    /// call (the lease's ack, a reader's query) finds them. A record the store refuses
+    /// is logged; the lease stands (memory owns it).
+    pub fn record_leases_later(&self, leased: Vec<Job>) {
+        self.shared
+            .counters
+            .unrecorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(leased);
     }
 
     /// Queues `op` for the writer thread and returns at once (never blocks on disk).

@@ -14,7 +14,7 @@ use ractor::{ActorRef, RpcReplyPort};
 use rand::Rng;
 use rand::rngs::StdRng;
 use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 mod settle;
 mod shared;
@@ -787,8 +787,10 @@ impl BrokerState {
 
     /// Hands out leases whose payloads are all hot, without waiting for the store:
     /// leases are local ([`crate::store::Backend::leases_are_local`]), so the claim
-    /// only records them for readers. It is submitted before the reply, so it runs
-    /// before any later change of these jobs.
+    /// only records them for readers, and it costs no write of its own: the records
+    /// ride on the writer's next batch ([`crate::store::Store::record_leases_later`]),
+    /// which is before any later change of these jobs (handed to the store after the
+    /// reply).
     fn lease_hot(
         &mut self,
         jobs: Vec<Job>,
@@ -804,14 +806,7 @@ impl BrokerState {
                 leased_job(job.clone(), payload, lease, deadline_ms)
             })
             .collect();
-        self.store.submit(
-            move |b| b.record_leases(&jobs),
-            |result| match result {
-                Ok(recorded) if recorded.iter().all(|r| *r) => {}
-                Ok(_) => error!("A local lease was not recorded for readers: its job was not claimable in the store."),
-                Err(err) => warn!(error = %err, "Local leases were not recorded for readers; they stand."),
-            },
-        );
+        self.store.record_leases_later(jobs);
         let tokens: Vec<(JobId, Token)> = leased.iter().map(|l| (l.id, l.token)).collect();
         if reply.send(leased).is_err() {
             self.abandoned(tokens, now);

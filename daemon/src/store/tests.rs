@@ -791,6 +791,58 @@ fn a_lease_is_not_durable_and_its_job_is_ready_after_reopen() {
     assert_eq!(block(&store, |b| b.load_unfinished()), Ok(vec![stored]));
 }
 
+/// Leases handed out before their record ([`Store::record_leases_later`]) cost no
+/// write of their own: the next batch writes them before its ops, so a read or the
+/// lease's end submitted afterwards sees them; a record the store refuses (the job
+/// is not claimable) is logged and the batch's ops still commit.
+#[test]
+fn lease_records_ride_on_the_next_batch_before_its_ops() {
+    let (_dir, path) = temp_db();
+    let store = open(&path);
+    let (one, two) = (job(1, "q", None), job(2, "q", None));
+    let (a, b) = (one.clone(), two.clone());
+    block(&store, move |s| {
+        insert(s, &a, b"p")?;
+        insert(s, &b, b"p")
+    })
+    .expect("insert");
+    let commits = store.stats().commits;
+    store.record_leases_later(vec![leased(&one, 1)]);
+    assert_eq!(
+        store.stats().commits,
+        commits,
+        "a record alone starts no batch"
+    );
+    let seen = block(&store, |s| s.load_unfinished()).expect("load");
+    assert_eq!(
+        seen,
+        vec![leased(&one, 1), two.clone()],
+        "the next op sees it"
+    );
+    let end = Transition {
+        job: Job {
+            state: State::Ready,
+            attempts: 1,
+            lease_seq: 1,
+            ..two.clone()
+        },
+        entry: None,
+    };
+    store.record_leases_later(vec![leased(&two, 2)]);
+    assert_eq!(
+        block(&store, move |s| s.complete(&[end])),
+        Ok(vec![false]),
+        "the recorded lease (token 2) is not the one ending (token 1)"
+    );
+    store.record_leases_later(vec![leased(&job(3, "q", None), 1)]);
+    let fresh = job(4, "q", None);
+    let inserted = fresh.clone();
+    block(&store, move |s| insert(s, &inserted, b"p")).expect("a refused record fails nothing");
+    let seen = block(&store, |s| s.load_unfinished()).expect("load");
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert_eq!(seen[2], fresh);
+}
+
 #[test]
 fn enqueue_dedupes_by_key_inside_one_batch_and_across_batches() {
     let (_dir, path) = temp_db();

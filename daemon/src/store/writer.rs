@@ -1,15 +1,16 @@
 //! The writer thread and its group commit: block for the first request, drain up to
-//! [`MAX_BATCH`] without waiting, run them all in one transaction (each in its own
-//! savepoint), commit once, then answer every caller.
+//! [`MAX_BATCH`] without waiting, run them all in one transaction (first the lease
+//! records waiting for a batch, then each request in its own savepoint), commit once,
+//! then answer every caller.
 //!
 //! Requests are type-erased [`Task`]s. A task answers its caller exactly once: after
 //! the commit, or with the batch's error, or [`StoreError::Closed`] when it is dropped
 //! unanswered (the writer died, or the store was closed before it was queued).
 
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, PoisonError};
 use std::thread::{self, JoinHandle};
 
 use super::{Backend, Counters, Engine, MAX_BATCH, StoreError};
@@ -176,6 +177,7 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
     counters.batches.fetch_add(1, Ordering::Relaxed);
     let outcome = engine
         .begin()
+        .and_then(|()| record_unrecorded(engine, counters))
         .and_then(|()| run_all(engine, &mut batch, counters))
         .and_then(|()| engine.commit());
     match &outcome {
@@ -189,6 +191,36 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
     }
     for task in batch {
         task.answer(outcome.clone());
+    }
+}
+
+/// Writes the lease records handed to [`super::Store::record_leases_later`] since the
+/// last batch, in their own savepoint: a refusal is logged and rolled back, never the
+/// batch's failure.
+fn record_unrecorded<E: Engine>(engine: &mut E, counters: &Counters) -> Result<(), StoreError> {
+    let leases = std::mem::take(
+        &mut *counters
+            .unrecorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
+    if leases.is_empty() {
+        return Ok(());
+    }
+    engine.savepoint()?;
+    match engine.record_leases(&leases) {
+        Ok(recorded) => {
+            if !recorded.iter().all(|r| *r) {
+                tracing::error!(
+                    "A local lease was not recorded for readers: its job was not claimable in the store."
+                );
+            }
+            engine.release()
+        }
+        Err(err) => {
+            tracing::warn!(%err, "Local leases were not recorded for readers; they stand.");
+            engine.rollback_to()
+        }
     }
 }
 
