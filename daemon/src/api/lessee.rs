@@ -16,7 +16,7 @@ use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use base64::Engine;
 use ractor::ActorRef;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::auth::{Caller, Role};
@@ -55,7 +55,7 @@ pub async fn lease(
     Extension(caller): Extension<Caller>,
     Path(queue): Path<String>,
     JsonBody(body): JsonBody<LeaseBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<LeaseAnswer>, ApiError> {
     caller.allow(Role::Work, &queue)?;
     let config = args.config();
     let qcfg = config
@@ -101,9 +101,15 @@ pub async fn lease(
         Ok(ractor::rpc::CallResult::Success(jobs)) => jobs,
         _ => Vec::new(),
     };
-    Ok(Json(
-        json!({ "jobs": jobs.iter().map(leased_json).collect::<Vec<_>>() }),
-    ))
+    Ok(Json(LeaseAnswer {
+        jobs: jobs.into_iter().map(LeasedBody::of).collect(),
+    }))
+}
+
+/// A lease's answer: `{"jobs": [...]}`, possibly empty.
+#[derive(Serialize)]
+pub(super) struct LeaseAnswer {
+    jobs: Vec<LeasedBody>,
 }
 
 fn parse_wait(value: Option<Value>) -> Result<Duration, ApiError> {
@@ -114,19 +120,40 @@ fn parse_wait(value: Option<Value>) -> Result<Duration, ApiError> {
     Ok(wait)
 }
 
-fn leased_json(job: &LeasedJob) -> Value {
-    json!({
-        "id": job.id,
-        "queue": &*job.queue,
-        "tenant": &*job.tenant,
-        "attempt": job.attempt,
-        "token": job.token,
-        "idempotency_key": job.idempotency_key,
-        "payload_b64": base64::engine::general_purpose::STANDARD.encode(&job.payload),
-        "payload": std::str::from_utf8(&job.payload).ok(),
-        "lease_seconds": job.lease.as_secs_f64(),
-        "deadline": job.deadline_ms,
-    })
+/// One leased job as a lease answer lists it (typed, so a lease of many jobs
+/// builds no map per job; the keys are in the order `serde_json` prints a map's).
+#[derive(Serialize)]
+struct LeasedBody {
+    attempt: u32,
+    /// Lease deadline, Unix ms.
+    deadline: i64,
+    id: JobId,
+    idempotency_key: String,
+    lease_seconds: f64,
+    /// The payload as text when it is UTF-8, else `null`.
+    payload: Option<String>,
+    payload_b64: String,
+    queue: Arc<str>,
+    tenant: Arc<str>,
+    token: Token,
+}
+
+impl LeasedBody {
+    fn of(job: LeasedJob) -> Self {
+        let payload_b64 = base64::engine::general_purpose::STANDARD.encode(&job.payload);
+        LeasedBody {
+            attempt: job.attempt,
+            deadline: job.deadline_ms,
+            id: job.id,
+            idempotency_key: job.idempotency_key,
+            lease_seconds: job.lease.as_secs_f64(),
+            payload: String::from_utf8(job.payload).ok(),
+            payload_b64,
+            queue: job.queue,
+            tenant: job.tenant,
+            token: job.token,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -227,7 +254,7 @@ pub async fn acks(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
     JsonBody(body): JsonBody<AcksBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<AcksAnswer>, ApiError> {
     caller.require(Role::Work)?;
     if body.acks.is_empty() || body.acks.len() > MAX_ACKS {
         return Err(ApiError::bad_request(format!(
@@ -249,19 +276,48 @@ pub async fn acks(
     let mut results = Vec::with_capacity(ids.len());
     for (id, answer) in ids.into_iter().zip(answers) {
         results.push(match answer {
-            Ok(()) => json!({ "id": id, "ok": true }),
+            Ok(()) => AckResult {
+                id,
+                ok: true,
+                error: None,
+                message: None,
+                state: None,
+            },
             Err(err) => {
                 let err = explain(&args, id, err).await?;
-                let mut item =
-                    json!({ "id": id, "ok": false, "error": err.code, "message": err.message });
-                if let Some(state) = err.state {
-                    item["state"] = json!(state);
+                AckResult {
+                    id,
+                    ok: false,
+                    error: Some(err.code),
+                    message: Some(err.message),
+                    state: err.state,
                 }
-                item
             }
         });
     }
-    Ok(Json(json!({ "results": results })))
+    Ok(Json(AcksAnswer { results }))
+}
+
+/// A batch ack's answer: `{"results": [...]}`, one per ack in request order.
+#[derive(Serialize)]
+pub(super) struct AcksAnswer {
+    results: Vec<AckResult>,
+}
+
+/// One item of a `POST /v1/acks` answer: `{"id", "ok": true}`, or `{"id", "ok":
+/// false, "error", "message", "state"?}` (typed, so a batch builds no map per item).
+#[derive(Serialize)]
+struct AckResult {
+    id: JobId,
+    ok: bool,
+    /// The refusal's code (`stale_token`, `not_found`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    /// The job's current state, for a lease that is over.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<crate::job::State>,
 }
 
 /// The API error of a refused report for job `id`: a job the Broker no longer holds

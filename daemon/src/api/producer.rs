@@ -21,7 +21,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::auth::{Caller, Role};
@@ -161,7 +161,7 @@ pub async fn enqueue_batch(
     Path(queue): Path<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<BatchAnswer>), ApiError> {
     caller.allow(Role::Produce, &queue)?;
     let config = args.config();
     let max = config.daemon.max_payload;
@@ -178,11 +178,27 @@ pub async fn enqueue_batch(
     let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), ENQUEUE_TIMEOUT)
         .await?
         .map_err(batch_error)?;
-    let jobs: Vec<Value> = done
+    let jobs: Vec<EnqueuedBody> = done
         .iter()
-        .map(|e| json!({ "id": e.id, "duplicate": e.duplicate }))
+        .map(|e| EnqueuedBody {
+            duplicate: e.duplicate,
+            id: e.id,
+        })
         .collect();
-    Ok((StatusCode::ACCEPTED, Json(json!({ "jobs": jobs }))))
+    Ok((StatusCode::ACCEPTED, Json(BatchAnswer { jobs })))
+}
+
+/// A batch enqueue's answer: `{"jobs": [...]}` in request order.
+#[derive(Serialize)]
+pub(super) struct BatchAnswer {
+    jobs: Vec<EnqueuedBody>,
+}
+
+/// One job of a batch enqueue's answer (typed, so a batch builds no map per job).
+#[derive(Serialize)]
+struct EnqueuedBody {
+    duplicate: bool,
+    id: JobId,
 }
 
 /// The API error of a refused batch: the status the item alone would get, the
