@@ -70,6 +70,7 @@ pub(super) fn claim_others(
             worker,
             now,
             lease,
+            cap: None,
         };
         others.extend(b.shared().ok_or_else(not_shared)?.claim_next(&next)?);
     }
