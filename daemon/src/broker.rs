@@ -271,6 +271,11 @@ pub enum BrokerMsg {
     /// each is given as the job's record before the lease and the lease planned, and
     /// returns to the first uncharged.
     Unclaimed(Vec<(Job, Job)>),
+    /// Internal (shared store): the store refused these leases because their
+    /// tenant is at its `max_concurrency` across the cluster; each is given as the
+    /// job's record before the lease and the lease planned, returns to the first
+    /// uncharged and goes back to its Scheduler, which holds the tenant at its cap.
+    AtCap(Vec<(Job, Job)>),
     /// Internal (shared store): a lease request got the second list's jobs in place
     /// of the first list's picks (each the record before the lease and the lease
     /// planned), which another node took.
@@ -562,6 +567,7 @@ impl BrokerState {
                 reply,
             } => state.lease(&queue, picks, worker, reply, now, mono),
             BrokerMsg::Unclaimed(before) => state.unclaimed(before, now),
+            BrokerMsg::AtCap(refused) => state.at_cap(refused),
             BrokerMsg::Substituted(replaced, taken) => state.substituted(replaced, taken, mono),
             BrokerMsg::Abandoned(leases) => state.abandoned(leases, now),
             BrokerMsg::Heartbeat(id, token, extend, reply) => {

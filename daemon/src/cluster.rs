@@ -16,7 +16,11 @@
 //! - it listens on the store's notification channel (`LISTEN qd_jobs`, on a
 //!   connection of its own, reconnected after a loss) and sends the Broker
 //!   [`BrokerMsg::Refresh`] for each notification, and once per `poll_interval`
-//!   whatever arrives (polling is the fallback when notifications are lost).
+//!   whatever arrives (polling is the fallback when notifications are lost);
+//! - at each poll and heartbeat it tells every Scheduler to try again the tenants it
+//!   holds at their `max_concurrency` across the cluster
+//!   ([`crate::scheduler::SchedulerMsg::Reopen`]): a lease of theirs may have ended
+//!   on another node, which sends no notification for it.
 //!
 //! Messages: its own timers ([`ClusterMsg::Beat`], [`ClusterMsg::Poll`]).
 //! Supervised by the Supervisor; the listener task is aborted when it stops.
@@ -32,6 +36,7 @@ use tracing::{debug, info, warn};
 use crate::broker::{self, BrokerMsg};
 use crate::config::DatabaseConfig;
 use crate::metrics::DepthState;
+use crate::scheduler::SchedulerMsg;
 use crate::store::postgres::NOTIFY_CHANNEL;
 use crate::supervisor::Daemon;
 
@@ -127,14 +132,31 @@ impl Actor for Cluster {
         state: &mut ClusterState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ClusterMsg::Beat => state.beat().await,
-            ClusterMsg::Poll => broker::cast(BrokerMsg::Refresh),
+            ClusterMsg::Beat => {
+                state.beat().await;
+                state.reopen();
+            }
+            ClusterMsg::Poll => {
+                broker::cast(BrokerMsg::Refresh);
+                state.reopen();
+            }
         }
         Ok(())
     }
 }
 
 impl ClusterState {
+    /// Tells every queue's Scheduler to try again the tenants held at their cap
+    /// across the cluster (a no-op for a Scheduler holding none).
+    fn reopen(&self) {
+        for queue in self.daemon.config().queues.keys() {
+            let name = crate::scheduler::name(queue);
+            if let Some(actor) = ActorRef::<SchedulerMsg>::where_is(name) {
+                let _ = actor.cast(SchedulerMsg::Reopen);
+            }
+        }
+    }
+
     async fn beat(&mut self) {
         let result = self
             .daemon

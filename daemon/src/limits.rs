@@ -7,8 +7,9 @@
 //!
 //! Overrides are set by operators through qctl (`limits set`, `workers set`,
 //! `queue pause`), stored in the store's `overrides` table so they survive restarts
-//! until reset, and read here by the Broker (depth), Schedulers (weights, caps,
-//! pause) and WorkerPools (bounds). Unconfigured tenants inherit `[tenants.default]`.
+//! until reset, and read here by the Broker (depth; on a shared store also caps,
+//! which the store keeps across nodes), Schedulers (weights, caps, pause) and
+//! WorkerPools (bounds). Unconfigured tenants inherit `[tenants.default]`.
 //!
 //! Override keys: scope `tenant` with `weight`, `max_concurrency`, `max_depth`;
 //! scope `queue` with `workers_min`, `workers_max`, `paused`; scope `limiter` with

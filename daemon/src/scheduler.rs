@@ -9,9 +9,10 @@
 //! leasable. It arms one timer for the soonest of: a delayed job's due time, a
 //! waiter's deadline, or the rate limiter's next token — it never polls.
 //!
-//! Messages ([`SchedulerMsg`]): `Ready`, `Remove`, `Finished`, `Restore`, `Batch`,
-//! `Throttled` (from the Broker), `Lease` (from Workers and the API), `LimitsChanged`, `Pause`,
-//! `Drain`, `Stats`, and its own `Tick`. Chosen jobs go to the Broker as one `Lease`
+//! Messages ([`SchedulerMsg`]): `Ready`, `Remove`, `Finished`, `AtCap`, `Restore`,
+//! `Batch`, `Throttled` (from the Broker), `Lease` (from Workers and the API),
+//! `LimitsChanged`, `Pause`, `Drain`, `Stats`, `Reopen` (from the Cluster actor), and
+//! its own `Tick`. Chosen jobs go to the Broker as one `Lease`
 //! message whose reply port is the lessee's, so the scheduler never waits on the
 //! broker. On start it asks the broker to resync it. Supervised by the Supervisor.
 
@@ -74,6 +75,15 @@ pub enum SchedulerMsg {
     Remove(Arc<str>, JobId, UnixMillis),
     /// A leased job of this tenant ended after running this long.
     Finished(Arc<str>, Duration),
+    /// A job of this tenant, ready at this time (Unix ms) as it was handed over, was
+    /// picked but not leased: the shared store refused it because the tenant is at
+    /// its `max_concurrency` across the cluster. It is queued again uncharged and
+    /// the tenant is held at its cap until one of its jobs ends here or `Reopen`
+    /// ([`FairQueue::at_cap`]).
+    AtCap(Arc<str>, JobId, UnixMillis),
+    /// Other nodes may have ended leases (the cluster's poll or heartbeat): tenants
+    /// held at their cap across the cluster are tried again.
+    Reopen,
     /// Replace every job and running count with the Broker's view (a resync), in
     /// one message however many jobs the queue holds.
     Restore(Box<Snapshot>),
@@ -210,6 +220,8 @@ impl SchedulerState {
                 }
             }
             SchedulerMsg::Finished(tenant, run) => self.fair.finish(&tenant, run),
+            SchedulerMsg::AtCap(tenant, id, ready_at) => self.fair.at_cap(tenant, id, ready_at),
+            SchedulerMsg::Reopen => self.fair.reopen(),
             SchedulerMsg::Restore(snapshot) => self.restore(*snapshot, now),
             SchedulerMsg::Throttled(pause) => {
                 if let Some(limiter) = &self.limiter {

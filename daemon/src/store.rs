@@ -357,6 +357,24 @@ pub trait SharedStore {
     /// claim to another node takes other work instead.
     fn claim_next(&mut self, next: &NewClaim<'_>) -> Result<Vec<(Job, Vec<u8>)>, StoreError>;
 
+    /// [`Backend::claim_for`] within tenants' concurrency caps across every node:
+    /// while any node's claim of a capped tenant is in flight, and once its
+    /// leases are counted, at most `cap.max` jobs of that queue and tenant are leased
+    /// at once cluster-wide. `caps` names each capped (queue, tenant) once (the
+    /// first entry counts); the jobs of a tenant it does not name are claimed as
+    /// [`Backend::claim_for`] does, at no extra cost (with no cap that applies, this
+    /// is one statement, as `claim_for`). Answers per item in order: leased with its
+    /// payload, [`Claim::Lost`] (not claimable, as `claim_for`'s `None`), or
+    /// [`Claim::AtCap`] (claimable, but its tenant has no free slot at this moment,
+    /// or another node is claiming for that tenant: the job is unchanged in the
+    /// store). A tenant's picks are granted in the order given.
+    fn claim_capped(
+        &mut self,
+        leased: &[Job],
+        lease: Duration,
+        caps: &[TenantCap],
+    ) -> Result<Vec<Claim>, StoreError>;
+
     /// The stored records of `ids` (unknown ids are absent), a lease showing as
     /// state leased with its token: what a node reads before an operator's change
     /// of jobs another node may have changed.
@@ -423,6 +441,42 @@ pub struct NewClaim<'a> {
     pub now: UnixMillis,
     /// The lease's length.
     pub lease: Duration,
+    /// The tenant's `max_concurrency` in this queue, if it has one: the claim takes
+    /// at most as many as leave the tenant's leases, across every node, at this cap
+    /// (none while another node is claiming for the tenant). Only with `tenant`:
+    /// a cap without one is refused ([`StoreError::Other`]).
+    pub cap: Option<u32>,
+}
+
+/// One tenant's concurrency cap in one queue, for [`SharedStore::claim_capped`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantCap {
+    /// The queue.
+    pub queue: Arc<str>,
+    /// The tenant.
+    pub tenant: Arc<str>,
+    /// The most of its jobs of this queue leased at once across every node (0
+    /// holds them all).
+    pub max: u32,
+}
+
+/// The answer of [`SharedStore::claim_capped`] for one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The lease is stored; the job's payload.
+    Leased(Vec<u8>),
+    /// Not claimable: unknown, finished, leased, or changed by another node.
+    Lost,
+    /// Claimable, but its tenant is at its cap across the cluster (or another
+    /// node is claiming for that tenant at this moment): nothing was changed.
+    AtCap,
+}
+
+impl From<Option<Vec<u8>>> for Claim {
+    /// A [`Backend::claim`] answer: a payload is a lease, `None` a lost claim.
+    fn from(payload: Option<Vec<u8>>) -> Claim {
+        payload.map_or(Claim::Lost, Claim::Leased)
+    }
 }
 
 /// A node of a cluster sharing one database, as `qctl status` shows it.

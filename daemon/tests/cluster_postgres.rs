@@ -1,6 +1,7 @@
 //! Several qd nodes on one PostgreSQL database (the run's throw-away cluster): they
 //! share the work without ever leasing one job twice, find the jobs other nodes
-//! accepted, list each other in `qctl status`, and when nodes die (`SIGKILL`) — a
+//! accepted, list each other in `qctl status`, keep a tenant's `max_concurrency`
+//! across the cluster, and when nodes die (`SIGKILL`) — a
 //! follower, then the leader — the survivors take the leader lease, end the dead
 //! nodes' leases and finish every job: none lost, no effect applied twice, and no job
 //! ran on two nodes at once before a kill.
@@ -374,6 +375,142 @@ fn weighted_fairness_holds_across_two_nodes_within_bounds() {
     // Each node runs weighted round robin over what it holds; the two together
     // stay within these bounds of 3:1 (measured about 3.0).
     assert!((2.0..=4.5).contains(&ratio), "a {a} : b {b}");
+}
+
+#[test]
+fn a_tenants_max_concurrency_holds_across_two_nodes_while_another_tenant_flows() {
+    const PER_TENANT: usize = 40;
+    const CAP: usize = 2;
+    let Some(db) = pg::database() else { return };
+    let body = |_| {
+        format!(
+            "[tenants.capped]\n\n[tenants.free]\n\n\
+             [queues.ext]\nexecutor = {{ kind = \"external\" }}\nlease = \"60s\"\n\
+             tenants.capped = {{ max_concurrency = {CAP} }}\n"
+        )
+    };
+    let nodes = Arc::new(start_cluster(&db, 2, body));
+    // Half of each tenant's jobs accepted on each node, capped first.
+    for (n, qd) in nodes.iter().enumerate() {
+        for tenant in ["capped", "free"] {
+            let batch: Vec<_> = (0..PER_TENANT / 2)
+                .map(|i| json!({"payload": format!("{tenant} {n}.{i}"), "tenant": tenant}))
+                .collect();
+            let (status, answer) = qd.post("/v1/queues/ext/jobs/batch", &json!({"jobs": batch}));
+            assert_eq!(status, 202, "{answer}");
+        }
+    }
+    // The database's count of the tenant's leases, sampled while consumers run.
+    let leased_in_db = || -> usize {
+        db.psql("SELECT count(*) FROM qd_jobs WHERE tenant = 'capped' AND lease_token IS NOT NULL")
+            .trim()
+            .parse()
+            .expect("a count")
+    };
+    let finished = Arc::new(AtomicUsize::new(0));
+    let sampler = {
+        let (db, finished) = (db.clone(), finished.clone());
+        thread::spawn(move || {
+            let mut most = 0;
+            while finished.load(Ordering::SeqCst) < 2 * PER_TENANT {
+                let n: usize = db
+                    .psql("SELECT count(*) FROM qd_jobs WHERE tenant = 'capped' AND lease_token IS NOT NULL")
+                    .trim()
+                    .parse()
+                    .expect("a count");
+                most = most.max(n);
+                thread::sleep(Duration::from_millis(10));
+            }
+            most
+        })
+    };
+    // Three consumers per node, each taking up to two jobs and holding them 100 ms.
+    // `held` counts the tenant's jobs the consumers hold: raised once a lease
+    // arrived, lowered before its ack is sent, so it never runs ahead of the store.
+    let held = Arc::new(AtomicUsize::new(0));
+    let most_held = Arc::new(AtomicUsize::new(0));
+    let by_node: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
+    let consumers: Vec<_> = (0..6)
+        .map(|c| {
+            let (nodes, finished, held, most_held, by_node) = (
+                nodes.clone(),
+                finished.clone(),
+                held.clone(),
+                most_held.clone(),
+                by_node.clone(),
+            );
+            thread::spawn(move || {
+                let node = c % 2;
+                let qd = &nodes[node];
+                let start = Instant::now();
+                while finished.load(Ordering::SeqCst) < 2 * PER_TENANT {
+                    assert!(
+                        start.elapsed() < Duration::from_secs(120),
+                        "consumer {c} stalled"
+                    );
+                    let (status, body) = qd.post(
+                        "/v1/queues/ext/leases",
+                        &json!({"worker_id": format!("c{c}"), "max_jobs": 2, "wait": "500ms"}),
+                    );
+                    assert_eq!(status, 200, "{body}");
+                    let jobs = body["jobs"].as_array().expect("jobs").clone();
+                    let capped = jobs.iter().filter(|j| j["tenant"] == "capped").count();
+                    let now = held.fetch_add(capped, Ordering::SeqCst) + capped;
+                    most_held.fetch_max(now, Ordering::SeqCst);
+                    for job in &jobs {
+                        let tenant = job["tenant"].as_str().expect("tenant").to_owned();
+                        by_node.lock().expect("lock").push((tenant, node));
+                    }
+                    thread::sleep(Duration::from_millis(100));
+                    held.fetch_sub(capped, Ordering::SeqCst);
+                    for job in &jobs {
+                        let id = job["id"].as_str().expect("id");
+                        let (status, answer) = qd.post(
+                            &format!("/v1/jobs/{id}/ack"),
+                            &json!({"token": job["token"]}),
+                        );
+                        assert_eq!(status, 200, "ack of {id} on node {node}: {answer}");
+                        finished.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    for c in consumers {
+        c.join().expect("consumer");
+    }
+    let most_in_db = sampler.join().expect("sampler");
+    let most_held = most_held.load(Ordering::SeqCst);
+    let by_node = by_node.lock().expect("lock").clone();
+    let count = |tenant: &str, node: usize| {
+        by_node
+            .iter()
+            .filter(|(t, n)| t == tenant && *n == node)
+            .count()
+    };
+    eprintln!(
+        "capped tenant: at most {most_held} held by consumers, {most_in_db} leased in the \
+         database; leases per node: capped {} + {}, free {} + {}",
+        count("capped", 0),
+        count("capped", 1),
+        count("free", 0),
+        count("free", 1)
+    );
+    assert!(
+        most_held <= CAP && most_in_db <= CAP,
+        "the tenant capped at {CAP} had {most_held} jobs held at once by consumers, \
+         {most_in_db} leased at once in the database"
+    );
+    assert_eq!(most_held, CAP, "the cap's slots were used at once");
+    for tenant in ["capped", "free"] {
+        assert_eq!(count(tenant, 0) + count(tenant, 1), PER_TENANT, "{tenant}");
+    }
+    assert!(
+        count("capped", 0) > 0 && count("capped", 1) > 0,
+        "both nodes ran the capped tenant's jobs"
+    );
+    assert_eq!(leased_in_db(), 0);
+    assert_eq!(stored_states(&db).get("succeeded"), Some(&(2 * PER_TENANT)));
 }
 
 #[test]

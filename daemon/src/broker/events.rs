@@ -118,6 +118,14 @@ pub fn dropped(out: &mut Outbox, job: &Job) {
     }
 }
 
+/// Tells a queue's Scheduler that a job it handed out (`job`, its record before the
+/// lease) was refused by the shared store for its tenant's cap across the cluster:
+/// the job waits again, uncharged, and the tenant is held at its cap.
+pub fn at_cap(out: &mut Outbox, job: &Job) {
+    let msg = SchedulerMsg::AtCap(job.tenant.clone(), job.id, job.ready_at);
+    out.push(&job.queue, msg);
+}
+
 /// Tells a queue's Scheduler that a job it handed out was not leased after all.
 pub fn release(out: &mut Outbox, queue: &Arc<str>, tenant: Arc<str>) {
     out.push(queue, SchedulerMsg::Finished(tenant, Duration::ZERO));

@@ -739,24 +739,38 @@ impl BrokerState {
             return;
         }
         let myself = self.myself.clone();
-        let shared = self.shared().then(|| (queue.clone(), worker.clone()));
+        let shared = self.shared().then(|| shared::ClaimRequest {
+            caps: self.caps(queue, &jobs),
+            queue: queue.clone(),
+            worker: worker.clone(),
+            now,
+            lease,
+        });
         let planned = jobs.clone();
         self.store.submit(
             move |b| {
-                let payloads = b.claim_for(&jobs, lease)?;
-                let others = match &shared {
-                    Some((queue, worker)) => {
-                        shared::claim_others(b, queue, &jobs, &payloads, worker, now, lease)?
-                    }
-                    None => Vec::new(),
+                let claim = match &shared {
+                    Some(request) => shared::claim(b, request, &jobs)?,
+                    None => shared::SharedClaim::local(b.claim_for(&jobs, lease)?),
                 };
-                Ok((jobs, payloads, others))
+                Ok((jobs, claim))
             },
             move |result| {
                 let (leased, unclaimed) = match result {
-                    Ok((jobs, payloads, others)) => {
+                    Ok((jobs, claim)) => {
+                        let shared::SharedClaim {
+                            payloads,
+                            at_cap,
+                            others,
+                        } = claim;
                         let (mut leased, unclaimed) =
                             claimed(before, jobs, payloads, lease, deadline_ms);
+                        let (capped, unclaimed): (Vec<_>, Vec<_>) = unclaimed
+                            .into_iter()
+                            .partition(|(old, _)| at_cap.contains(&old.id));
+                        if !capped.is_empty() {
+                            let _ = myself.cast(BrokerMsg::AtCap(capped));
+                        }
                         let (replaced, unclaimed) = shared::pair(unclaimed, &others);
                         if !replaced.is_empty() {
                             let taken: Vec<Job> = others.iter().map(|(j, _)| j.clone()).collect();

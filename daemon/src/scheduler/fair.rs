@@ -28,6 +28,11 @@
 //!   debt is kept but forgiven at one quantum × weight per round that passed meanwhile.
 //! - **Caps**: a tenant at its cap is *parked* (out of the calendar, credit kept) and
 //!   rejoins at the end of the current round when a job of its ends or its cap is raised.
+//!   On a store shared by several nodes the cap counts every node's leases, which
+//!   only the store knows: a job the store refused for its tenant's cap comes back
+//!   ([`FairQueue::at_cap`]) and the tenant is *held* (parked as if at its cap) until
+//!   a job of its ends here, its limits change, or [`FairQueue::reopen`] (the
+//!   cluster's poll), so a tenant capped elsewhere is not picked again and again.
 //! - **Runtime fairness**: in `Fairness::Runtime` a pop pre-charges an estimate (the
 //!   tenant's moving average run time); `finish` refunds it and charges the measured
 //!   run time, so the long-run charge is exactly the run time.
@@ -132,6 +137,9 @@ pub struct FairQueue {
     /// The round of the turn served last.
     round: u64,
     next_seq: u64,
+    /// Whether some tenant may be held at its cap across the cluster (so
+    /// [`Self::reopen`] has work to do).
+    holding: bool,
     /// Runtime mode: queue-wide moving average run time (µs), the estimate for a
     /// tenant not measured yet.
     avg_run_us: Option<i64>,
@@ -158,6 +166,7 @@ impl FairQueue {
             oldest: BTreeSet::new(),
             round: 0,
             next_seq: 0,
+            holding: false,
             avg_run_us: None,
         }
     }
@@ -304,6 +313,8 @@ impl FairQueue {
         }
         let tenant = &mut self.tenants[t as usize];
         tenant.running = tenant.running.saturating_sub(1);
+        // A slot of its cap is free across the cluster too.
+        tenant.held = false;
         match tenant.place {
             Place::Parked if !tenant.capped() => self.enqueue_turn(t),
             Place::Idle => {
@@ -314,9 +325,62 @@ impl FairQueue {
         }
     }
 
+    /// A job popped here was not leased after all: the store refused it because its
+    /// tenant is at its `max_concurrency` across the cluster (other nodes hold the
+    /// rest of its slots). The job, ready at `ready_at` (Unix ms) as it was pushed,
+    /// is queued again at its place, uncharged: its running slot is freed and the
+    /// credit its pop cost given back (never more than one turn's worth), and the
+    /// tenant is held: parked as if at its cap, so none of its jobs is popped until
+    /// one of them finishes here ([`Self::finish`]), its limits change, or
+    /// [`Self::reopen`]. A tenant without a cap (it was lifted meanwhile) is not held.
+    pub fn at_cap(&mut self, tenant: Arc<str>, id: JobId, ready_at: UnixMillis) {
+        let t = self.tenant_slot(tenant);
+        let per_round = self
+            .quantum()
+            .saturating_mul(self.tenants[t as usize].weight());
+        let fairness = self.fairness;
+        let tenant = &mut self.tenants[t as usize];
+        if tenant.running > 0 {
+            let refund = match fairness {
+                Fairness::Jobs => JOBS_QUANTUM,
+                Fairness::Runtime => tenant.outstanding / i64::from(tenant.running),
+            };
+            tenant.outstanding -= refund.min(tenant.outstanding);
+            let ceiling = per_round.max(tenant.deficit);
+            tenant.deficit = tenant.deficit.saturating_add(refund).min(ceiling);
+            tenant.running -= 1;
+        }
+        tenant.held = tenant.limits.max_concurrency.is_some();
+        self.holding |= tenant.held;
+        tenant.backlog.push(id, ready_at);
+        self.queued(t, 1);
+        let tenant = &self.tenants[t as usize];
+        if tenant.capped() && matches!(tenant.place, Place::Turn(_)) {
+            self.leave_calendar(t);
+            self.tenants[t as usize].place = Place::Parked;
+        }
+    }
+
+    /// Other nodes may have ended leases: every tenant held at its cap across the
+    /// cluster ([`Self::at_cap`]) is tried again (it rejoins the round unless it is
+    /// at its cap here). O(1) when none is held, else O(tenants).
+    pub fn reopen(&mut self) {
+        if !std::mem::take(&mut self.holding) {
+            return;
+        }
+        let known: Vec<u32> = self.by_name.values().copied().collect();
+        for t in known {
+            let tenant = &mut self.tenants[t as usize];
+            if std::mem::take(&mut tenant.held) && tenant.place == Place::Parked {
+                self.enqueue_turn(t);
+            }
+        }
+    }
+
     /// Drops every job, running count and credit (resync from the store). Limits and
     /// the fairness mode stay.
     pub fn clear(&mut self) {
+        self.holding = false;
         self.tenants.clear();
         self.free.clear();
         self.by_name.clear();
@@ -519,7 +583,12 @@ impl FairQueue {
 
     fn apply_limits(&mut self, t: u32, limits: TenantLimits) {
         let old_weight = self.tenants[t as usize].weight();
-        self.tenants[t as usize].limits = limits;
+        let tenant = &mut self.tenants[t as usize];
+        if tenant.limits.max_concurrency != limits.max_concurrency {
+            // A new cap is worth a try across the cluster.
+            tenant.held = false;
+        }
+        tenant.limits = limits;
         let tenant = &self.tenants[t as usize];
         match tenant.place {
             Place::Turn((round, _)) if round > self.round && tenant.weight() != old_weight => {

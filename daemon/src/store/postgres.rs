@@ -41,7 +41,15 @@
 //!   `202` promises the job is on disk. What a standby adds is the operator's choice
 //!   (`remote_apply`, `remote_write` are kept).
 //!
-//! # Schema (version 3, in `qd_migrations`)
+//! - **Tenants' concurrency caps hold across nodes** ([`SharedStore::claim_capped`]):
+//!   a claim of a capped tenant first takes a transaction-scoped advisory lock on
+//!   its queue and tenant (`pg_try_advisory_xact_lock`, never waited for: a tenant
+//!   another node is claiming for gets nothing this time), then counts the
+//!   tenant's live leases in `qd_jobs` in the next statement (so it sees every
+//!   claim committed before the lock was free) and claims at most what the cap
+//!   leaves. Claims of tenants without a cap take no lock and no extra statement.
+//!
+//! # Schema (version 4, in `qd_migrations`)
 //! ```text
 //! qd_jobs(id uuid PK, queue, tenant, idempotency_key NULL, state text COLLATE "C"
 //!         in (delayed ready succeeded dead cancelled), attempts, budget_start,
@@ -65,6 +73,8 @@
 //! -- version 3: rate limiters shared by the nodes
 //! qd_rate_limiters(name PK, tokens float8, updated_at timestamptz, per_second,
 //!                  burst float8)      -- settings changed: the bucket starts full
+//! -- version 4: tenants' caps across nodes
+//!   INDEX (queue, tenant) WHERE lease_token IS NOT NULL  -- a tenant's live leases
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -88,14 +98,14 @@ use uuid::Uuid;
 
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
-    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewClaim, NewRecord, NodeInfo,
-    Override, PruneScope, SharedStore, StoreError, history, sort_counts,
+    Backend, Claim, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewClaim, NewRecord,
+    NodeInfo, Override, PruneScope, SharedStore, StoreError, TenantCap, history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from version
 /// `i` to `i + 1` (recorded as a row of `qd_migrations`). Append only.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
 const V1: &str = r#"
@@ -193,6 +203,12 @@ CREATE TABLE qd_rate_limiters (
 );
 "#;
 
+/// Version 4: a tenant's live leases are counted from a small index (only leased
+/// rows are in it) before a claim within its concurrency cap.
+const V4: &str = r#"
+CREATE INDEX qd_jobs_tenant_leases ON qd_jobs (queue, tenant) WHERE lease_token IS NOT NULL;
+"#;
+
 /// How often at most one queue's new jobs are announced to idle nodes
 /// (`NOTIFY qd_jobs`); jobs enqueued in between are found by the notified nodes'
 /// next look or by polling.
@@ -208,6 +224,11 @@ pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 /// The key of the advisory lock that serialises migrations across nodes ("qd" +
 /// "migrate" in ASCII, so it is recognisable in `pg_locks`).
 const MIGRATION_LOCK: i64 = 0x7164_6d69_6772_7465;
+
+/// The seed of the advisory lock keys of tenants' caps: a (queue, tenant)'s key is
+/// `hashtextextended(queue || chr(1) || tenant, CAP_LOCK_SEED)`. Two pairs that
+/// share a key only serialise each other's claims. ("qdcap" in ASCII.)
+const CAP_LOCK_SEED: i64 = 0x0071_6463_6170;
 
 /// How long opening a connection may take before the store reports the database
 /// unreachable.
@@ -534,6 +555,54 @@ impl PgBackend {
         };
         let result = self.rt.block_on(op(client));
         result.map_err(|e| map_err(&self.target, &e))
+    }
+
+    /// How many more jobs each of `caps` (queue, tenant, cap) may have leased now,
+    /// across every node, inside the open transaction: 0 for a pair another
+    /// transaction holds the advisory lock of (it is claiming for that tenant; not
+    /// waited for, so two nodes' group commits never wait on each other). The
+    /// lock, once taken, is held until this transaction ends, so no other node
+    /// claims for the pair meanwhile. The count is a statement of its own, after
+    /// the lock's: its snapshot then shows every claim committed before the lock
+    /// was free (one statement's snapshot would predate its lock). The two are
+    /// pipelined: one round trip.
+    fn allowances(&mut self, caps: &[(&str, &str, u32)]) -> Result<Vec<u32>, StoreError> {
+        if caps.is_empty() {
+            return Ok(Vec::new());
+        }
+        let queues: Vec<&str> = caps.iter().map(|c| c.0).collect();
+        let tenants: Vec<&str> = caps.iter().map(|c| c.1).collect();
+        let (locked, counts) = self.block(async |c| {
+            let lock = c
+                .prepare_cached(&format!(
+                    "SELECT pg_try_advisory_xact_lock(\
+                       hashtextextended(p.queue || chr(1) || p.tenant, {CAP_LOCK_SEED})) \
+                     FROM unnest($1::text[], $2::text[]) WITH ORDINALITY \
+                       AS p(queue, tenant, n) ORDER BY p.n"
+                ))
+                .await?;
+            let count = c
+                .prepare_cached(
+                    "SELECT (SELECT count(*) FROM qd_jobs j WHERE j.queue = p.queue \
+                       AND j.tenant = p.tenant AND j.lease_token IS NOT NULL) \
+                     FROM unnest($1::text[], $2::text[]) WITH ORDINALITY \
+                       AS p(queue, tenant, n) ORDER BY p.n",
+                )
+                .await?;
+            let args: [&(dyn ToSql + Sync); 2] = [&queues, &tenants];
+            tokio::try_join!(c.query(&lock, &args), c.query(&count, &args))
+        })?;
+        Ok(caps
+            .iter()
+            .zip(locked.iter().zip(&counts))
+            .map(|(cap, (locked, count))| {
+                if !locked.get::<_, bool>(0) {
+                    return 0;
+                }
+                let leased = u64::try_from(count.get::<_, i64>(0)).unwrap_or(0);
+                u32::try_from(u64::from(cap.2).saturating_sub(leased)).unwrap_or(0)
+            })
+            .collect())
     }
 
     /// Takes leases until `lease` from now by the database clock; see [`Backend::claim`].
@@ -1336,7 +1405,21 @@ impl SharedStore for PgBackend {
 
     fn claim_next(&mut self, next: &NewClaim<'_>) -> Result<Vec<(Job, Vec<u8>)>, StoreError> {
         let lease_ms = millis(next.lease);
-        let limit = i64::from(next.limit);
+        let limit = match (next.cap, next.tenant) {
+            (None, _) => next.limit,
+            (Some(cap), Some(tenant)) => next
+                .limit
+                .min(self.allowances(&[(next.queue, tenant, cap)])?[0]),
+            (Some(_), None) => {
+                return Err(StoreError::Other(
+                    "claim_next: a concurrency cap needs a tenant".into(),
+                ));
+            }
+        };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::from(limit);
         let node = self.options.node.clone();
         let sql = format!(
             "WITH picked AS (\
@@ -1372,6 +1455,59 @@ impl SharedStore for PgBackend {
         rows.iter()
             .map(|r| Ok((job_from_row(r, &self.target)?, r.get(15))))
             .collect()
+    }
+
+    /// See the trait and the module doc (tenants' caps). A job whose tenant has a
+    /// cap counts against its allowance whether or not its claim then applies.
+    fn claim_capped(
+        &mut self,
+        leased: &[Job],
+        lease: Duration,
+        caps: &[TenantCap],
+    ) -> Result<Vec<Claim>, StoreError> {
+        let cap_of = |job: &Job| {
+            caps.iter()
+                .position(|c| c.queue == job.queue && c.tenant == job.tenant)
+        };
+        // The caps that apply to these jobs, each once, in order of first use.
+        let mut used: Vec<usize> = Vec::new();
+        for k in leased.iter().filter_map(cap_of) {
+            if !used.contains(&k) {
+                used.push(k);
+            }
+        }
+        if used.is_empty() {
+            let claimed = self.claim_until(leased, lease)?;
+            return Ok(claimed.into_iter().map(Claim::from).collect());
+        }
+        let pairs: Vec<(&str, &str, u32)> = used
+            .iter()
+            .map(|&k| (&*caps[k].queue, &*caps[k].tenant, caps[k].max))
+            .collect();
+        let mut left = self.allowances(&pairs)?;
+        let mut refused = vec![false; leased.len()];
+        for (job, refused) in leased.iter().zip(&mut refused) {
+            let Some(k) = cap_of(job) else { continue };
+            let slot = used.iter().position(|u| *u == k).map(|i| &mut left[i]);
+            match slot {
+                Some(n) if *n > 0 => *n -= 1,
+                _ => *refused = true,
+            }
+        }
+        let granted: Vec<Job> = leased
+            .iter()
+            .zip(&refused)
+            .filter(|(_, r)| !**r)
+            .map(|(j, _)| j.clone())
+            .collect();
+        let mut claimed = self.claim_until(&granted, lease)?.into_iter();
+        Ok(refused
+            .iter()
+            .map(|refused| match refused {
+                true => Claim::AtCap,
+                false => claimed.next().map_or(Claim::Lost, Claim::from),
+            })
+            .collect())
     }
 
     fn reload(&mut self, ids: &[JobId]) -> Result<Vec<Job>, StoreError> {

@@ -11,6 +11,13 @@
 //!   the lessee gets the next unclaimed job of the same tenant instead, if any
 //!   ([`claim_others`], `SKIP LOCKED`). Any other change the store refused drops the
 //!   job too: memory had a stale copy.
+//! - **Tenants' caps across nodes**: a claim carries the `max_concurrency` of each
+//!   capped tenant it names ([`ClaimRequest::caps`], from [`crate::limits::Limits`]),
+//!   and the store grants at most what the cap leaves across every node
+//!   ([`crate::store::SharedStore::claim_capped`]). A pick refused for its cap is
+//!   not stale: it returns to its record before the lease, uncharged, and to its
+//!   Scheduler, which holds the tenant at its cap until one of its leases ends here
+//!   or the Cluster actor's next poll or heartbeat ([`BrokerMsg::AtCap`]).
 //! - **Operators' changes** (redrive, purge, cancel) of jobs another node may have
 //!   changed run on the store's current records: the jobs are read first
 //!   ([`BrokerMsg::Reloaded`]).
@@ -29,7 +36,9 @@ use super::settle::Intent;
 use super::{BrokerState, MAX_EXTEND, events};
 use crate::broker::{BrokerError, BrokerMsg};
 use crate::job::{self, Event, Failure, Job, JobId, State, UnixMillis};
-use crate::store::{Backend, NewClaim, StoreError};
+use std::sync::Arc;
+
+use crate::store::{Backend, Claim, NewClaim, StoreError, TenantCap};
 
 /// Claimable jobs a look at the store reads per queue, oldest first.
 const REFRESH_WINDOW: u32 = 1000;
@@ -41,21 +50,96 @@ const SWEEP_BATCH: u32 = 500;
 /// lease planned.
 pub(in crate::broker) type Pick = (Job, Job);
 
+/// A lease request's claim on a shared store: who claims, when, for how long, and
+/// the caps of the capped tenants among its picks.
+pub(in crate::broker) struct ClaimRequest {
+    /// The queue of every pick.
+    pub(in crate::broker) queue: Arc<str>,
+    /// The lessee.
+    pub(in crate::broker) worker: String,
+    /// Now, Unix ms (the lease's start).
+    pub(in crate::broker) now: UnixMillis,
+    /// The lease's length.
+    pub(in crate::broker) lease: Duration,
+    /// The `max_concurrency` of each capped tenant among the picks (this queue's).
+    pub(in crate::broker) caps: Vec<TenantCap>,
+}
+
+/// What a lease request's claim answered.
+pub(in crate::broker) struct SharedClaim {
+    /// Per pick, in order: its payload if the store leased it.
+    pub(in crate::broker) payloads: Vec<Option<Vec<u8>>>,
+    /// The picks refused because their tenant is at its cap across the cluster.
+    pub(in crate::broker) at_cap: Vec<JobId>,
+    /// Jobs claimed in place of picks another node took ([`claim_others`]).
+    pub(in crate::broker) others: Vec<(Job, Vec<u8>)>,
+}
+
+impl SharedClaim {
+    /// The answer of a store whose leases are local (no caps across nodes, no
+    /// other node to lose a job to).
+    pub(in crate::broker) fn local(payloads: Vec<Option<Vec<u8>>>) -> SharedClaim {
+        SharedClaim {
+            payloads,
+            at_cap: Vec::new(),
+            others: Vec::new(),
+        }
+    }
+}
+
+/// Claims `picks` (their leased records) within the caps of `request`, then, for
+/// picks another node took first, other jobs of their tenants instead
+/// ([`claim_others`]). Runs on the writer thread, in one transaction.
+pub(in crate::broker) fn claim(
+    b: &mut dyn Backend,
+    request: &ClaimRequest,
+    picks: &[Job],
+) -> Result<SharedClaim, StoreError> {
+    let shared = b.shared().ok_or_else(not_shared)?;
+    let answers = shared.claim_capped(picks, request.lease, &request.caps)?;
+    let mut at_cap = Vec::new();
+    let mut payloads = Vec::with_capacity(answers.len());
+    for (job, answer) in picks.iter().zip(answers) {
+        payloads.push(match answer {
+            Claim::Leased(payload) => Some(payload),
+            Claim::Lost => None,
+            Claim::AtCap => {
+                at_cap.push(job.id);
+                None
+            }
+        });
+    }
+    let others = claim_others(b, request, picks, &payloads, &at_cap)?;
+    Ok(SharedClaim {
+        payloads,
+        at_cap,
+        others,
+    })
+}
+
 /// For the picks the store did not claim (another node was first), claims as many
 /// other jobs of the same queue and tenants instead, skipping rows another node is
-/// claiming: a node that loses a race takes the next job rather than an empty hand.
-/// Runs on the writer thread, inside the claim's transaction.
-pub(super) fn claim_others(
+/// claiming and keeping within each tenant's cap: a node that loses a race takes
+/// the next job rather than an empty hand. A tenant with a pick refused for its cap
+/// (`at_cap`) has no slot left: nothing more is claimed for it. Runs on the writer
+/// thread, inside the claim's transaction.
+fn claim_others(
     b: &mut dyn Backend,
-    queue: &str,
+    request: &ClaimRequest,
     picks: &[Job],
     claimed: &[Option<Vec<u8>>],
-    worker: &str,
-    now: UnixMillis,
-    lease: Duration,
+    at_cap: &[JobId],
 ) -> Result<Vec<(Job, Vec<u8>)>, StoreError> {
+    let full: Vec<&str> = picks
+        .iter()
+        .filter(|j| at_cap.contains(&j.id))
+        .map(|j| &*j.tenant)
+        .collect();
     let mut lost: Vec<(&str, u32)> = Vec::new();
     for (job, _) in picks.iter().zip(claimed).filter(|(_, c)| c.is_none()) {
+        if full.contains(&&*job.tenant) {
+            continue;
+        }
         match lost.iter_mut().find(|(t, _)| *t == &*job.tenant) {
             Some((_, n)) => *n += 1,
             None => lost.push((&job.tenant, 1)),
@@ -63,13 +147,15 @@ pub(super) fn claim_others(
     }
     let mut others = Vec::new();
     for (tenant, limit) in lost {
+        let cap = request.caps.iter().find(|c| &*c.tenant == tenant);
         let next = NewClaim {
-            queue,
+            queue: &request.queue,
             tenant: Some(tenant),
             limit,
-            worker,
-            now,
-            lease,
+            worker: &request.worker,
+            now: request.now,
+            lease: request.lease,
+            cap: cap.map(|c| c.max),
         };
         others.extend(b.shared().ok_or_else(not_shared)?.claim_next(&next)?);
     }
@@ -110,6 +196,44 @@ impl BrokerState {
     /// process's alone).
     pub(in crate::broker) fn shared(&self) -> bool {
         !self.store.leases_are_local()
+    }
+
+    /// The `max_concurrency` in `queue` of each capped tenant among `jobs`, as the
+    /// store enforces it across the cluster ([`ClaimRequest::caps`]).
+    pub(in crate::broker) fn caps(&self, queue: &Arc<str>, jobs: &[Job]) -> Vec<TenantCap> {
+        let mut seen: Vec<&Arc<str>> = Vec::new();
+        let mut caps = Vec::new();
+        for job in jobs {
+            if seen.contains(&&job.tenant) {
+                continue;
+            }
+            seen.push(&job.tenant);
+            if let Some(max) = self.limits.tenant_cap(queue, &job.tenant) {
+                caps.push(TenantCap {
+                    queue: queue.clone(),
+                    tenant: job.tenant.clone(),
+                    max,
+                });
+            }
+        }
+        caps
+    }
+
+    /// Takes back leases the store refused because their tenant is at its cap
+    /// across the cluster, each given as the job's record before the lease and the
+    /// lease planned. Unlike a lost claim the job is not stale (the store did not
+    /// change it): each job memory still holds under that very lease returns to
+    /// its earlier record uncharged and goes back to its Scheduler, which holds the
+    /// tenant at its cap ([`events::at_cap`]).
+    pub(in crate::broker) fn at_cap(&mut self, refused: Vec<(Job, Job)>) {
+        for (job, planned) in refused {
+            if self.jobs.get(job.id).is_none_or(|c| c != planned) {
+                continue;
+            }
+            debug!(queue = %job.queue, tenant = %job.tenant, job = %job.id, "Lease refused: the tenant is at its max_concurrency across the cluster.");
+            self.replace(job.clone());
+            events::at_cap(&mut self.out, &job);
+        }
     }
 
     /// Looks for claimable jobs in the store, unless a look is under way (then one

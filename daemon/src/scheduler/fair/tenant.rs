@@ -17,7 +17,7 @@ pub(super) enum Place {
     Idle,
     /// Backlogged and waiting for (or having) its turn.
     Turn(Turn),
-    /// Backlogged but at its concurrency cap.
+    /// Backlogged but at its concurrency cap (here, or across the cluster: `held`).
     Parked,
 }
 
@@ -28,6 +28,10 @@ pub(super) struct Tenant {
     pub(super) limits: TenantLimits,
     pub(super) backlog: Backlog,
     pub(super) running: u32,
+    /// At its cap across the cluster: the store refused a claim because other
+    /// nodes hold the rest of its slots. Counts as capped (if it has a cap) until
+    /// one of its jobs finishes here, its limits change, or a reopen.
+    pub(super) held: bool,
     /// DRR deficit counter, in cost units (jobs, or µs of run time).
     pub(super) deficit: i64,
     pub(super) place: Place,
@@ -49,6 +53,7 @@ impl Tenant {
             limits,
             backlog: Backlog::default(),
             running: 0,
+            held: false,
             deficit: 0,
             place: Place::Idle,
             idle_round: 0,
@@ -58,11 +63,12 @@ impl Tenant {
         }
     }
 
-    /// True when running work has reached `max_concurrency`.
+    /// True when running work has reached `max_concurrency`, or the tenant is held
+    /// at its cap across the cluster.
     pub(super) fn capped(&self) -> bool {
         self.limits
             .max_concurrency
-            .is_some_and(|cap| self.running >= cap)
+            .is_some_and(|cap| self.held || self.running >= cap)
     }
 
     /// Effective weight (>= 1) as a cost multiplier.

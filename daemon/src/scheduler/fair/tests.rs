@@ -199,6 +199,72 @@ fn capped_tenant_never_exceeds_its_cap_and_others_use_free_capacity() {
 }
 
 #[test]
+fn a_job_refused_at_the_cluster_cap_waits_again_uncharged_and_its_tenant_is_held() {
+    let mut queue = FairQueue::new(Fairness::Jobs);
+    queue.set_limits("capped", limits(1, Some(3)));
+    for n in 1..=3 {
+        queue.push("capped".into(), id(n), i64::try_from(n).expect("small"));
+    }
+    queue.push("free".into(), id(10), 100);
+    let (tenant, first) = queue.pop().expect("a job");
+    assert_eq!((&*tenant, first), ("capped", id(1)));
+    // Other nodes hold the tenant's other slots: the store refused the job.
+    queue.at_cap(tenant, first, 1);
+    assert_eq!(queue.running("capped"), 0, "its slot is free again");
+    assert_eq!(queue.len(), 4, "the job waits again");
+    assert_eq!(queue.oldest_ready_at(), Some(1), "at its place");
+    // Held: the other tenant is served, then nothing, though the cap of 3 is far.
+    assert_eq!(queue.pop(), Some(("free".into(), id(10))));
+    assert_eq!(
+        queue.pop(),
+        None,
+        "a held tenant is not picked again and again"
+    );
+    // The cluster's poll tries it again, oldest first.
+    queue.reopen();
+    assert_eq!(queue.pop(), Some(("capped".into(), id(1))));
+    queue.at_cap("capped".into(), id(1), 1);
+    assert_eq!(queue.pop(), None);
+    // A job of it ending here frees a slot across the cluster too.
+    queue.start_running("capped");
+    queue.finish("capped", Duration::ZERO);
+    assert_eq!(queue.pop(), Some(("capped".into(), id(1))));
+    queue.at_cap("capped".into(), id(1), 1);
+    // So does a change of its cap; and a tenant without a cap is never held.
+    queue.set_limits("capped", limits(1, Some(4)));
+    assert_eq!(queue.pop(), Some(("capped".into(), id(1))));
+    queue.set_limits("capped", limits(1, None));
+    queue.at_cap("capped".into(), id(1), 1);
+    assert_eq!(queue.pop(), Some(("capped".into(), id(1))));
+}
+
+#[test]
+fn a_tenant_refused_at_the_cluster_cap_again_and_again_gains_no_credit() {
+    let mut queue = FairQueue::new(Fairness::Jobs);
+    queue.set_limits("capped", limits(1, Some(5)));
+    for n in 1..=5 {
+        queue.push("capped".into(), id(n), 1);
+    }
+    // Alone in the queue, refused ten times over (ten polls of the cluster).
+    for _ in 0..10 {
+        queue.reopen();
+        let (tenant, job) = queue.pop().expect("a job");
+        queue.at_cap(tenant, job, 1);
+    }
+    for n in 6..=10 {
+        queue.push("other".into(), id(n), 2);
+    }
+    queue.reopen();
+    let served: Vec<String> = (0..6)
+        .map(|_| queue.pop().expect("a job").0.to_string())
+        .collect();
+    let twice = served
+        .windows(2)
+        .any(|w| w[0] == "capped" && w[1] == "capped");
+    assert!(!twice, "weights 1:1 alternate: {served:?}");
+}
+
+#[test]
 fn zero_cap_holds_a_tenant_and_start_running_counts_against_the_cap() {
     let mut queue = FairQueue::new(Fairness::Jobs);
     queue.set_limits("held", limits(1, Some(0)));

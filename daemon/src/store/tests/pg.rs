@@ -9,4 +9,4 @@ mod tools;
 #[path = "../../../tests/common/pg.rs"]
 mod cluster;
 
-pub(super) use cluster::database;
+pub(super) use cluster::{Database, database};

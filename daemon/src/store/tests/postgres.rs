@@ -2,14 +2,15 @@
 //! throw-away cluster (`pg.rs`): the engine-generic checks shared with SQLite, the
 //! schema's migration lock and version check, and what only a shared database
 //! has: leases stored with a deadline by the database clock, fenced tokens across
-//! two stores (two nodes) on one database, and `claim_next`'s `SKIP LOCKED`.
+//! two stores (two nodes) on one database, `claim_next`'s `SKIP LOCKED`, and
+//! tenants' concurrency caps held across two nodes claiming at once.
 
 use std::str::FromStr;
 
 use super::pg::database;
 use super::*;
 use crate::store::postgres::{PgBackend, PgOptions, SCHEMA_VERSION};
-use crate::store::{NewClaim, SharedStore};
+use crate::store::{Claim, NewClaim, SharedStore, TenantCap};
 
 /// Opens a store on the database `url` (a libpq key=value string).
 /// The options of a node named `name` (its id derived from the name).
@@ -305,6 +306,7 @@ fn claim_next_skips_rows_another_node_is_claiming() {
         worker,
         now: 2_000,
         lease: Duration::from_secs(60),
+        cap: None,
     };
     a.begin().expect("begin a");
     let first = a.claim_next(&next("a/1", 2, None)).expect("claim a");
@@ -370,4 +372,226 @@ fn a_lost_connection_fails_its_batch_and_the_next_batch_reconnects() {
         .map(|j| j.id.0.as_u128())
         .collect();
     assert_eq!(ids, vec![1, 3], "the lost batch left nothing behind");
+}
+
+/// A job of `tenant` in queue `q`.
+fn of(n: u128, tenant: &str) -> Job {
+    Job {
+        tenant: tenant.into(),
+        ..job(n, "q", None)
+    }
+}
+
+/// The ack of a lease taken with token 1.
+fn ack_first(job: &Job) -> Transition {
+    Transition {
+        job: Job {
+            state: State::Succeeded,
+            attempts: 1,
+            lease_seq: 1,
+            ..job.clone()
+        },
+        entry: None,
+    }
+}
+
+/// Live leases of `tenant` in the database (one statement: a consistent view).
+fn leases_of(db: &super::pg::Database, tenant: &str) -> usize {
+    db.psql(&format!(
+        "SELECT count(*) FROM qd_jobs WHERE tenant = '{tenant}' AND lease_token IS NOT NULL"
+    ))
+    .parse()
+    .expect("a count")
+}
+
+#[test]
+fn a_tenants_cap_holds_across_two_nodes_claiming_at_once_and_costs_others_nothing() {
+    let Some(db) = database() else { return };
+    let jobs: Vec<Job> = (1..=6)
+        .map(|n| of(n, "capped"))
+        .chain((7..=8).map(|n| of(n, "free")))
+        .collect();
+    let store = open_pg(&db.url, &PgOptions::default());
+    let batch = NewRecord::batch(jobs.clone(), b"p");
+    block(&store, move |s| s.enqueue(&batch)).expect("enqueue");
+    store.close();
+    let open = |name| PgBackend::open(&config(&db.url), &node(name)).expect("open");
+    let (mut a, mut b) = (open("a"), open("b"));
+    let caps = [TenantCap {
+        queue: "q".into(),
+        tenant: "capped".into(),
+        max: 2,
+    }];
+    let lease = Duration::from_secs(60);
+    let picks = |ns: &[usize]| -> Vec<Job> { ns.iter().map(|n| leased(&jobs[n - 1], 1)).collect() };
+    let p = || Claim::Leased(b"p".to_vec());
+    let advisory = || {
+        db.psql(
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database \
+             WHERE l.locktype = 'advisory' AND d.datname = current_database()",
+        )
+    };
+
+    // A claim naming no capped tenant takes no lock.
+    a.begin().expect("begin");
+    let free = a.claim_capped(&picks(&[7]), lease, &caps).expect("claim");
+    assert_eq!(free, vec![p()]);
+    assert_eq!(advisory(), "0", "an uncapped tenant's claim takes no lock");
+    a.rollback();
+
+    // Node a claims three of the capped tenant's jobs: two fit.
+    a.begin().expect("begin a");
+    let first = a
+        .claim_capped(&picks(&[1, 2, 3, 7]), lease, &caps)
+        .expect("claim a");
+    assert_eq!(first, vec![p(), p(), Claim::AtCap, p()]);
+    assert_eq!(
+        advisory(),
+        "1",
+        "a holds the tenant's lock until it commits"
+    );
+    // While a's claim is not committed, b counts nothing of it: it must not claim
+    // for the tenant at all (it does not wait either). Its uncapped job goes.
+    b.begin().expect("begin b");
+    let second = b
+        .claim_capped(&picks(&[4, 8]), lease, &caps)
+        .expect("claim b");
+    assert_eq!(second, vec![Claim::AtCap, p()]);
+    let next = NewClaim {
+        queue: "q",
+        tenant: Some("capped"),
+        limit: 5,
+        worker: "b/1",
+        now: 2_000,
+        lease,
+        cap: Some(2),
+    };
+    assert_eq!(b.claim_next(&next).map(|c| c.len()), Ok(0));
+    b.commit().expect("commit b");
+    a.commit().expect("commit a");
+    assert_eq!(leases_of(&db, "capped"), 2);
+
+    // Committed, a's two leases are counted by b.
+    b.begin().expect("begin b");
+    assert_eq!(
+        b.claim_capped(&picks(&[4]), lease, &caps),
+        Ok(vec![Claim::AtCap])
+    );
+    assert_eq!(b.claim_next(&next).map(|c| c.len()), Ok(0));
+    b.commit().expect("commit b");
+
+    // One of a's leases ends: one slot, for one of b's two picks.
+    a.begin().expect("begin a");
+    assert_eq!(a.complete(&[ack_first(&jobs[0])]), Ok(vec![true]));
+    a.commit().expect("commit a");
+    b.begin().expect("begin b");
+    assert_eq!(
+        b.claim_capped(&picks(&[4, 5]), lease, &caps),
+        Ok(vec![p(), Claim::AtCap])
+    );
+    b.commit().expect("commit b");
+    assert_eq!(leases_of(&db, "capped"), 2);
+
+    // claim_next keeps to the cap too: one slot freed, one job claimed of five asked.
+    a.begin().expect("begin a");
+    assert_eq!(a.complete(&[ack_first(&jobs[1])]), Ok(vec![true]));
+    a.commit().expect("commit a");
+    b.begin().expect("begin b");
+    let taken = b.claim_next(&next).expect("claim next");
+    let none = b.claim_next(&NewClaim {
+        tenant: None,
+        ..next
+    });
+    b.rollback();
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    assert!(matches!(none, Err(StoreError::Other(_))), "{none:?}");
+
+    // A cap of 0 holds every job of the tenant; a lifted cap (none given) holds none.
+    let zero = [TenantCap {
+        max: 0,
+        ..caps[0].clone()
+    }];
+    b.begin().expect("begin b");
+    assert_eq!(
+        b.claim_capped(&picks(&[5]), lease, &zero),
+        Ok(vec![Claim::AtCap])
+    );
+    assert_eq!(
+        b.claim_capped(&picks(&[5, 6]), lease, &[]),
+        Ok(vec![p(), p()])
+    );
+    b.rollback();
+}
+
+#[test]
+fn two_nodes_claiming_one_capped_tenant_never_exceed_its_cap_together() {
+    const JOBS: u128 = 120;
+    const CAP: u32 = 3;
+    let Some(db) = database() else { return };
+    let store = open_pg(&db.url, &PgOptions::default());
+    let batch = NewRecord::batch((1..=JOBS).map(|n| of(n, "capped")), b"p");
+    block(&store, move |s| s.enqueue(&batch)).expect("enqueue");
+    store.close();
+    let caps = vec![TenantCap {
+        queue: "q".into(),
+        tenant: "capped".into(),
+        max: CAP,
+    }];
+    let done = std::sync::Arc::new(AtomicUsize::new(0));
+    let most = std::sync::Arc::new(AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        for name in ["a", "b"] {
+            let (caps, done, most, db) = (caps.clone(), done.clone(), most.clone(), &db);
+            s.spawn(move || {
+                let store = open_pg(&db.url, &node(name));
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                while done.load(std::sync::atomic::Ordering::SeqCst) < JOBS as usize {
+                    assert!(std::time::Instant::now() < deadline, "node {name} stalled");
+                    // Each node claims four of the tenant's oldest claimable jobs at a
+                    // time, a in order and b from the back, as two Schedulers would.
+                    let caps = caps.clone();
+                    let held = block(&store, move |st| {
+                        let shared = st.shared().expect("shared");
+                        let mut ready = shared.claimable(&["q".into()], 8)?;
+                        if name == "b" {
+                            ready.reverse();
+                        }
+                        let picks: Vec<Job> = ready.iter().take(4).map(|j| leased(j, 1)).collect();
+                        let answers =
+                            shared.claim_capped(&picks, Duration::from_secs(60), &caps)?;
+                        Ok(picks
+                            .into_iter()
+                            .zip(answers)
+                            .filter(|(_, a)| matches!(a, Claim::Leased(_)))
+                            .map(|(j, _)| j)
+                            .collect::<Vec<Job>>())
+                    })
+                    .expect("claim");
+                    // Committed: what the database holds now never passes the cap.
+                    let now = leases_of(db, "capped");
+                    most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                    assert!(
+                        now <= CAP as usize,
+                        "{now} leases of a tenant capped at {CAP}"
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                    let acks: Vec<Transition> = held.iter().map(ack_first).collect();
+                    let n = acks.len();
+                    let acked = block(&store, move |st| st.complete(&acks)).expect("ack");
+                    assert_eq!(acked, vec![true; n], "every lease taken is ours to end");
+                    done.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+                }
+                store.close();
+            });
+        }
+    });
+    assert_eq!(leases_of(&db, "capped"), 0);
+    assert_eq!(
+        db.psql("SELECT count(*) FROM qd_jobs WHERE state = 'succeeded'"),
+        JOBS.to_string()
+    );
+    assert!(
+        most.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "the two nodes held leases at once at some point"
+    );
 }
