@@ -325,8 +325,9 @@ pub enum BrokerMsg {
     Purge(Vec<JobId>, RpcReplyPort<Result<BatchOutcome, BrokerError>>),
     /// Cancel a job; a leased one loses its lease and its attempt ends `cancelled`
     /// (the lessee learns it from its next heartbeat or report, or sooner from its
-    /// pool: see [`crate::worker_pool::PoolMsg::Revoke`]). Answers the state it was
-    /// cancelled from.
+    /// pool: see [`crate::worker_pool::PoolMsg::Revoke`]; on a shared store a job
+    /// another node runs is cancelled in the store, and that node stops its worker
+    /// at its next heartbeat). Answers the state it was cancelled from.
     Cancel(JobId, String, RpcReplyPort<Result<State, BrokerError>>),
     /// A derived actor (re)started and needs the current state.
     Resync(Resync),
@@ -355,8 +356,12 @@ pub enum BrokerMsg {
     /// or silent nodes.
     Sweep(Option<u64>),
     /// Internal: the sweep read this node's leases and the expired ones (leased
-    /// records).
-    Swept(Option<u64>, Result<(Vec<Job>, Vec<Job>), StoreError>),
+    /// records); the list is the leases memory held when the sweep asked.
+    Swept(
+        Option<u64>,
+        Vec<(JobId, Token)>,
+        Result<(Vec<Job>, Vec<Job>), StoreError>,
+    ),
 }
 
 /// What the broker is started with.
@@ -604,7 +609,7 @@ impl BrokerState {
             BrokerMsg::Refreshed(result) => state.refreshed(result, now),
             BrokerMsg::Reloaded(result, then) => state.reloaded(result, *then, now, mono),
             BrokerMsg::Sweep(epoch) => state.sweep(epoch),
-            BrokerMsg::Swept(epoch, result) => state.swept(epoch, result, now),
+            BrokerMsg::Swept(epoch, held, result) => state.swept(epoch, held, result, now),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Several qd nodes on one PostgreSQL database (the run's throw-away cluster): they
 //! share the work without ever leasing one job twice, find the jobs other nodes
-//! accepted, list each other in `qctl status`, keep a tenant's `max_concurrency`
+//! accepted, list each other in `qctl status`, cancel each other's running jobs, keep a tenant's `max_concurrency`
 //! across the cluster, and when nodes die (`SIGKILL`) — a
 //! follower, then the leader — the survivors take the leader lease, end the dead
 //! nodes' leases and finish every job: none lost, no effect applied twice, and no job
@@ -314,6 +314,108 @@ fn a_lease_of_this_node_that_no_worker_holds_is_ended_uncharged() {
     let (_, job) = nodes[0].get(&format!("/v1/jobs/{id}"));
     let outcomes = common::outcomes(&job);
     assert_eq!(outcomes, vec!["interrupted"], "{job}");
+}
+
+/// An operator on one node cancels a job an external worker leased from the other:
+/// the attempt ends `cancelled` in the database at once, and the node holding the
+/// lease lets go of it at its next heartbeat, after which its worker's heartbeat and
+/// ack there are refused as stale.
+#[test]
+fn a_job_running_on_one_node_is_cancelled_from_the_other() {
+    let Some(db) = pg::database() else { return };
+    let body = |_| "[queues.ext]\nexecutor = { kind = \"external\" }\n".to_owned();
+    let nodes = start_cluster(&db, 2, body);
+    let id = nodes[0].enqueue("ext", "long");
+    let (status, leased) = nodes[0].post(
+        "/v1/queues/ext/leases",
+        &json!({"worker_id": "w", "max_jobs": 1, "wait": "5s"}),
+    );
+    assert_eq!(status, 200, "{leased}");
+    assert_eq!(leased["jobs"][0]["id"], id.as_str(), "{leased}");
+    let token = leased["jobs"][0]["token"].clone();
+    let out = nodes[1].qctl(&["jobs", "cancel", &id]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = db.psql(&format!("SELECT state FROM qd_jobs WHERE id = '{id}'"));
+    assert_eq!(state.trim(), "cancelled");
+    // node-0 heartbeats every 400 ms; at the next one it lets go of the lease.
+    let refused = wait_for(
+        "node-0 to refuse the cancelled lease's heartbeat",
+        Duration::from_secs(20),
+        || {
+            let (status, body) = nodes[0].post(
+                &format!("/v1/jobs/{id}/heartbeat"),
+                &json!({"token": token}),
+            );
+            (status == 409).then_some(body)
+        },
+    );
+    assert_eq!(refused["error"]["state"], "cancelled", "{refused}");
+    let (status, body) = nodes[0].post(&format!("/v1/jobs/{id}/ack"), &json!({"token": token}));
+    assert_eq!(status, 409, "{body}");
+    let (_, job) = nodes[1].get(&format!("/v1/jobs/{id}"));
+    assert_eq!(common::outcomes(&job), vec!["cancelled"], "{job}");
+}
+
+/// The same from the worker's side: a command job running in one node's pool,
+/// cancelled with the other node's qctl, is stopped by its own node at that node's
+/// next heartbeat (the process is gone), and it is not run again.
+#[test]
+fn a_command_cancelled_on_another_node_is_stopped_by_the_node_running_it() {
+    let Some(db) = pg::database() else { return };
+    let work = tempfile::tempdir().expect("tempdir");
+    let job = script(
+        work.path(),
+        "job.sh",
+        &format!(
+            "echo $$ >> {dir}/pids\nexec sleep 60\n",
+            dir = work.path().display()
+        ),
+    );
+    let body = |_| {
+        format!(
+            "[queues.slow]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\n\
+             workers = {{ min = 1, max = 1 }}\nlease = \"2m\"\n",
+            job.display()
+        )
+    };
+    let nodes = start_cluster(&db, 2, body);
+    let id = nodes[0].enqueue("slow", "x");
+    let runner = wait_for("the job to run on a node", Duration::from_secs(30), || {
+        let node = db.psql(&format!(
+            "SELECT lease_node FROM qd_jobs WHERE id = '{id}' AND lease_node IS NOT NULL"
+        ));
+        let pids = std::fs::read_to_string(work.path().join("pids")).unwrap_or_default();
+        let pid = pids.lines().next()?.trim().parse::<i32>().ok()?;
+        Some((index(node.trim()), pid)).filter(|(_, _)| !node.trim().is_empty())
+    });
+    let (node, pid) = runner;
+    let other = 1 - node;
+    let out = nodes[other].qctl(&["jobs", "cancel", &id]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(
+        "the node running the job to stop its process",
+        Duration::from_secs(20),
+        || {
+            let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+            (!alive).then_some(())
+        },
+    );
+    thread::sleep(Duration::from_secs(1));
+    let (_, detail) = nodes[other].get(&format!("/v1/jobs/{id}"));
+    assert_eq!(detail["state"], "cancelled", "{detail}");
+    assert_eq!(common::outcomes(&detail), vec!["cancelled"], "{detail}");
+    let runs = std::fs::read_to_string(work.path().join("pids")).unwrap_or_default();
+    assert_eq!(runs.lines().count(), 1, "run once: {runs}");
 }
 
 #[test]

@@ -66,6 +66,11 @@ impl Deadlines {
         self.current.get(&id).map(|(_, deadline)| *deadline)
     }
 
+    /// Every watched lease as (job, token), in no order.
+    pub fn leases(&self) -> impl Iterator<Item = (JobId, Token)> + '_ {
+        self.current.iter().map(|(id, (token, _))| (*id, *token))
+    }
+
     fn compact(&mut self) {
         self.heap = self
             .current

@@ -48,6 +48,9 @@ pub(super) enum Intent {
     /// Leases of this node the store holds and its memory does not (uncharged):
     /// [`crate::store::Backend::complete`].
     Orphan,
+    /// An operator's cancel of a job another node runs (never held in this node's
+    /// memory): [`crate::store::Backend::complete`], conditioned on that lease's token.
+    CancelElsewhere,
 }
 
 /// What a [`Settle`] runs: the Broker's state, wall time, monotonic time.
@@ -116,7 +119,7 @@ impl BrokerState {
         let op = intent.clone();
         self.store.submit(
             move |b| match op {
-                Intent::End | Intent::Orphan => b.complete(&writes),
+                Intent::End | Intent::Orphan | Intent::CancelElsewhere => b.complete(&writes),
                 Intent::Redrive => b.redrive(&writes),
                 Intent::RedriveWithPayload(payload) => writes
                     .iter()
@@ -182,7 +185,10 @@ impl BrokerState {
         debug!(queue = %old.queue, job = %old.id, from = %old.state, to = %t.job.state,
             attempts = t.job.attempts, "Job state changed.");
         self.replace(t.job.clone());
-        if matches!(intent, Intent::Expire(_) | Intent::Orphan) {
+        if matches!(
+            intent,
+            Intent::Expire(_) | Intent::Orphan | Intent::CancelElsewhere
+        ) {
             // Another node's lease: no slot of this node's Scheduler was taken.
             if matches!(t.job.state, State::Ready | State::Delayed) {
                 events::ready(&mut self.out, &t.job);
@@ -192,7 +198,7 @@ impl BrokerState {
         }
         events::throttled(&mut self.out, &t, now);
         match intent {
-            Intent::End | Intent::Expire(_) | Intent::Orphan => {
+            Intent::End | Intent::Expire(_) | Intent::Orphan | Intent::CancelElsewhere => {
                 record_end(&self.labels, &old, &t, now);
                 let Some(entry) = &t.entry else { return };
                 if entry.outcome == Outcome::LeaseExpired {

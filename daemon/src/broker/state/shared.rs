@@ -20,7 +20,12 @@
 //!   or the Cluster actor's next poll or heartbeat ([`BrokerMsg::AtCap`]).
 //! - **Operators' changes** (redrive, purge, cancel) of jobs another node may have
 //!   changed run on the store's current records: the jobs are read first
-//!   ([`BrokerMsg::Reloaded`]).
+//!   ([`BrokerMsg::Reloaded`]). A cancel of a job another node runs ends its
+//!   attempt in the store, conditioned on that lease's token.
+//! - **Leases ended elsewhere**: at each heartbeat's sweep the Broker compares the
+//!   leases it held when it asked with the store's: one the store no longer gives
+//!   this node (cancelled on another node, or ended by the leader while this node
+//!   was silent) is let go, and the queue's pool stops its attempt.
 //! - **Leases of dead nodes**: the leader (see `cluster.rs`) asks its Broker to end
 //!   them ([`BrokerMsg::Sweep`]); each is charged as an expired lease through the
 //!   retry policy, in a write fenced by the leader's epoch.
@@ -35,7 +40,10 @@ use tokio::time::Instant;
 use super::settle::Intent;
 use super::{BrokerState, MAX_EXTEND, events};
 use crate::broker::{BrokerError, BrokerMsg};
-use crate::job::{self, Event, Failure, Job, JobId, State, UnixMillis};
+use crate::job::{self, Event, Failure, Job, JobId, State, Token, UnixMillis};
+use crate::worker_pool::{self, PoolMsg};
+use ractor::{ActorRef, RpcReplyPort};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::store::{Backend, Claim, NewClaim, StoreError, TenantCap};
@@ -360,7 +368,7 @@ impl BrokerState {
                 Vec::new()
             }
         };
-        let leased_elsewhere: Vec<JobId> = jobs
+        let mut leased_elsewhere: Vec<Job> = jobs
             .iter()
             .filter(|j| j.state == State::Leased)
             .filter(|j| {
@@ -368,19 +376,49 @@ impl BrokerState {
                     .get(j.id)
                     .is_none_or(|k| k.state != State::Leased || k.lease_seq != j.lease_seq)
             })
-            .map(|j| j.id)
+            .cloned()
             .collect();
         for job in jobs {
             self.adopt(job, now);
         }
         match then {
-            BrokerMsg::Cancel(id, _, reply) if leased_elsewhere.contains(&id) => {
-                let _ = reply.send(Err(BrokerError::Invalid(format!(
-                    "job {id} is running on another node; cancel it with that node's qctl, \
-                     or wait for its attempt to end"
-                ))));
+            BrokerMsg::Cancel(id, by, reply) if leased_elsewhere.iter().any(|j| j.id == id) => {
+                let at = leased_elsewhere.iter().position(|j| j.id == id);
+                let lease = leased_elsewhere.swap_remove(at.unwrap_or_default());
+                self.cancel_elsewhere(lease, &by, reply, now);
             }
             then => self.dispatch(then, now, mono),
+        }
+    }
+
+    /// An operator's cancel of a job another node runs: its attempt ends `cancelled`
+    /// in the store, conditioned on that lease's token (a lease that ended meanwhile
+    /// is left alone, and the cancel answers the store's refusal). The node running
+    /// it lets go of the lease at its next heartbeat and stops its worker
+    /// ([`Self::let_go`]). Answers [`State::Leased`], the state it was cancelled from.
+    fn cancel_elsewhere(
+        &mut self,
+        lease: Job,
+        by: &str,
+        reply: RpcReplyPort<Result<State, BrokerError>>,
+        now: UnixMillis,
+    ) {
+        let lease = Job {
+            queue: self.intern(&lease.queue),
+            tenant: self.intern(&lease.tenant),
+            ..lease
+        };
+        let backoff = self
+            .queue(&lease.queue)
+            .map_or(super::FALLBACK_BACKOFF, |q| q.backoff);
+        let event = Event::Cancel { by: by.to_string() };
+        match job::apply(&lease, event, &backoff, now) {
+            Ok(t) => self.commit(Intent::CancelElsewhere, vec![(lease, t)], move |r| {
+                let _ = reply.send(r.map(|()| State::Leased).map_err(BrokerError::from));
+            }),
+            Err(err) => {
+                let _ = reply.send(Err(err.into()));
+            }
         }
     }
 
@@ -425,6 +463,9 @@ impl BrokerState {
             return;
         }
         self.sweeping = true;
+        // Their claims were submitted before this read, so the read shows each one
+        // unless something else ended it in the store.
+        let held: Vec<(JobId, Token)> = self.deadlines.leases().collect();
         let myself = self.myself.clone();
         self.store.submit(
             move |b| {
@@ -437,7 +478,7 @@ impl BrokerState {
                 Ok((own, expired))
             },
             move |result| {
-                let _ = myself.cast(BrokerMsg::Swept(epoch, result));
+                let _ = myself.cast(BrokerMsg::Swept(epoch, held, result));
             },
         );
     }
@@ -448,6 +489,7 @@ impl BrokerState {
     pub(in crate::broker) fn swept(
         &mut self,
         epoch: Option<u64>,
+        held: Vec<(JobId, Token)>,
         result: Result<(Vec<Job>, Vec<Job>), StoreError>,
         now: UnixMillis,
     ) {
@@ -459,6 +501,8 @@ impl BrokerState {
                 return;
             }
         };
+        let stored: HashSet<(JobId, Token)> = own.iter().map(|j| (j.id, j.lease_seq)).collect();
+        self.let_go(held, &stored);
         let orphans: Vec<Job> = own
             .into_iter()
             .filter(|lease| {
@@ -493,6 +537,33 @@ impl BrokerState {
 
     /// Ends leases memory does not hold (read from the store), each through the
     /// retry policy with `failure`, in one write of `intent`.
+    /// Lets go of leases memory held when the sweep asked that the store no longer
+    /// gives this node (`stored`): an operator on another node cancelled the job, or
+    /// the leader ended the lease while this node was silent. Memory drops them
+    /// (freeing their Scheduler slots) and the queue's pool stops the attempt; an
+    /// external lessee learns it from its next heartbeat or report.
+    fn let_go(&mut self, held: Vec<(JobId, Token)>, stored: &HashSet<(JobId, Token)>) {
+        for (id, token) in held {
+            if stored.contains(&(id, token)) || self.writing.contains(&id) {
+                continue;
+            }
+            let Some(job) = self
+                .jobs
+                .get(id)
+                .filter(|j| j.state == State::Leased && j.lease_seq == token)
+            else {
+                continue;
+            };
+            warn!(queue = %job.queue, job = %id, worker = job.worker.as_deref().unwrap_or(""),
+                "A lease of this node was ended in the store by another node (cancelled there, or expired while this node was silent); its attempt stops.");
+            self.deadlines.untrack(id);
+            self.drop_stale(&job);
+            if let Some(pool) = ActorRef::<PoolMsg>::where_is(worker_pool::name(&job.queue)) {
+                let _ = pool.cast(PoolMsg::Revoke(id));
+            }
+        }
+    }
+
     fn end_foreign(
         &mut self,
         leases: Vec<Job>,
