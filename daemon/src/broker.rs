@@ -356,10 +356,11 @@ pub enum BrokerMsg {
     /// or silent nodes.
     Sweep(Option<u64>),
     /// Internal: the sweep read this node's leases and the expired ones (leased
-    /// records); the list is the leases memory held when the sweep asked.
+    /// records); the list is the leases memory held when the sweep asked (job,
+    /// token, leased at, Unix ms).
     Swept(
         Option<u64>,
-        Vec<(JobId, Token)>,
+        Vec<(JobId, Token, UnixMillis)>,
         Result<(Vec<Job>, Vec<Job>), StoreError>,
     ),
 }
@@ -608,7 +609,7 @@ impl BrokerState {
             BrokerMsg::Refresh => state.refresh(),
             BrokerMsg::Refreshed(result) => state.refreshed(result, now),
             BrokerMsg::Reloaded(result, then) => state.reloaded(result, *then, now, mono),
-            BrokerMsg::Sweep(epoch) => state.sweep(epoch),
+            BrokerMsg::Sweep(epoch) => state.sweep(epoch, now),
             BrokerMsg::Swept(epoch, held, result) => state.swept(epoch, held, result, now),
         }
     }

@@ -458,14 +458,27 @@ impl BrokerState {
     /// At each heartbeat: reads this node's leases in the store (checked against
     /// memory) and, on the leader of `epoch`, the leases that ended without their
     /// holder.
-    pub(in crate::broker) fn sweep(&mut self, epoch: Option<u64>) {
+    pub(in crate::broker) fn sweep(&mut self, epoch: Option<u64>, now: UnixMillis) {
         if !self.shared() || self.sweeping {
             return;
         }
         self.sweeping = true;
-        // Their claims were submitted before this read, so the read shows each one
-        // unless something else ended it in the store.
-        let held: Vec<(JobId, Token)> = self.deadlines.leases().collect();
+        // The leases memory holds now, planned before this message: their claims
+        // were submitted before this read, so the read shows each one unless
+        // something else ended it in the store. Each is named by its token and when
+        // it was planned, since a lease taken back uncharged (e.g. refused for its
+        // tenant's cap) and planned again carries the same token.
+        let held: Vec<(JobId, Token, UnixMillis)> = self
+            .deadlines
+            .leases()
+            .filter(|(id, _)| !self.writing.contains(id))
+            .filter_map(|(id, token)| {
+                let job = self.jobs.get(id)?;
+                let at = job.leased_at?;
+                (job.state == State::Leased && job.lease_seq == token && at < now)
+                    .then_some((id, token, at))
+            })
+            .collect();
         let myself = self.myself.clone();
         self.store.submit(
             move |b| {
@@ -489,7 +502,7 @@ impl BrokerState {
     pub(in crate::broker) fn swept(
         &mut self,
         epoch: Option<u64>,
-        held: Vec<(JobId, Token)>,
+        held: Vec<(JobId, Token, UnixMillis)>,
         result: Result<(Vec<Job>, Vec<Job>), StoreError>,
         now: UnixMillis,
     ) {
@@ -542,16 +555,15 @@ impl BrokerState {
     /// the leader ended the lease while this node was silent. Memory drops them
     /// (freeing their Scheduler slots) and the queue's pool stops the attempt; an
     /// external lessee learns it from its next heartbeat or report.
-    fn let_go(&mut self, held: Vec<(JobId, Token)>, stored: &HashSet<(JobId, Token)>) {
-        for (id, token) in held {
+    fn let_go(&mut self, held: Vec<(JobId, Token, UnixMillis)>, stored: &HashSet<(JobId, Token)>) {
+        for (id, token, at) in held {
             if stored.contains(&(id, token)) || self.writing.contains(&id) {
                 continue;
             }
-            let Some(job) = self
-                .jobs
-                .get(id)
-                .filter(|j| j.state == State::Leased && j.lease_seq == token)
-            else {
+            // The very lease the sweep saw, not one planned again since.
+            let Some(job) = self.jobs.get(id).filter(|j| {
+                j.state == State::Leased && j.lease_seq == token && j.leased_at == Some(at)
+            }) else {
                 continue;
             };
             warn!(queue = %job.queue, job = %id, worker = job.worker.as_deref().unwrap_or(""),
