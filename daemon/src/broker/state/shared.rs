@@ -548,8 +548,6 @@ impl BrokerState {
         }
     }
 
-    /// Ends leases memory does not hold (read from the store), each through the
-    /// retry policy with `failure`, in one write of `intent`.
     /// Lets go of leases memory held when the sweep asked that the store no longer
     /// gives this node (`stored`): an operator on another node cancelled the job, or
     /// the leader ended the lease while this node was silent. Memory drops them
@@ -576,6 +574,8 @@ impl BrokerState {
         }
     }
 
+    /// Ends leases memory does not hold (read from the store), each through the
+    /// retry policy with `failure`, in one write of `intent`.
     fn end_foreign(
         &mut self,
         leases: Vec<Job>,
