@@ -308,6 +308,22 @@ fn align(rows: &[Vec<String>]) -> String {
 }
 
 #[cfg(test)]
+impl Report {
+    /// The cluster mode's 50 ms command jobs: jobs/s on 1 node, then on 2.
+    pub(crate) fn add_command_jobs(&mut self, one: f64, two: f64) {
+        for (column, value) in [(NODES[0], one), (NODES[1], two)] {
+            self.add(
+                "cluster nodes",
+                column,
+                "50 ms command jobs",
+                "jobs/s",
+                value,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -349,20 +365,7 @@ mod tests {
         r.add("single", "qd", "end to end", "jobs/s", 4000.0);
         r.add("cluster single", STORES[0], "end to end", "jobs/s", 4000.0);
         r.add("cluster single", STORES[1], "end to end", "jobs/s", 1000.0);
-        r.add(
-            "cluster nodes",
-            NODES[0],
-            "50 ms command jobs",
-            "jobs/s",
-            150.0,
-        );
-        r.add(
-            "cluster nodes",
-            NODES[1],
-            "50 ms command jobs",
-            "jobs/s",
-            285.0,
-        );
+        r.add_command_jobs(150.0, 285.0);
         let t = r.table();
         let lines: Vec<&str> = t.lines().collect();
         let header = |first: &str| {

@@ -109,20 +109,7 @@ mod tests {
         assert_eq!(checks[0].measured, Some(("2.14×".to_string(), true)));
         assert_eq!(checks[1].measured, Some(("200 µs".to_string(), false)));
         assert!(checks[2..].iter().all(|c| c.measured.is_none()));
-        r.add(
-            "cluster nodes",
-            NODES[0],
-            "50 ms command jobs",
-            "jobs/s",
-            150.0,
-        );
-        r.add(
-            "cluster nodes",
-            NODES[1],
-            "50 ms command jobs",
-            "jobs/s",
-            285.0,
-        );
+        r.add_command_jobs(150.0, 285.0);
         let cluster = check(&r, 2000.0).pop().expect("the cluster target");
         assert_eq!(
             cluster.measured,
