@@ -703,7 +703,7 @@ pub enum StoreError {
     Other(String),
 }
 
-/// Counters and size of a store, for metrics and `qctl status`.
+/// WriterState and size of a store, for metrics and `qctl status`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreStats {
     /// Transactions committed.
@@ -738,7 +738,7 @@ pub struct Store {
 /// What the handles and the writer thread share: counters, and the leases handed
 /// out whose records wait for the writer's next batch ([`Store::record_leases_later`]).
 #[derive(Default)]
-pub(crate) struct Counters {
+pub(crate) struct WriterState {
     commits: AtomicU64,
     batches: AtomicU64,
     ops: AtomicU64,
@@ -749,7 +749,7 @@ struct Shared {
     /// `None` once closed. Senders are `Sync`; the lock only guards `close`.
     sender: RwLock<Option<Queue>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    counters: Arc<Counters>,
+    counters: Arc<WriterState>,
     path: Option<PathBuf>,
     /// [`Backend::leases_are_local`] of the engine, asked once at start.
     leases_are_local: bool,
@@ -784,7 +784,7 @@ impl Store {
         config: &tokio_postgres::Config,
         options: &postgres::PgOptions,
     ) -> Result<Store, StoreError> {
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(WriterState::default());
         let (config, options) = (config.clone(), options.clone());
         let (sender, writer) = writer::spawn_with(
             move || postgres::PgBackend::open(&config, &options),
@@ -815,7 +815,7 @@ impl Store {
     }
 
     fn start<E: Engine + 'static>(engine: E, path: Option<PathBuf>) -> Result<Store, StoreError> {
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(WriterState::default());
         let local = engine.leases_are_local();
         let (sender, writer) = writer::spawn(engine, Arc::clone(&counters))?;
         Ok(Self::from_parts(
@@ -830,7 +830,7 @@ impl Store {
     fn from_parts(
         sender: Option<Queue>,
         writer: Option<JoinHandle<()>>,
-        counters: Arc<Counters>,
+        counters: Arc<WriterState>,
         path: Option<PathBuf>,
         leases_are_local: bool,
     ) -> Store {
@@ -911,7 +911,7 @@ impl Store {
         rx.await.unwrap_or(Err(StoreError::Closed))
     }
 
-    /// Counters (commits, batches, ops) and the size on disk (database + WAL, bytes).
+    /// WriterState (commits, batches, ops) and the size on disk (database + WAL, bytes).
     pub fn stats(&self) -> StoreStats {
         let counters = &self.shared.counters;
         let path = self.shared.path.clone();

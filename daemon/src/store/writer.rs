@@ -13,7 +13,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, PoisonError};
 use std::thread::{self, JoinHandle};
 
-use super::{Backend, Counters, Engine, MAX_BATCH, StoreError};
+use super::{Backend, Engine, MAX_BATCH, StoreError, WriterState};
 
 /// The sending side of the writer's queue.
 pub(crate) type Queue = Sender<Box<dyn Task>>;
@@ -116,7 +116,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
 /// the queue is drained, then shuts the engine down.
 pub(crate) fn spawn<E: Engine + 'static>(
     engine: E,
-    counters: Arc<Counters>,
+    counters: Arc<WriterState>,
 ) -> Result<(Queue, JoinHandle<()>), StoreError> {
     spawn_with(move || Ok(engine), counters)
 }
@@ -127,7 +127,7 @@ pub(crate) fn spawn<E: Engine + 'static>(
 /// (then no thread keeps running).
 pub(crate) fn spawn_with<E, Open>(
     open: Open,
-    counters: Arc<Counters>,
+    counters: Arc<WriterState>,
 ) -> Result<(Queue, JoinHandle<()>), StoreError>
 where
     E: Engine + 'static,
@@ -162,7 +162,11 @@ where
     }
 }
 
-fn writer_loop<E: Engine>(mut engine: E, receiver: &Receiver<Box<dyn Task>>, counters: &Counters) {
+fn writer_loop<E: Engine>(
+    mut engine: E,
+    receiver: &Receiver<Box<dyn Task>>,
+    counters: &WriterState,
+) {
     while let Ok(first) = receiver.recv() {
         let mut batch = Vec::with_capacity(64);
         batch.push(first);
@@ -173,7 +177,7 @@ fn writer_loop<E: Engine>(mut engine: E, receiver: &Receiver<Box<dyn Task>>, cou
 }
 
 /// One transaction: every task runs, one commit, then every task is answered.
-fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters: &Counters) {
+fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters: &WriterState) {
     counters.batches.fetch_add(1, Ordering::Relaxed);
     let outcome = engine
         .begin()
@@ -197,7 +201,7 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
 /// Writes the lease records handed to [`super::Store::record_leases_later`] since the
 /// last batch, in their own savepoint: a refusal is logged and rolled back, never the
 /// batch's failure.
-fn record_unrecorded<E: Engine>(engine: &mut E, counters: &Counters) -> Result<(), StoreError> {
+fn record_unrecorded<E: Engine>(engine: &mut E, counters: &WriterState) -> Result<(), StoreError> {
     let leases = std::mem::take(
         &mut *counters
             .unrecorded
@@ -227,7 +231,7 @@ fn record_unrecorded<E: Engine>(engine: &mut E, counters: &Counters) -> Result<(
 fn run_all<E: Engine>(
     engine: &mut E,
     batch: &mut [Box<dyn Task>],
-    counters: &Counters,
+    counters: &WriterState,
 ) -> Result<(), StoreError> {
     for task in batch {
         engine.savepoint()?;
