@@ -494,11 +494,13 @@ pub fn fails(qd: &Qd, args: &[&str], code: i32) -> String {
 }
 
 /// Leases every ready job of the external queue `ext` and nacks it as permanent with
-/// `error` + its payload, so it dies at once.
+/// `error` + its payload, so it dies at once. Callers have just made a job ready (an
+/// enqueue, a redrive); the lease waits up to 5 s for it, since its Scheduler may
+/// hear of it a moment after the caller's answer (a busy machine).
 pub fn kill_all(qd: &Qd, error: &str) {
     let (status, body) = qd.post(
         "/v1/queues/ext/leases",
-        &json!({"worker_id": "t", "max_jobs": 100}),
+        &json!({"worker_id": "t", "max_jobs": 100, "wait": "5s"}),
     );
     assert_eq!(status, 200, "{body}");
     for job in body["jobs"].as_array().expect("jobs") {
