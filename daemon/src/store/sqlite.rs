@@ -10,7 +10,8 @@ use std::time::Duration;
 use rusqlite::config::DbConfig;
 use rusqlite::types::Value;
 use rusqlite::{
-    Connection, ErrorCode, OpenFlags, OptionalExtension, Row, params, params_from_iter,
+    CachedStatement, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, params,
+    params_from_iter,
 };
 use uuid::Uuid;
 
@@ -220,7 +221,7 @@ const DIALECT: Dialect = Dialect {
     jobs: "jobs",
 };
 
-/// The `UPDATE jobs` statement of [`SqliteBackend::change_one`] under `$condition`
+/// The `UPDATE jobs` statement of [`SqliteBackend::change_each`] under `$condition`
 /// (SQL over the stored row; `?5` is the transition's token), built at compile time
 /// so the statement cache is hit without formatting a string per job.
 macro_rules! change_sql {
@@ -382,18 +383,22 @@ impl SqliteBackend {
         run().map_err(|e| self.err(e))
     }
 
-    /// Inserts one new job and its payload, or names the holder of its key.
-    fn enqueue_one(&self, record: &NewRecord) -> rusqlite::Result<Option<Inserted>> {
-        let job = &record.job;
-        let inserted = self
+    /// Inserts each new job and its payload, or names the holder of its key; the
+    /// statements are taken from the cache once for the whole batch.
+    fn enqueue_each(&self, batch: &[NewRecord]) -> rusqlite::Result<Vec<Option<Inserted>>> {
+        let mut insert_job = self.conn.prepare_cached(
+            "INSERT INTO jobs (id, queue, tenant, idempotency_key, state, attempts, \
+             budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at, \
+             last_error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+             ON CONFLICT DO NOTHING",
+        )?;
+        let mut insert_payload = self
             .conn
-            .prepare_cached(
-                "INSERT INTO jobs (id, queue, tenant, idempotency_key, state, attempts, \
-                 budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at, \
-                 last_error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
-                 ON CONFLICT DO NOTHING",
-            )?
-            .execute(params![
+            .prepare_cached("INSERT INTO payloads (job_id, body) VALUES (?1, ?2)")?;
+        let mut answers = Vec::with_capacity(batch.len());
+        for record in batch {
+            let job = &record.job;
+            let inserted = insert_job.execute(params![
                 id_bytes(job.id),
                 &*job.queue,
                 &*job.tenant,
@@ -408,12 +413,20 @@ impl SqliteBackend {
                 job.updated_at,
                 job.last_error,
             ])?;
-        if inserted == 1 {
-            self.conn
-                .prepare_cached("INSERT INTO payloads (job_id, body) VALUES (?1, ?2)")?
-                .execute(params![id_bytes(job.id), record.payload])?;
-            return Ok(Some(Inserted::New));
+            answers.push(if inserted == 1 {
+                insert_payload.execute(params![id_bytes(job.id), record.payload])?;
+                Some(Inserted::New)
+            } else {
+                self.holder_of_key(record)?
+            });
         }
+        Ok(answers)
+    }
+
+    /// The job holding `record`'s idempotency key in its queue, and whether its
+    /// payload is `record`'s; `None` without a key or holder.
+    fn holder_of_key(&self, record: &NewRecord) -> rusqlite::Result<Option<Inserted>> {
+        let job = &record.job;
         let Some(key) = &job.idempotency_key else {
             return Ok(None);
         };
@@ -464,102 +477,107 @@ impl SqliteBackend {
         rows.collect()
     }
 
-    /// Records one lease in `temp.leases` if the stored job is claimable and not
-    /// leased; answers whether it did.
-    fn record_lease(&self, job: &Job) -> rusqlite::Result<bool> {
-        let claimed = self
+    /// Records each lease in `temp.leases` if its stored job is claimable and not
+    /// leased; answers whether it did, per lease.
+    fn record_each(&self, leased: &[Job]) -> rusqlite::Result<Vec<bool>> {
+        let mut record = self.conn.prepare_cached(RECORD_LEASE)?;
+        leased
+            .iter()
+            .map(|job| record_lease(&mut record, job))
+            .collect()
+    }
+
+    /// [`record_lease`] for each job, then its payload if the lease was recorded.
+    fn claim_each(&self, leased: &[Job]) -> rusqlite::Result<Vec<Option<Vec<u8>>>> {
+        let mut record = self.conn.prepare_cached(RECORD_LEASE)?;
+        let mut payload = self
             .conn
-            .prepare_cached(
-                "INSERT INTO temp.leases (id, token, worker, leased_at) \
-                 SELECT id, ?2, ?3, ?4 FROM jobs WHERE id = ?1 AND state IN ('ready', 'delayed') \
-                 ON CONFLICT DO NOTHING",
-            )?
-            .execute(params![
+            .prepare_cached("SELECT body FROM payloads WHERE job_id = ?1")?;
+        let mut claimed = Vec::with_capacity(leased.len());
+        for job in leased {
+            claimed.push(if record_lease(&mut record, job)? {
+                payload
+                    .query_row([id_bytes(job.id)], |r| r.get(0))
+                    .optional()?
+            } else {
+                None
+            });
+        }
+        Ok(claimed)
+    }
+
+    /// Writes each transition's mutable columns and its history line with `update`,
+    /// one of the `UPDATE jobs` statements made by [`change_sql!`] (each conditions
+    /// the change on the stored row and on no lease being recorded for the job).
+    /// With `end_leases`, first ends the lease each transition's token names. The
+    /// statements are taken from the cache once for the whole batch.
+    fn change_each(
+        &self,
+        changes: &[Transition],
+        update: &str,
+        end_leases: bool,
+    ) -> rusqlite::Result<Vec<bool>> {
+        let mut end_lease = end_leases
+            .then(|| {
+                self.conn
+                    .prepare_cached("DELETE FROM temp.leases WHERE id = ?1 AND token = ?2")
+            })
+            .transpose()?;
+        let mut update = self.conn.prepare_cached(update)?;
+        let mut append = (
+            self.conn.prepare_cached(NEXT_HISTORY_SEQ)?,
+            self.conn.prepare_cached(INSERT_HISTORY)?,
+        );
+        let mut changed = Vec::with_capacity(changes.len());
+        for t in changes {
+            let job = &t.job;
+            if let Some(end_lease) = &mut end_lease {
+                end_lease.execute(params![id_bytes(job.id), stored_seq(job.lease_seq)])?;
+            }
+            let applied = update.execute(params![
                 id_bytes(job.id),
+                job.state.as_str(),
+                job.attempts,
+                job.budget_start,
                 stored_seq(job.lease_seq),
-                job.worker.as_deref().unwrap_or(""),
-                job.leased_at.unwrap_or(job.updated_at),
-            ])?;
-        Ok(claimed == 1)
+                job.ready_at,
+                job.updated_at,
+                job.last_error,
+            ])? == 1;
+            if applied && let Some(entry) = &t.entry {
+                self.append_history(&mut append, job.id, &history::bounded(entry, &self.history))?;
+            }
+            changed.push(applied);
+        }
+        Ok(changed)
     }
 
-    /// [`Self::record_lease`], then the job's payload if the lease was recorded.
-    fn claim_one(&self, job: &Job) -> rusqlite::Result<Option<Vec<u8>>> {
-        if !self.record_lease(job)? {
-            return Ok(None);
-        }
-        self.conn
-            .prepare_cached("SELECT body FROM payloads WHERE job_id = ?1")?
-            .query_row([id_bytes(job.id)], |r| r.get(0))
-            .optional()
-    }
-
-    /// Writes a transition's mutable columns and its history line with `update`, one
-    /// of the `UPDATE jobs` statements made by [`change_sql!`] (each conditions the
-    /// change on the stored row and on no lease being recorded for the job).
-    fn change_one(&self, t: &Transition, update: &str) -> rusqlite::Result<bool> {
-        let job = &t.job;
-        let changed = self.conn.prepare_cached(update)?.execute(params![
-            id_bytes(job.id),
-            job.state.as_str(),
-            job.attempts,
-            job.budget_start,
-            stored_seq(job.lease_seq),
-            job.ready_at,
-            job.updated_at,
-            job.last_error,
-        ])?;
-        if changed == 0 {
-            return Ok(false);
-        }
-        if let Some(entry) = t.entry.as_ref().map(|e| history::bounded(e, &self.history)) {
-            self.append_history(job.id, &entry)?;
-        }
-        Ok(true)
-    }
-
-    /// Appends one history line after the job's newest, then applies the history cap
+    /// Appends one history line after the job's newest with `append` (the prepared
+    /// [`NEXT_HISTORY_SEQ`] and [`INSERT_HISTORY`]), then applies the history cap
     /// once the job has more entries than the cap keeps.
-    fn append_history(&self, id: JobId, entry: &HistoryEntry) -> rusqlite::Result<()> {
+    fn append_history(
+        &self,
+        (next_seq, insert): &mut (CachedStatement<'_>, CachedStatement<'_>),
+        id: JobId,
+        entry: &HistoryEntry,
+    ) -> rusqlite::Result<()> {
         let id = id_bytes(id);
-        let seq: i64 = self
-            .conn
-            .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM history WHERE job_id = ?1")?
-            .query_row([id], |r| r.get(0))?;
-        self.conn
-            .prepare_cached(
-                "INSERT INTO history (job_id, seq, attempt, outcome, worker, started_at, \
-                 ended_at, error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?
-            .execute(params![
-                id,
-                seq,
-                entry.attempt,
-                entry.outcome.as_str(),
-                entry.worker,
-                entry.started_at,
-                entry.ended_at,
-                entry.error,
-            ])?;
+        let seq: i64 = next_seq.query_row([id], |r| r.get(0))?;
+        insert.execute(params![
+            id,
+            seq,
+            entry.attempt,
+            entry.outcome.as_str(),
+            entry.worker,
+            entry.started_at,
+            entry.ended_at,
+            entry.error,
+        ])?;
         let kept = i64::from(self.history.keep_first) + i64::from(self.history.keep_last.max(1));
         if seq > kept {
             history::cap_history(&self.conn, &id, &self.history)?;
         }
         Ok(())
-    }
-
-    /// Ends the lease `t.job.lease_seq` of the job, then writes `t` if the stored job
-    /// is ready or delayed with an older token and no other lease is recorded for it
-    /// (the lease itself may not be recorded yet: see [`Backend::leases_are_local`]).
-    fn complete_one(&self, t: &Transition) -> rusqlite::Result<bool> {
-        let (id, token) = (id_bytes(t.job.id), stored_seq(t.job.lease_seq));
-        self.conn
-            .prepare_cached("DELETE FROM temp.leases WHERE id = ?1 AND token = ?2")?
-            .execute(params![id, token])?;
-        self.change_one(
-            t,
-            change_sql!("state IN ('ready', 'delayed') AND lease_seq < ?5"),
-        )
     }
 
     /// Deletes one job with its payload and history; `delete` is the `DELETE FROM jobs`
@@ -718,9 +736,35 @@ fn stored_seq(seq: Token) -> i64 {
     i64::try_from(seq).unwrap_or(i64::MAX)
 }
 
+/// Records a lease in `temp.leases` if the stored job (`?1`) is claimable and
+/// not leased: token `?2`, worker `?3`, leased at `?4`.
+const RECORD_LEASE: &str = "INSERT INTO temp.leases (id, token, worker, leased_at) \
+     SELECT id, ?2, ?3, ?4 FROM jobs WHERE id = ?1 AND state IN ('ready', 'delayed') \
+     ON CONFLICT DO NOTHING";
+
+/// The `seq` of job `?1`'s next history line.
+const NEXT_HISTORY_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) + 1 FROM history WHERE job_id = ?1";
+
+/// Inserts a history line (an `INSERT ... SELECT ... RETURNING` in one statement
+/// costs more: SQLite buffers `RETURNING` rows in a temporary table).
+const INSERT_HISTORY: &str = "INSERT INTO history \
+     (job_id, seq, attempt, outcome, worker, started_at, ended_at, error) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+
+/// Runs the prepared [`RECORD_LEASE`] for `job`; answers whether it recorded.
+fn record_lease(record: &mut CachedStatement<'_>, job: &Job) -> rusqlite::Result<bool> {
+    let claimed = record.execute(params![
+        id_bytes(job.id),
+        stored_seq(job.lease_seq),
+        job.worker.as_deref().unwrap_or(""),
+        job.leased_at.unwrap_or(job.updated_at),
+    ])?;
+    Ok(claimed == 1)
+}
+
 impl Backend for SqliteBackend {
     fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
-        let answers = self.each(batch, Self::enqueue_one)?;
+        let answers = self.enqueue_each(batch).map_err(|e| self.err(e))?;
         batch
             .iter()
             .zip(answers)
@@ -733,7 +777,7 @@ impl Backend for SqliteBackend {
     }
 
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        self.each(leased, Self::claim_one)
+        self.claim_each(leased).map_err(|e| self.err(e))
     }
 
     fn leases_are_local(&self) -> bool {
@@ -741,17 +785,24 @@ impl Backend for SqliteBackend {
     }
 
     fn record_leases(&mut self, leased: &[Job]) -> Result<Vec<bool>, StoreError> {
-        self.each(leased, Self::record_lease)
+        self.record_each(leased).map_err(|e| self.err(e))
     }
 
+    /// Ends each lease its token names, then writes the transition if the stored job
+    /// is ready or delayed with an older token and no other lease is recorded for it
+    /// (the lease itself may not be recorded yet: see [`Backend::leases_are_local`]).
     fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        self.each(ends, Self::complete_one)
+        self.change_each(
+            ends,
+            change_sql!("state IN ('ready', 'delayed') AND lease_seq < ?5"),
+            true,
+        )
+        .map_err(|e| self.err(e))
     }
 
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        self.each(changes, |b, t| {
-            b.change_one(t, change_sql!("state = 'dead'"))
-        })
+        self.change_each(changes, change_sql!("state = 'dead'"), false)
+            .map_err(|e| self.err(e))
     }
 
     fn set_payload(&mut self, id: JobId, payload: &[u8]) -> Result<bool, StoreError> {
@@ -763,9 +814,12 @@ impl Backend for SqliteBackend {
     }
 
     fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        self.each(changes, |b, t| {
-            b.change_one(t, change_sql!("state IN ('ready', 'delayed', 'dead')"))
-        })
+        self.change_each(
+            changes,
+            change_sql!("state IN ('ready', 'delayed', 'dead')"),
+            false,
+        )
+        .map_err(|e| self.err(e))
     }
 
     fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError> {
