@@ -45,7 +45,7 @@
 //! - Ids are UUIDv7 stored as 16 big-endian bytes, so byte order is creation order and
 //!   "ordered by id" means "oldest first".
 //!
-//! # On-disk format (schema version 2, kept in `PRAGMA user_version`)
+//! # On-disk format (schema version 3, kept in `PRAGMA user_version`)
 //! ```text
 //! jobs(id BLOB(16) PK, queue TEXT, tenant TEXT, idempotency_key TEXT NULL,
 //!      state TEXT in (delayed ready succeeded dead cancelled),
@@ -53,7 +53,9 @@
 //!      created_at, ready_at, updated_at INTEGER (Unix ms),
 //!      last_error TEXT NULL)                            STRICT, WITHOUT ROWID
 //!   UNIQUE (queue, idempotency_key) WHERE idempotency_key IS NOT NULL
-//!   INDEX (queue, state, updated_at)   -- prune, list_jobs by queue/state, DLQ views
+//!   INDEX (queue, state, updated_at) WHERE state NOT IN (ready delayed)
+//!                                      -- prune, DLQ views, list_jobs of those states;
+//!                                      -- a job's enqueue and ack write no entry
 //! payloads(job_id BLOB(16) PK, body BLOB)              STRICT, WITHOUT ROWID
 //!                                      -- written once at enqueue, read at claim
 //! history(job_id BLOB, seq INTEGER, attempt INTEGER, outcome TEXT, worker TEXT NULL,
@@ -67,7 +69,9 @@
 //! ```
 //! Version 1 kept everything, payload included, in one wide `jobs` row rewritten on
 //! every transition, and stored leases; migration 2 splits it (a stored lease becomes
-//! `ready`: its holder was an earlier run). Payloads and history rows are deleted with
+//! `ready`: its holder was an earlier run); migration 3 narrows the state index to
+//! ended and dead jobs (listing `ready` or `delayed` jobs of a queue scans the
+//! table). Payloads and history rows are deleted with
 //! their job by the same statement batch (no foreign keys).
 //!
 //! Pragmas on every open: `journal_mode=WAL`, `synchronous=FULL`, `temp_store=MEMORY`,
@@ -620,7 +624,8 @@ pub enum JobOrder {
     NewestFirst,
     /// Most recently changed first (`updated_at` descending, then id descending): for
     /// dead jobs, `updated_at` is when they died, so this is "most recently dead
-    /// first" for `qctl dlq list`. Served by the `(queue, state, updated_at)` index.
+    /// first" for `qctl dlq list`. Served, for dead and ended jobs, by the SQLite
+    /// index of those jobs by `(queue, state, updated_at)`.
     RecentlyUpdated,
 }
 

@@ -959,6 +959,7 @@ const DIALECT: Dialect = Dialect {
     leased: "j.lease_token IS NOT NULL",
     contains: |p| format!("strpos(lower(j.last_error), lower({p}::text COLLATE \"C\")) > 0"),
     jobs: "qd_jobs",
+    ended: None,
 };
 
 impl Backend for PgBackend {

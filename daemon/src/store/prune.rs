@@ -3,14 +3,15 @@
 //!
 //! Each batch takes at most `limit` jobs in the caller's (short) transaction, one
 //! state at a time, oldest first with ties in id order (`updated_at, id`: exactly the
-//! order of the `(queue, state, updated_at)` index, whose entries end with the
-//! primary key of the `WITHOUT ROWID` table), so for a configured queue SQLite walks
-//! the index and stops after `limit` rows: no sort, however large the backlog and
-//! however many jobs finished in the same millisecond. Schema 2 has no `(state,
-//! updated_at)` index (one index less to write per job), so a batch of the
+//! order of the `(queue, state, updated_at)` index of ended jobs, whose entries end
+//! with the primary key of the `WITHOUT ROWID` table; each query repeats the index's
+//! condition, [`sqlite::ENDED`], so SQLite may use it), so for a configured
+//! queue SQLite walks the index and stops after `limit` rows: no sort, however large
+//! the backlog and however many jobs finished in the same millisecond. The schema has no
+//! `(state, updated_at)` index (one index less to write per job), so a batch of the
 //! [`PruneScope::Unconfigured`] queues (removed from the config: rare, and shrinking)
 //! sorts the matching rows. The engine deletes each picked job with its payload and
-//! history (schema 2 has no foreign keys). The Pruner actor repeats batches until
+//! history (the schema has no foreign keys). The Pruner actor repeats batches until
 //! one comes back short.
 
 use rusqlite::types::Value;
@@ -18,6 +19,7 @@ use rusqlite::{Connection, OptionalExtension, params_from_iter};
 
 use uuid::Uuid;
 
+use super::sqlite;
 use crate::job::{Job, JobId, State, UnixMillis};
 
 /// The states pruning removes, in the order a batch takes them.
@@ -69,8 +71,9 @@ pub fn finished_ids(
 ) -> rusqlite::Result<Vec<JobId>> {
     let (clause, names) = scope.clause(4);
     let sql = format!(
-        "SELECT id FROM jobs WHERE state = ?1 AND updated_at < ?2 AND {clause} \
-         ORDER BY updated_at, id LIMIT ?3"
+        "SELECT id FROM jobs WHERE {} AND state = ?1 AND updated_at < ?2 AND {clause} \
+         ORDER BY updated_at, id LIMIT ?3",
+        sqlite::ENDED
     );
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut ids = Vec::new();
@@ -101,7 +104,10 @@ pub fn oldest_finished(
     scope: &PruneScope,
 ) -> rusqlite::Result<Option<UnixMillis>> {
     let (clause, names) = scope.clause(2);
-    let sql = format!("SELECT MIN(updated_at) FROM jobs WHERE state = ?1 AND {clause}");
+    let sql = format!(
+        "SELECT MIN(updated_at) FROM jobs WHERE {} AND state = ?1 AND {clause}",
+        sqlite::ENDED
+    );
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut oldest: Option<UnixMillis> = None;
     for state in FINISHED {
@@ -120,30 +126,47 @@ pub fn oldest_finished(
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_batch_walks_the_index_without_sorting_the_backlog() {
-        let conn = Connection::open_in_memory().expect("open");
-        conn.execute_batch(
-            "CREATE TABLE jobs (id BLOB PRIMARY KEY, queue TEXT, state TEXT, updated_at INTEGER)
-                 WITHOUT ROWID;
-             CREATE INDEX jobs_queue_state_updated ON jobs (queue, state, updated_at);",
-        )
-        .expect("schema");
-        let (clause, _) = PruneScope::Queue("q".into()).clause(4);
-        let plan: Vec<String> = conn
-            .prepare(&format!(
-                "EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE state = ?1 AND updated_at < ?2 \
-                 AND {clause} ORDER BY updated_at, id LIMIT ?3"
-            ))
+    /// The query plan of `sql` over a database at the newest schema.
+    fn plan(sql: &str, args: impl rusqlite::Params) -> String {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = sqlite::SqliteBackend::open(&dir.path().join("qd.db"), &Default::default())
+            .expect("open");
+        let plan: Vec<String> = store
+            .connection()
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
             .expect("plan")
-            .query_map(rusqlite::params!["succeeded", 0, 10, "q"], |r| {
-                r.get::<_, String>(3)
-            })
+            .query_map(args, |r| r.get::<_, String>(3))
             .expect("rows")
             .collect::<rusqlite::Result<_>>()
             .expect("plan rows");
-        let plan = plan.join("; ");
-        assert!(plan.contains("jobs_queue_state_updated"), "{plan}");
+        plan.join("; ")
+    }
+
+    #[test]
+    fn a_batch_walks_the_index_without_sorting_the_backlog() {
+        let (clause, _) = PruneScope::Queue("q".into()).clause(4);
+        let plan = plan(
+            &format!(
+                "SELECT id FROM jobs WHERE {} AND state = ?1 AND updated_at < ?2 \
+                 AND {clause} ORDER BY updated_at, id LIMIT ?3",
+                sqlite::ENDED
+            ),
+            rusqlite::params!["succeeded", 0, 10, "q"],
+        );
+        assert!(plan.contains("jobs_queue_ended"), "{plan}");
         assert!(!plan.contains("TEMP B-TREE"), "a sort per batch: {plan}");
+    }
+
+    #[test]
+    fn the_oldest_finished_job_is_one_index_lookup() {
+        let (clause, _) = PruneScope::Queue("q".into()).clause(2);
+        let plan = plan(
+            &format!(
+                "SELECT MIN(updated_at) FROM jobs WHERE {} AND state = ?1 AND {clause}",
+                sqlite::ENDED
+            ),
+            rusqlite::params!["succeeded", "q"],
+        );
+        assert!(plan.contains("COVERING INDEX jobs_queue_ended"), "{plan}");
     }
 }

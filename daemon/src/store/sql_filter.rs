@@ -19,6 +19,10 @@ pub(crate) struct Dialect {
     pub contains: fn(&str) -> String,
     /// The jobs table (for the cursor of [`JobOrder::RecentlyUpdated`]).
     pub jobs: &'static str,
+    /// The condition of an index over only the ended and dead jobs, as a term over
+    /// `j`, if the backend has one: a filter for one of those states repeats it so
+    /// the planner may use that index (SQLite uses a partial index only then).
+    pub ended: Option<&'static str>,
 }
 
 /// A value to bind, in placeholder order.
@@ -51,7 +55,10 @@ pub(crate) fn tail(filter: &JobFilter, d: &Dialect) -> (String, Vec<Arg>) {
             Arg::Text(state.as_str().into()),
         ),
         Some(state) => add(
-            &|p| format!("j.state = {p}"),
+            &|p| match d.ended {
+                Some(ended) => format!("{ended} AND j.state = {p}"),
+                None => format!("j.state = {p}"),
+            },
             Arg::Text(state.as_str().into()),
         ),
         None => {}
@@ -102,6 +109,7 @@ mod tests {
         leased: "j.lease IS NOT NULL",
         contains: |p| format!("strpos(j.last_error, {p}) > 0"),
         jobs: "t",
+        ended: None,
     };
 
     #[test]
@@ -133,6 +141,26 @@ mod tests {
                 Arg::Id(after),
                 Arg::Int(5)
             ]
+        );
+    }
+
+    #[test]
+    fn a_dead_or_ended_state_repeats_the_dialects_index_condition() {
+        let with_index = Dialect {
+            ended: Some("j.state IN ('dead')"),
+            ..DOLLAR
+        };
+        let dead = JobFilter {
+            state: Some(State::Dead),
+            ..JobFilter::default()
+        };
+        assert_eq!(
+            tail(&dead, &with_index).0,
+            " WHERE j.state IN ('dead') AND j.state = $1 ORDER BY j.id LIMIT $2"
+        );
+        assert_eq!(
+            tail(&dead, &DOLLAR).0,
+            " WHERE j.state = $1 ORDER BY j.id LIMIT $2"
         );
     }
 
