@@ -71,7 +71,8 @@
 //! every transition, and stored leases; migration 2 splits it (a stored lease becomes
 //! `ready`: its holder was an earlier run); migration 3 narrows the state index to
 //! ended and dead jobs (listing `ready` or `delayed` jobs of a queue scans the
-//! table). Payloads and history rows are deleted with
+//! table) and copies `jobs` once to respell its `state` CHECK (see `V3` in
+//! `store/sqlite.rs`). Payloads and history rows are deleted with
 //! their job by the same statement batch (no foreign keys).
 //!
 //! Pragmas on every open: `journal_mode=WAL`, `synchronous=FULL`, `temp_store=MEMORY`,
