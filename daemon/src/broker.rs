@@ -333,6 +333,11 @@ pub enum BrokerMsg {
     Resync(Resync),
     /// Per-queue counts of unfinished jobs.
     Counts(RpcReplyPort<HashMap<Arc<str>, QueueCounts>>),
+    /// One queue's unfinished jobs this Broker holds, counted per tenant and state
+    /// (ready, delayed, leased, dead), rows ordered as [`crate::store::sort_counts`]
+    /// orders them; empty for an unknown queue. The whole truth only where this
+    /// node is the store's one writer (SQLite); `qctl top` asks the store otherwise.
+    TenantCounts(String, RpcReplyPort<Vec<(String, State, u64)>>),
     /// Per-queue DLQ depth and oldest death (queues with no dead job are absent).
     DlqStats(RpcReplyPort<HashMap<Arc<str>, DlqStats>>),
     /// Stop taking enqueues (graceful shutdown).
@@ -595,6 +600,9 @@ impl BrokerState {
             BrokerMsg::Resync(what) => state.resync(what),
             BrokerMsg::Counts(reply) => {
                 let _ = reply.send(state.counts());
+            }
+            BrokerMsg::TenantCounts(queue, reply) => {
+                let _ = reply.send(state.tenant_counts(&queue));
             }
             BrokerMsg::DlqStats(reply) => {
                 let _ = reply.send(state.dlq_stats());

@@ -7,8 +7,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use qd_proto::{DlqSelection, ErrorBody, ErrorCode, JobPayload, Response, TopInfo, TopQueue};
 
-use super::{DEFAULT_LIMIT, Handler, MAX_LIMIT, err, parse_id, since_ms, views};
-use crate::broker::BrokerError;
+use super::{CALL, DEFAULT_LIMIT, Handler, MAX_LIMIT, err, parse_id, since_ms, views};
+use crate::broker::{self, BrokerError, BrokerMsg};
 use crate::job::{Job, State};
 use crate::store::{JobDetail as StoredJob, JobFilter, JobOrder};
 
@@ -122,18 +122,28 @@ impl Handler {
             })
             .collect();
         let tenants = match tenants_of {
-            Some(queue) => {
-                let counts = self
-                    .daemon
-                    .store
-                    .run(move |b| b.tenant_counts(&queue))
-                    .await
-                    .map_err(BrokerError::from)?;
-                views::tenant_counts(&counts)
-            }
+            Some(queue) => views::tenant_counts(&self.tenant_counts(queue).await?),
             None => Vec::new(),
         };
         Ok(Response::Top(TopInfo { queues, tenants }))
+    }
+
+    /// One queue's unfinished jobs per tenant and state, for `top` (asked every
+    /// second while it runs). With SQLite the Broker holds every unfinished job, so
+    /// its memory answers: the store has no index of unfinished jobs by queue (the
+    /// hot path writes none), and a count there scans the table on the writer
+    /// thread. A shared store (PostgreSQL) counts every node's jobs.
+    async fn tenant_counts(&self, queue: String) -> Result<Vec<(String, State, u64)>, ErrorBody> {
+        if self.daemon.store.leases_are_local() {
+            return broker::request(|reply| BrokerMsg::TenantCounts(queue, reply), CALL)
+                .await
+                .map_err(ErrorBody::from);
+        }
+        self.daemon
+            .store
+            .run(move |b| b.tenant_counts(&queue))
+            .await
+            .map_err(|e| ErrorBody::from(BrokerError::from(e)))
     }
 
     /// The store filter of a DLQ listing: dead jobs, most recently dead first.

@@ -1164,6 +1164,20 @@ impl BrokerState {
         self.counts.clone()
     }
 
+    /// See [`super::BrokerMsg::TenantCounts`]: one pass over the queue's jobs.
+    pub(super) fn tenant_counts(&self, queue: &str) -> Vec<(String, State, u64)> {
+        let mut by: HashMap<(&Arc<str>, State), u64> = HashMap::new();
+        for job in self.jobs.in_queue(queue) {
+            *by.entry((job.tenant, job.state)).or_default() += 1;
+        }
+        let mut counts: Vec<(String, State, u64)> = by
+            .into_iter()
+            .map(|((tenant, state), n)| (tenant.to_string(), state, n))
+            .collect();
+        crate::store::sort_counts(&mut counts);
+        counts
+    }
+
     pub(super) fn dlq_stats(&self) -> HashMap<Arc<str>, DlqStats> {
         self.dead
             .iter()

@@ -328,3 +328,42 @@ async fn recovery_in_runs_counts_interns_and_snapshots_as_one_job_at_a_time() {
     broker.stop(None);
     let _ = broker_task.await;
 }
+
+#[tokio::test]
+async fn a_queues_tenant_counts_come_from_memory_per_tenant_and_state() {
+    let (broker, broker_task) = Actor::spawn(None, Inert, ()).await.expect("inert broker");
+    let mut jobs = Vec::new();
+    for (queue, tenant, held) in [
+        ("q", "zeta", State::Dead),
+        ("q", "acme", State::Ready),
+        ("q", "acme", State::Ready),
+        ("q", "acme", State::Delayed),
+        ("q", "zeta", State::Ready),
+        ("other", "acme", State::Ready),
+    ] {
+        let mut job = ready_job(queue);
+        job.tenant = tenant.into();
+        job.state = held;
+        jobs.push(job);
+    }
+    let mut state = state("q", broker.clone());
+    state.recover(jobs.clone(), None);
+    state.lease_one(jobs[2].id, "w/1", 2_000).expect("lease");
+
+    let row = |tenant: &str, held: State, n: u64| (tenant.to_owned(), held, n);
+    assert_eq!(
+        state.tenant_counts("q"),
+        vec![
+            row("acme", State::Delayed, 1),
+            row("acme", State::Ready, 1),
+            row("acme", State::Leased, 1),
+            row("zeta", State::Ready, 1),
+            row("zeta", State::Dead, 1),
+        ],
+        "tenants in name order, states in State::ALL order; the other queue's job apart"
+    );
+    assert!(state.tenant_counts("unknown").is_empty());
+
+    broker.stop(None);
+    let _ = broker_task.await;
+}
