@@ -55,7 +55,7 @@
 //!   UNIQUE (queue, idempotency_key) WHERE idempotency_key IS NOT NULL
 //!   INDEX (queue, state, updated_at) WHERE state NOT IN (ready delayed)
 //!                                      -- prune, DLQ views, list_jobs of those states;
-//!                                      -- a job's enqueue and ack write no entry
+//!                                      -- an enqueue writes no entry, an ack one
 //! payloads(job_id BLOB(16) PK, body BLOB)              STRICT, WITHOUT ROWID
 //!                                      -- written once at enqueue, read at claim
 //! history(job_id BLOB, seq INTEGER, attempt INTEGER, outcome TEXT, worker TEXT NULL,

@@ -61,6 +61,24 @@ impl PruneScope {
     }
 }
 
+/// [`finished_ids`]'s query: state `?1`, finished before `?2`, at most `?3` ids, the
+/// scope's `clause` from `?4` on.
+fn finished_ids_sql(clause: &str) -> String {
+    format!(
+        "SELECT id FROM jobs WHERE {} AND state = ?1 AND updated_at < ?2 AND {clause} \
+         ORDER BY updated_at, id LIMIT ?3",
+        sqlite::ENDED
+    )
+}
+
+/// [`oldest_finished`]'s query: state `?1`, the scope's `clause` from `?2` on.
+fn oldest_finished_sql(clause: &str) -> String {
+    format!(
+        "SELECT MIN(updated_at) FROM jobs WHERE {} AND state = ?1 AND {clause}",
+        sqlite::ENDED
+    )
+}
+
 /// The ids of at most `limit` finished jobs of `scope` older than `before`, in the
 /// order a prune deletes them; see `Backend::prune_finished`.
 pub fn finished_ids(
@@ -70,12 +88,7 @@ pub fn finished_ids(
     limit: u32,
 ) -> rusqlite::Result<Vec<JobId>> {
     let (clause, names) = scope.clause(4);
-    let sql = format!(
-        "SELECT id FROM jobs WHERE {} AND state = ?1 AND updated_at < ?2 AND {clause} \
-         ORDER BY updated_at, id LIMIT ?3",
-        sqlite::ENDED
-    );
-    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut stmt = conn.prepare_cached(&finished_ids_sql(&clause))?;
     let mut ids = Vec::new();
     for state in FINISHED {
         let left = u64::from(limit) - ids.len() as u64;
@@ -104,11 +117,7 @@ pub fn oldest_finished(
     scope: &PruneScope,
 ) -> rusqlite::Result<Option<UnixMillis>> {
     let (clause, names) = scope.clause(2);
-    let sql = format!(
-        "SELECT MIN(updated_at) FROM jobs WHERE {} AND state = ?1 AND {clause}",
-        sqlite::ENDED
-    );
-    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut stmt = conn.prepare_cached(&oldest_finished_sql(&clause))?;
     let mut oldest: Option<UnixMillis> = None;
     for state in FINISHED {
         let mut args = vec![Value::Text(state.as_str().into())];
@@ -146,11 +155,7 @@ mod tests {
     fn a_batch_walks_the_index_without_sorting_the_backlog() {
         let (clause, _) = PruneScope::Queue("q".into()).clause(4);
         let plan = plan(
-            &format!(
-                "SELECT id FROM jobs WHERE {} AND state = ?1 AND updated_at < ?2 \
-                 AND {clause} ORDER BY updated_at, id LIMIT ?3",
-                sqlite::ENDED
-            ),
+            &finished_ids_sql(&clause),
             rusqlite::params!["succeeded", 0, 10, "q"],
         );
         assert!(plan.contains("jobs_queue_ended"), "{plan}");
@@ -161,10 +166,7 @@ mod tests {
     fn the_oldest_finished_job_is_one_index_lookup() {
         let (clause, _) = PruneScope::Queue("q".into()).clause(2);
         let plan = plan(
-            &format!(
-                "SELECT MIN(updated_at) FROM jobs WHERE {} AND state = ?1 AND {clause}",
-                sqlite::ENDED
-            ),
+            &oldest_finished_sql(&clause),
             rusqlite::params!["succeeded", "q"],
         );
         assert!(plan.contains("COVERING INDEX jobs_queue_ended"), "{plan}");
