@@ -75,7 +75,7 @@ CREATE TABLE overrides (
 /// table written once, history without a foreign key (deleted with its job by the
 /// same statements). A lease stored by version 1 was held by an earlier run: its job
 /// becomes `ready` (redelivered), keeping its `lease_seq` so old tokens stay stale.
-const V2: &str = "
+pub(super) const V2: &str = "
 CREATE TABLE jobs_v2 (
     id              BLOB    PRIMARY KEY NOT NULL CHECK (length(id) = 16),
     queue           TEXT    NOT NULL,

@@ -957,6 +957,82 @@ fn a_version_1_database_is_migrated_keeping_its_jobs_payloads_and_history() {
 }
 
 #[test]
+fn a_version_2_database_is_migrated_keeping_every_job_and_the_rules_on_its_rows() {
+    let (_dir, path) = temp_db();
+    let raw = Connection::open(&path).expect("raw connection");
+    raw.execute_batch(sqlite::V1).expect("version 1 schema");
+    raw.execute_batch(sqlite::V2).expect("version 2 schema");
+    raw.execute_batch(
+        "PRAGMA user_version = 2;
+         INSERT INTO jobs VALUES (x'00000000000000000000000000000001', 'q', 'acme', 'k',
+             'ready', 0, 0, 5, 1, 1000, 1000, 1000, NULL);
+         INSERT INTO jobs VALUES (x'00000000000000000000000000000002', 'q', 'acme', NULL,
+             'dead', 3, 0, 3, 3, 1000, 1000, 1600, 'boom');
+         INSERT INTO jobs VALUES (x'00000000000000000000000000000003', 'q', 'zeta', NULL,
+             'succeeded', 1, 0, 3, 1, 1000, 1000, 1700, NULL);
+         INSERT INTO jobs VALUES (x'00000000000000000000000000000004', 'q', 'zeta', NULL,
+             'delayed', 1, 0, 3, 1, 1000, 9000, 1800, 'exit 75');
+         INSERT INTO payloads VALUES (x'00000000000000000000000000000001', x'6869');
+         INSERT INTO payloads VALUES (x'00000000000000000000000000000002', x'');
+         INSERT INTO payloads VALUES (x'00000000000000000000000000000003', x'');
+         INSERT INTO payloads VALUES (x'00000000000000000000000000000004', x'');
+         INSERT INTO history VALUES (x'00000000000000000000000000000002', 1, 1, 'failed',
+             'q/1', 1100, 1200, 'boom');",
+    )
+    .expect("version 2 rows");
+    drop(raw);
+    let store = open(&path);
+
+    let counts = block(&store, |b| b.counts()).expect("counts");
+    assert_eq!(
+        counts,
+        vec![
+            ("q".to_owned(), State::Delayed, 1),
+            ("q".to_owned(), State::Ready, 1),
+            ("q".to_owned(), State::Succeeded, 1),
+            ("q".to_owned(), State::Dead, 1),
+        ]
+    );
+    let dead = block(&store, |b| {
+        b.list_jobs(&JobFilter {
+            queue: Some("q".into()),
+            state: Some(State::Dead),
+            order: JobOrder::RecentlyUpdated,
+            limit: 10,
+            ..JobFilter::default()
+        })
+    })
+    .expect("dead listing");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].last_error.as_deref(), Some("boom"));
+    let second = JobId(Uuid::from_u128(2));
+    let detail = block(&store, move |b| b.job(second))
+        .expect("read")
+        .expect("dead job kept");
+    assert_eq!(detail.history.len(), 1);
+    let again = job(9, "q", Some("k"));
+    assert_eq!(
+        block(&store, move |b| insert(b, &again, b"hi")),
+        Ok(Inserted::Duplicate {
+            id: JobId(Uuid::from_u128(1)),
+            same_payload: true
+        }),
+        "the key index survived"
+    );
+    drop(store);
+    let raw = Connection::open(&path).expect("raw connection");
+    let version: u32 = raw
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, sqlite::SCHEMA_VERSION);
+    let refused = raw.execute(
+        "UPDATE jobs SET state = 'leased' WHERE id = x'00000000000000000000000000000001'",
+        [],
+    );
+    assert!(refused.is_err(), "the state CHECK holds: {refused:?}");
+}
+
+#[test]
 fn redrive_with_payload_replaces_the_payload_only_of_a_dead_job_and_notes_both_digests() {
     let (_dir, path) = temp_db();
     let store = open(&path);
