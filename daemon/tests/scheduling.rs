@@ -689,10 +689,15 @@ fn a_limiter_retuned_live_applies_at_once_and_an_external_throttle_pauses_it() {
             "50",
         ],
     );
+    let asked = Instant::now();
     let leased = lease_within(&qd, "lim", 60).len();
+    // At 1000/s a token comes back every millisecond while the request is served:
+    // on a busy machine (or through PostgreSQL's bucket) that adds a few. More
+    // than that would be a second bucket, or the old 1/s rate still in force.
+    let refilled = usize::try_from(asked.elapsed().as_millis()).unwrap_or(usize::MAX);
     assert!(
-        (50..=53).contains(&leased),
-        "a full bucket of 50, got {leased}"
+        (50..=53usize.saturating_add(refilled)).contains(&leased),
+        "a full bucket of 50 (+ {refilled} ms of refill), got {leased}"
     );
     let shown = String::from_utf8_lossy(&qctl_ok(&qd, &["limits", "show"]).stdout).to_string();
     assert!(shown.contains("l: 1000/s burst 50 (override)"), "{shown}");
