@@ -308,9 +308,10 @@ fn a_small_tenant_waits_a_few_job_durations_behind_a_big_backlog_and_costs_it_li
     );
     // B adds 10 x 100 ms of work to A's 500 x 100 ms (2%). Quiet 2-core runs
     // measured +4% and +7%; two runs on a loaded machine differ by more than that
-    // on their own, so the bound is 35% (3.5 s of idle workers): a scheduler that
-    // leaves workers idle for fairness idles them for most of A's backlog.
-    assert!(slowdown <= 0.35, "A slowed by {:.1}%", slowdown * 100.0);
+    // on their own (+41% once on PostgreSQL with two CPU hogs beside the suite:
+    // 16.2 s alone, 22.9 s with B), so the bound is 60%: a scheduler that leaves
+    // workers idle for fairness idles them for most of A's backlog (+100% and more).
+    assert!(slowdown <= 0.60, "A slowed by {:.1}%", slowdown * 100.0);
 }
 
 /// The tenants of the next `n` jobs leased (100 at a time) from an external queue,
