@@ -138,17 +138,9 @@ mod tests {
     /// The query plan of `sql` over a database at the newest schema.
     fn plan(sql: &str, args: impl rusqlite::Params) -> String {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = sqlite::SqliteBackend::open(&dir.path().join("qd.db"), &Default::default())
-            .expect("open");
-        let plan: Vec<String> = store
-            .connection()
-            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-            .expect("plan")
-            .query_map(args, |r| r.get::<_, String>(3))
-            .expect("rows")
-            .collect::<rusqlite::Result<_>>()
-            .expect("plan rows");
-        plan.join("; ")
+        sqlite::SqliteBackend::open(&dir.path().join("qd.db"), &Default::default())
+            .expect("open")
+            .query_plan(sql, args)
     }
 
     #[test]

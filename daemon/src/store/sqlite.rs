@@ -372,10 +372,19 @@ impl SqliteBackend {
         self.conn.execute_batch(LEASES)
     }
 
-    /// The connection, for tests that ask SQLite itself (query plans).
+    /// SQLite's plan for `sql` with `args`, one `; `-separated line per step: for
+    /// tests that check which index a query walks.
     #[cfg(test)]
-    pub(crate) fn connection(&self) -> &Connection {
-        &self.conn
+    pub(crate) fn query_plan(&self, sql: &str, args: impl rusqlite::Params) -> String {
+        let plan: Vec<String> = self
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("plan")
+            .query_map(args, |r| r.get::<_, String>(3))
+            .expect("rows")
+            .collect::<rusqlite::Result<_>>()
+            .expect("plan rows");
+        plan.join("; ")
     }
 
     /// Applies the missing migrations, each in its own transaction with its version bump.
@@ -812,6 +821,20 @@ const INSERT_HISTORY: &str = "INSERT INTO history \
      (job_id, seq, attempt, outcome, worker, started_at, ended_at, error) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
 
+/// The `list_jobs` query for `filter` and the values to bind to it.
+fn list_sql(filter: &JobFilter) -> (String, Vec<Value>) {
+    let (tail, args) = sql_filter::tail(filter, &DIALECT);
+    let args = args
+        .into_iter()
+        .map(|arg| match arg {
+            Arg::Text(text) => Value::Text(text),
+            Arg::Int(n) => Value::Integer(n),
+            Arg::Id(id) => Value::Blob(id_bytes(id).to_vec()),
+        })
+        .collect();
+    (format!("SELECT {JOB_COLUMNS} FROM {JOINED}{tail}"), args)
+}
+
 /// Runs the prepared [`RECORD_LEASE`] for `job`; answers whether it recorded.
 fn record_lease(record: &mut CachedStatement<'_>, job: &Job) -> rusqlite::Result<bool> {
     let claimed = record.execute(params![
@@ -1038,16 +1061,8 @@ impl Backend for SqliteBackend {
     }
 
     fn list_jobs(&mut self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
-        let (tail, args) = sql_filter::tail(filter, &DIALECT);
-        let args = args
-            .into_iter()
-            .map(|arg| match arg {
-                Arg::Text(text) => Value::Text(text),
-                Arg::Int(n) => Value::Integer(n),
-                Arg::Id(id) => Value::Blob(id_bytes(id).to_vec()),
-            })
-            .collect();
-        self.query_jobs(&format!("SELECT {JOB_COLUMNS} FROM {JOINED}{tail}"), args)
+        let (sql, args) = list_sql(filter);
+        self.query_jobs(&sql, args)
     }
 
     fn set_override(
@@ -1185,29 +1200,6 @@ mod tests {
         (dir, backend)
     }
 
-    /// SQLite's plan for `list_jobs(filter)`, one line per step.
-    fn list_plan(backend: &SqliteBackend, filter: &JobFilter) -> String {
-        let (tail, args) = sql_filter::tail(filter, &DIALECT);
-        let args: Vec<Value> = args
-            .into_iter()
-            .map(|arg| match arg {
-                Arg::Text(text) => Value::Text(text),
-                Arg::Int(n) => Value::Integer(n),
-                Arg::Id(id) => Value::Blob(id_bytes(id).to_vec()),
-            })
-            .collect();
-        let sql = format!("EXPLAIN QUERY PLAN SELECT {JOB_COLUMNS} FROM {JOINED}{tail}");
-        let plan: Vec<String> = backend
-            .conn
-            .prepare(&sql)
-            .expect("plan")
-            .query_map(params_from_iter(args), |r| r.get::<_, String>(3))
-            .expect("rows")
-            .collect::<rusqlite::Result<_>>()
-            .expect("plan rows");
-        plan.join("; ")
-    }
-
     #[test]
     fn listing_a_queues_dead_or_ended_jobs_walks_the_index_of_ended_jobs() {
         let (_dir, backend) = backend();
@@ -1219,7 +1211,8 @@ mod tests {
                 limit: 50,
                 ..JobFilter::default()
             };
-            let plan = list_plan(&backend, &filter);
+            let (sql, args) = list_sql(&filter);
+            let plan = backend.query_plan(&sql, params_from_iter(args));
             assert!(plan.contains("INDEX jobs_queue_ended"), "{state:?}: {plan}");
             assert!(!plan.contains("TEMP B-TREE"), "{state:?} sorts: {plan}");
         }
