@@ -371,10 +371,25 @@ impl Qd {
 }
 
 impl Drop for Qd {
+    /// Kills the daemon; when the test is failing, prints the end of its log first
+    /// (the temp dir holding it is removed right after).
     fn drop(&mut self) {
         self.kill9();
+        if std::thread::panicking() {
+            let log = self.logs();
+            let tail: Vec<&str> = log.lines().rev().take(LOG_TAIL_LINES).collect();
+            eprintln!(
+                "--- the last {} lines of qd's log ({}) ---",
+                tail.len(),
+                self.log.display()
+            );
+            tail.iter().rev().for_each(|line| eprintln!("{line}"));
+        }
     }
 }
+
+/// How much of a daemon's log a failing test prints.
+const LOG_TAIL_LINES: usize = 60;
 
 /// The outcomes of a job's history, in order (`["failed", "succeeded"]`).
 pub fn history(job: &Value) -> Vec<&str> {
