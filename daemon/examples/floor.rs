@@ -13,9 +13,10 @@
 //!   record is on disk.
 //!
 //! Durability is a group commit: one writer thread appends every record queued since
-//! its last commit to a preallocated log file (`floor.log` in the temp dir, 64 MiB,
-//! overwritten in a ring) with one `pwrite` and one `fdatasync`, then answers them
-//! all. `FLOOR_FSYNC=0` skips the `fdatasync` (the cost of HTTP and the queue alone).
+//! its last commit to a log file (`$TMPDIR/qd-floor-<pid>/floor.log`, 64 MiB written
+//! with zeros at start so that no commit allocates blocks, overwritten in a ring) with
+//! one `pwrite` and one `fdatasync`, then answers them all. `FLOOR_FSYNC=0` skips the
+//! `fdatasync` (the cost of HTTP and the queue alone).
 //!
 //! Run: `cargo run --release -p qd --example floor -- 127.0.0.1:17581`, or
 //! `daemon/benches/floor.sh`, which drives it with the load generator and prints its
@@ -114,7 +115,9 @@ async fn lease(
     Path(_queue): Path<String>,
     Json(body): Json<Value>,
 ) -> Json<Value> {
-    let max = usize::try_from(body["max_jobs"].as_u64().unwrap_or(1)).unwrap_or(1);
+    let max = usize::try_from(body["max_jobs"].as_u64().unwrap_or(1))
+        .unwrap_or(1)
+        .max(1);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
     loop {
         let arrived = floor.arrived.notified();
@@ -157,7 +160,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("qd-floor-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let file = File::create(dir.join("floor.log"))?;
-    file.set_len(LOG_BYTES)?;
+    let zeros = vec![0u8; 1 << 20];
+    for chunk in 0..LOG_BYTES / zeros.len() as u64 {
+        file.write_all_at(&zeros, chunk * zeros.len() as u64)?;
+    }
     file.sync_all()?;
     let (log, records) = mpsc::channel();
     std::thread::Builder::new()
