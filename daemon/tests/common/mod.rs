@@ -160,8 +160,28 @@ impl Qd {
         }
     }
 
-    /// Starts the daemon process and waits until its API answers.
+    /// Starts the daemon process and waits until its API answers. The daemon counts
+    /// as up only once its own log (since this start) says its API listener is
+    /// bound: a port picked by [`free_port`] can be taken by another process before
+    /// qd binds it, and then another test's daemon would answer `/healthz`. If qd
+    /// could not bind a port, it is started again on fresh ports (a few times).
     pub fn spawn(&mut self, env: &[(&str, &str)]) {
+        for _ in 0..PORT_TRIES {
+            let from = self.logs().len();
+            self.spawn_once(env);
+            if self.wait_up(from) {
+                return;
+            }
+            self.kill9();
+            self.move_ports();
+        }
+        panic!(
+            "qd could not bind its ports in {PORT_TRIES} tries:\n{}",
+            self.logs()
+        );
+    }
+
+    fn spawn_once(&mut self, env: &[(&str, &str)]) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -178,22 +198,27 @@ impl Qd {
             cmd.env(k, v);
         }
         self.child = Some(cmd.spawn().expect("spawn qd"));
+    }
+
+    /// Waits until the daemon started at log offset `from` serves its API (true) or
+    /// failed to bind a port (false); panics if it exits or stays down for 30 s.
+    fn wait_up(&mut self, from: usize) -> bool {
         let url = format!("{}/healthz", self.api);
         let agent = self.agent.clone();
         let start = Instant::now();
         loop {
-            if agent.get(&url).call().is_ok_and(|r| r.status() == 200) {
+            let log = self.logs().get(from..).unwrap_or_default().to_owned();
+            if BIND_FAILURES.iter().any(|failure| log.contains(failure)) {
+                return false;
+            }
+            if log.contains(API_BOUND) && agent.get(&url).call().is_ok_and(|r| r.status() == 200) {
                 let on = if self.database.is_some() {
                     "PostgreSQL database"
                 } else {
                     "SQLite"
                 };
-                assert!(
-                    self.logs().contains(on),
-                    "qd is not on {on}:\n{}",
-                    self.logs()
-                );
-                return;
+                assert!(log.contains(on), "qd is not on {on}:\n{log}");
+                return true;
             }
             if let Some(status) = self
                 .child
@@ -209,6 +234,31 @@ impl Qd {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Rewrites the config onto fresh API and metrics ports.
+    fn move_ports(&mut self) {
+        let port = |url: &str| {
+            url.trim_start_matches("http://127.0.0.1:")
+                .split('/')
+                .next()
+                .expect("a port")
+                .to_owned()
+        };
+        let (api, metrics) = (free_port(), free_port());
+        let text = std::fs::read_to_string(&self.config)
+            .expect("read config")
+            .replace(
+                &format!("127.0.0.1:{}\"", port(&self.api)),
+                &format!("127.0.0.1:{api}\""),
+            )
+            .replace(
+                &format!("127.0.0.1:{}\"", port(&self.metrics)),
+                &format!("127.0.0.1:{metrics}\""),
+            );
+        std::fs::write(&self.config, text).expect("write config");
+        self.api = format!("http://127.0.0.1:{api}");
+        self.metrics = format!("http://127.0.0.1:{metrics}/metrics");
     }
 
     /// The daemon's log so far.
@@ -387,6 +437,16 @@ impl Drop for Qd {
         }
     }
 }
+
+/// How many times [`Qd::spawn`] starts a daemon that could not bind its ports.
+const PORT_TRIES: usize = 3;
+/// What qd logs once its HTTP API listener is bound (`api.rs`).
+const API_BOUND: &str = "HTTP API listening.";
+/// What qd logs when it cannot bind the API or the metrics port.
+const BIND_FAILURES: [&str; 2] = [
+    "cannot listen on api_listen",
+    "cannot listen for Prometheus scrapes",
+];
 
 /// How much of a daemon's log a failing test prints.
 const LOG_TAIL_LINES: usize = 60;
