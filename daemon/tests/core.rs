@@ -458,3 +458,33 @@ fn json_bodies_are_read_whatever_their_content_type_as_curl_sends_them() {
     assert!(status_line.starts_with("HTTP/1.1 200"), "{status_line}");
     assert_eq!(qd.job(&id)["state"], "leased");
 }
+
+/// The harness's own guard: a port taken between its pick and qd's bind makes qd
+/// exit 1 ("cannot listen on api_listen"); the harness must not take another
+/// process's answer on that port for this daemon's, and starts it on fresh ports.
+#[test]
+fn a_daemon_whose_api_port_was_taken_is_started_again_on_fresh_ports() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut qd = Qd::configure(
+        dir,
+        "[queues.q]\nexecutor = { kind = \"external\" }\n",
+        "3s",
+    );
+    let taken = qd.api.clone();
+    let port: u16 = taken
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a port");
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", port)).expect("take the port");
+    qd.spawn(&[]);
+    assert_ne!(qd.api, taken, "the daemon moved to a fresh port");
+    assert!(
+        qd.logs().contains("cannot listen on api_listen"),
+        "the first start failed to bind:\n{}",
+        qd.logs()
+    );
+    let id = qd.enqueue("q", "hello");
+    assert_eq!(qd.job(&id)["state"], "ready");
+    drop(squatter);
+}

@@ -225,6 +225,11 @@ impl Qd {
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
+                // It may have logged why between the read above and its exit.
+                let log = self.logs().get(from..).unwrap_or_default().to_owned();
+                if BIND_FAILURES.iter().any(|failure| log.contains(failure)) {
+                    return false;
+                }
                 panic!("qd exited during start-up with {status}:\n{}", self.logs());
             }
             assert!(
