@@ -529,10 +529,11 @@ fn a_tenants_max_concurrency_holds_across_two_nodes_while_another_tenant_flows()
     // `held` counts the tenant's jobs leased out: raised once a lease arrived,
     // lowered before its ack is sent, so it never runs ahead of the store.
     // `consumers_held` is the most the six consumers held at once.
-    let held = Arc::new(AtomicUsize::new(0));
-    let most_held = Arc::new(AtomicUsize::new(0));
-    let consumers_held = Arc::new(AtomicUsize::new(0));
-    let by_node: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
+    let held = AtomicUsize::new(0);
+    let most_held = AtomicUsize::new(0);
+    let consumers_held = AtomicUsize::new(0);
+    let by_node: Mutex<Vec<(String, usize)>> = Mutex::default();
+    let is_capped = |job: &Value| job["tenant"] == "capped";
     let lease = |qd: &Qd, worker: &str| -> Vec<Value> {
         let (status, body) = qd.post(
             "/v1/queues/ext/leases",
@@ -553,7 +554,7 @@ fn a_tenants_max_concurrency_holds_across_two_nodes_while_another_tenant_flows()
     // Records a lease's jobs; answers how many are capped and how many of the
     // tenant's jobs were leased out with them.
     let record = |jobs: &[Value], node: usize| {
-        let capped = jobs.iter().filter(|j| j["tenant"] == "capped").count();
+        let capped = jobs.iter().filter(|j| is_capped(j)).count();
         let now = held.fetch_add(capped, Ordering::SeqCst) + capped;
         most_held.fetch_max(now, Ordering::SeqCst);
         let mut by_node = by_node.lock().expect("lock");
@@ -563,7 +564,6 @@ fn a_tenants_max_concurrency_holds_across_two_nodes_while_another_tenant_flows()
         );
         (capped, now)
     };
-    let is_capped = |job: &Value| job["tenant"] == "capped";
     // Step by step first, with no consumer racing, so the nodes contend for the cap
     // on every run, busy machine or quiet (left to the consumers, one node may keep
     // every slot: a node refused for the cap waits for its next poll, the holder

@@ -207,9 +207,17 @@ impl Qd {
         let agent = self.agent.clone();
         let start = Instant::now();
         loop {
+            // Exit status first, then the log: a daemon that exits has logged why.
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
             let log = self.logs().get(from..).unwrap_or_default().to_owned();
             if BIND_FAILURES.iter().any(|failure| log.contains(failure)) {
                 return false;
+            }
+            if let Some(status) = exited {
+                panic!("qd exited during start-up with {status}:\n{}", self.logs());
             }
             if log.contains(API_BOUND) && agent.get(&url).call().is_ok_and(|r| r.status() == 200) {
                 let on = if self.database.is_some() {
@@ -219,18 +227,6 @@ impl Qd {
                 };
                 assert!(log.contains(on), "qd is not on {on}:\n{log}");
                 return true;
-            }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                // It may have logged why between the read above and its exit.
-                let log = self.logs().get(from..).unwrap_or_default().to_owned();
-                if BIND_FAILURES.iter().any(|failure| log.contains(failure)) {
-                    return false;
-                }
-                panic!("qd exited during start-up with {status}:\n{}", self.logs());
             }
             assert!(
                 start.elapsed() < Duration::from_secs(30),
