@@ -17,10 +17,13 @@
 //! leases of an earlier run died with it) and pushes its view to the schedulers,
 //! the reaper and the Dlq, which are rebuilt from it.
 //!
-//! The broker never awaits the store inside `handle`: writes are submitted with a
-//! completion, so one slow fsync never stalls the mailbox.
+//! The broker never awaits the store inside `handle`: its state ([`BrokerState`])
+//! returns each message's store operations, with their completions, as effects
+//! (`broker/effects.rs`), which the actor submits to the writer thread; a completion
+//! comes back as a message, so one slow fsync never stalls the mailbox.
 
 mod deadlines;
+mod effects;
 mod events;
 mod hot;
 mod state;
@@ -40,6 +43,7 @@ use crate::job::{Failure, Job, JobId, State, Token, TransitionError, UnixMillis}
 use crate::limits::Limits;
 use crate::store::{Inserted, Store, StoreError};
 
+use effects::Effects;
 use state::BrokerState;
 pub use state::{DlqStats, QueueCounts, Settle};
 
@@ -491,19 +495,27 @@ pub fn cast(msg: BrokerMsg) {
     }
 }
 
-/// The broker actor (stateless handle; its state is [`BrokerState`]).
+/// The broker actor (stateless handle; its state is [`Running`]).
 pub struct Broker;
+
+/// The running Broker: its state, and where that state's effects go.
+pub struct Running {
+    state: BrokerState,
+    store: Store,
+    /// Completions' messages to this actor.
+    back: effects::Back,
+}
 
 impl Actor for Broker {
     type Msg = BrokerMsg;
-    type State = BrokerState;
+    type State = Running;
     type Arguments = BrokerArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<BrokerMsg>,
         args: BrokerArgs,
-    ) -> Result<BrokerState, ActorProcessingErr> {
+    ) -> Result<Running, ActorProcessingErr> {
         let keep_leases = args.restarted.then(Instant::now);
         let store = args.store.clone();
         let mut state = BrokerState::new(args, StdRng::from_os_rng(), myself.clone());
@@ -527,16 +539,20 @@ impl Actor for Broker {
         crate::metrics::store_writable(true);
         state.push_all();
         myself.send_interval(state::PROBE_EVERY, || BrokerMsg::Probe);
-        Ok(state)
+        let back: effects::Back = Arc::new(move |msg| {
+            let _ = myself.cast(msg);
+        });
+        Ok(Running { state, store, back })
     }
 
     async fn handle(
         &self,
         _myself: ActorRef<BrokerMsg>,
         msg: BrokerMsg,
-        state: &mut BrokerState,
+        running: &mut Running,
     ) -> Result<(), ActorProcessingErr> {
-        state.take(msg, wall_ms(), Instant::now());
+        let effects = running.state.take(msg, wall_ms(), Instant::now());
+        effects.perform(&running.store, &running.back);
         Ok(())
     }
 }
@@ -544,17 +560,18 @@ impl Actor for Broker {
 impl BrokerState {
     /// Handles one message at wall time `now` and monotonic `mono`, synchronously:
     /// what the actor does with each message, and what the property tests drive.
-    /// Store writes are submitted (their completions come back as messages), the
-    /// lease timer is re-armed, and the Scheduler messages the change produced are
-    /// sent, one per queue.
-    pub(crate) fn take(&mut self, msg: BrokerMsg, now: UnixMillis, mono: Instant) {
+    /// Replies go to the message's reply port and the lease timer is re-armed; the
+    /// store operations (whose completions come back as messages) and the Scheduler
+    /// notifications the change produced are returned, for the caller to perform
+    /// ([`Effects::perform`]).
+    pub(crate) fn take(&mut self, msg: BrokerMsg, now: UnixMillis, mono: Instant) -> Effects {
         self.follow_config();
         match operator_targets(&msg) {
             Some(ids) if self.shared() => self.reload_then(ids, msg),
             _ => self.dispatch(msg, now, mono),
         }
         self.arm();
-        self.out.flush();
+        self.effects()
     }
 
     /// Handles one message on memory as it is (see [`Self::take`]).
@@ -608,9 +625,9 @@ impl BrokerState {
                 let _ = reply.send(state.dlq_stats());
             }
             BrokerMsg::StopIntake => state.accepting = false,
-            BrokerMsg::Flush(reply) => state.store.submit(
+            BrokerMsg::Flush(reply) => state.write(
                 |_| Ok(()),
-                move |_| {
+                move |_, _| {
                     let _ = reply.send(());
                 },
             ),

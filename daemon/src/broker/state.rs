@@ -20,6 +20,7 @@ mod settle;
 mod shared;
 
 use super::deadlines::Deadlines;
+use super::effects::{Back, Effects, StoreEffect};
 use super::events::{self, Outbox};
 use super::hot::HotPayloads;
 use super::table::JobTable;
@@ -36,7 +37,7 @@ use crate::job::{
 use crate::limits::Limits;
 use crate::metrics::{self, Completion, RejectReason, TenantLabels};
 use crate::scheduler::{Snapshot, Waiting};
-use crate::store::{Inserted, NewRecord, Store, StoreError};
+use crate::store::{Backend, Inserted, NewRecord, StoreError};
 pub(crate) use settle::PROBE_EVERY;
 pub use settle::Settle;
 use settle::{Intent, Parked};
@@ -86,7 +87,9 @@ pub struct DlqStats {
 
 /// The broker's state (see the module doc for its invariants).
 pub struct BrokerState {
-    pub(super) store: Store,
+    /// Whether this process's leases are its own ([`crate::store::Backend::leases_are_local`]):
+    /// false on a store shared by several nodes.
+    leases_are_local: bool,
     pub(super) accepting: bool,
     /// The config in force as of the message being handled (see [`Self::follow_config`]).
     config: Arc<Config>,
@@ -114,6 +117,8 @@ pub struct BrokerState {
     hot: HotPayloads,
     /// Scheduler messages of the Broker message being handled, sent when it is done.
     pub(super) out: Outbox,
+    /// Store effects of the Broker message being handled, in order.
+    store_effects: Vec<StoreEffect>,
     /// A shared store: a look for other nodes' jobs is under way, and whether
     /// another was asked for meanwhile (see `state/shared.rs`).
     refreshing: bool,
@@ -132,7 +137,7 @@ impl BrokerState {
             .collect();
         let labels = TenantLabels::new(config.tenants.keys().cloned());
         BrokerState {
-            store: args.store,
+            leases_are_local: args.store.leases_are_local(),
             accepting: true,
             config,
             limits: args.limits,
@@ -152,6 +157,7 @@ impl BrokerState {
             parked: Vec::new(),
             hot: HotPayloads::new(HOT_PAYLOAD_BYTES),
             out: Outbox::default(),
+            store_effects: Vec::new(),
             refreshing: false,
             refresh_again: false,
             sweeping: false,
@@ -411,6 +417,25 @@ impl BrokerState {
         }
     }
 
+    /// Asks for `run` on the store's writer thread, then `done` with its result,
+    /// sending what follows back through `back` (see [`StoreEffect::write`]).
+    pub(super) fn write<R, Run, Done>(&mut self, run: Run, done: Done)
+    where
+        R: Send + 'static,
+        Run: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
+        Done: FnOnce(Result<R, StoreError>, &Back) + Send + 'static,
+    {
+        self.store_effects.push(StoreEffect::write(run, done));
+    }
+
+    /// The effects collected since the last call, in order.
+    pub(super) fn effects(&mut self) -> Effects {
+        Effects {
+            store: std::mem::take(&mut self.store_effects),
+            notify: std::mem::take(&mut self.out),
+        }
+    }
+
     // ---- producers ----
 
     pub(super) fn enqueue(
@@ -423,14 +448,13 @@ impl BrokerState {
             Ok(new) => {
                 let record = self.reserve(new, req.payload, now);
                 let job = record.job.clone();
-                let myself = self.myself.clone();
-                self.store.submit(
+                self.write(
                     move |b| {
                         let inserted = b.enqueue(std::slice::from_ref(&record)).map(first)?;
                         Ok((inserted, record.payload))
                     },
-                    move |result| {
-                        let _ = myself.cast(BrokerMsg::Inserted(Box::new(job), result, reply));
+                    move |result, back| {
+                        back(BrokerMsg::Inserted(Box::new(job), result, reply));
                     },
                 );
             }
@@ -583,15 +607,14 @@ impl BrokerState {
         match self.admit_all(reqs, now) {
             Ok(records) => {
                 let jobs = records.iter().map(|r| r.job.clone()).collect();
-                let myself = self.myself.clone();
-                self.store.submit(
+                self.write(
                     move |b| {
                         let answers = b.enqueue_all(&records)?;
                         let payloads = records.into_iter().map(|r| r.payload);
                         Ok(answers.into_iter().zip(payloads).collect())
                     },
-                    move |result| {
-                        let _ = myself.cast(BrokerMsg::InsertedBatch(jobs, result, reply));
+                    move |result, back| {
+                        back(BrokerMsg::InsertedBatch(jobs, result, reply));
                     },
                 );
             }
@@ -734,11 +757,10 @@ impl BrokerState {
             metrics::job_waited(queue, millis(now - ready_since));
         }
         let (before, jobs): (Vec<Job>, Vec<Job>) = granted.into_iter().unzip();
-        if self.store.leases_are_local() && jobs.iter().all(|j| self.hot.contains(j.id)) {
+        if self.leases_are_local && jobs.iter().all(|j| self.hot.contains(j.id)) {
             self.lease_hot(jobs, reply, lease, deadline_ms, now);
             return;
         }
-        let myself = self.myself.clone();
         let shared = self.shared().then(|| shared::ClaimRequest {
             caps: self.caps(queue, &jobs),
             queue: queue.clone(),
@@ -747,7 +769,7 @@ impl BrokerState {
             lease,
         });
         let planned = jobs.clone();
-        self.store.submit(
+        self.write(
             move |b| {
                 let claim = match &shared {
                     Some(request) => shared::claim(b, request, &jobs)?,
@@ -755,7 +777,7 @@ impl BrokerState {
                 };
                 Ok((jobs, claim))
             },
-            move |result| {
+            move |result, back| {
                 let (leased, unclaimed) = match result {
                     Ok((jobs, claim)) => {
                         let shared::SharedClaim {
@@ -769,12 +791,12 @@ impl BrokerState {
                             .into_iter()
                             .partition(|(old, _)| at_cap.contains(&old.id));
                         if !capped.is_empty() {
-                            let _ = myself.cast(BrokerMsg::AtCap(capped));
+                            back(BrokerMsg::AtCap(capped));
                         }
                         let (replaced, unclaimed) = shared::pair(unclaimed, &others);
                         if !replaced.is_empty() {
                             let taken: Vec<Job> = others.iter().map(|(j, _)| j.clone()).collect();
-                            let _ = myself.cast(BrokerMsg::Substituted(replaced, taken));
+                            back(BrokerMsg::Substituted(replaced, taken));
                         }
                         leased.extend(
                             others
@@ -789,11 +811,11 @@ impl BrokerState {
                     }
                 };
                 if !unclaimed.is_empty() {
-                    let _ = myself.cast(BrokerMsg::Unclaimed(unclaimed));
+                    back(BrokerMsg::Unclaimed(unclaimed));
                 }
                 let tokens = leased.iter().map(|l| (l.id, l.token)).collect();
                 if reply.send(leased).is_err() {
-                    let _ = myself.cast(BrokerMsg::Abandoned(tokens));
+                    back(BrokerMsg::Abandoned(tokens));
                 }
             },
         );
@@ -820,7 +842,7 @@ impl BrokerState {
                 leased_job(job.clone(), payload, lease, deadline_ms)
             })
             .collect();
-        self.store.record_leases_later(jobs);
+        self.store_effects.push(StoreEffect::RecordLeases(jobs));
         let tokens: Vec<(JobId, Token)> = leased.iter().map(|l| (l.id, l.token)).collect();
         if reply.send(leased).is_err() {
             self.abandoned(tokens, now);
@@ -848,23 +870,26 @@ impl BrokerState {
         }
     }
 
-    /// Leases one job in memory; returns its record before and after.
+    /// Leases one job in memory; returns its record before (as the store holds it:
+    /// a delayed job is promoted only on the way to its lease, in memory, so a lease
+    /// taken back restores it delayed, as stored) and after.
     fn lease_one(
         &mut self,
         id: JobId,
         worker: &str,
         now: UnixMillis,
     ) -> Result<(Job, Job), BrokerError> {
-        let mut old = self.jobs.get(id).ok_or(BrokerError::UnknownJob(id))?;
-        if old.state == State::Delayed {
-            old = job::apply(&old, Event::Promote, &FALLBACK_BACKOFF, now)?.job;
-        }
+        let stored = self.jobs.get(id).ok_or(BrokerError::UnknownJob(id))?;
+        let ready = match stored.state {
+            State::Delayed => job::apply(&stored, Event::Promote, &FALLBACK_BACKOFF, now)?.job,
+            _ => stored.clone(),
+        };
         let event = Event::Lease {
             worker: worker.to_string(),
         };
-        let t = job::apply(&old, event, &FALLBACK_BACKOFF, now)?;
+        let t = job::apply(&ready, event, &FALLBACK_BACKOFF, now)?;
         self.replace(t.job.clone());
-        Ok((old, t.job))
+        Ok((stored, t.job))
     }
 
     pub(super) fn abandoned(&mut self, leases: Vec<(JobId, Token)>, now: UnixMillis) {

@@ -1,11 +1,14 @@
 //! Property tests of the Broker's state, driven message by message through
 //! [`BrokerState::take`] with no actor running it: random enqueues, leases (picked
 //! the way a Scheduler would), acks (current and stale tokens), nacks, lease
-//! expiries, lost workers, cancels, redrives and purges, against the in-memory store.
-//! The store's completions come back through a forwarding actor and are fed to the
+//! expiries, lost workers, cancels, redrives and purges, against the in-memory store,
+//! which refuses the writes of some steps (as a full disk does; a probe then finds it
+//! writable again). The state's effects are performed (or refused) by the harness;
+//! the store's completions come back through a forwarding actor and are fed to the
 //! state in order, so every step is settled before the invariants are checked:
 //!
-//! - no job is ever handed to two lessees at once, and only the current token acks;
+//! - no job is ever handed to two lessees at once, and only the current token acks
+//!   (a refused ack or nack is answered with an error and its lease stands);
 //! - the derived indexes (counts, tenant depths, deadlines, leases per worker, DLQ)
 //!   match the jobs, and nothing is left waiting for a write;
 //! - the store holds exactly the unfinished jobs memory holds, in the same states
@@ -19,6 +22,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::{mpsc, oneshot};
 
 use super::*;
+use crate::store::Store;
 
 /// Forwards every message the store's completions send to the Broker to the test.
 struct Forward;
@@ -91,6 +95,8 @@ struct Harness {
     ended: HashMap<JobId, Token>,
     accepted: HashSet<JobId>,
     purged: HashSet<JobId>,
+    /// The store refuses the writes of the op being run.
+    refusing: bool,
 }
 
 impl Harness {
@@ -120,11 +126,24 @@ impl Harness {
             ended: HashMap::new(),
             accepted: HashSet::new(),
             purged: HashSet::new(),
+            refusing: false,
         }
     }
 
+    /// Handles `msg` and performs its effects: store writes go to the memory store,
+    /// whose completions come back through the forwarder.
     fn take(&mut self, msg: BrokerMsg) {
-        self.state.take(msg, self.now, self.mono);
+        let me = self.me.clone();
+        let back: Back = Arc::new(move |msg| {
+            let _ = me.cast(msg);
+        });
+        let effects = self.state.take(msg, self.now, self.mono);
+        if self.refusing {
+            let full = StoreError::Full("test: the disk is full".into());
+            effects.perform_refused(&self.store, &back, &full);
+        } else {
+            effects.perform(&self.store, &back);
+        }
     }
 
     /// Feeds the store's answers back until nothing is in flight: a no-op write
@@ -168,8 +187,11 @@ impl Harness {
         (!held.is_empty()).then(|| held[pick % held.len()])
     }
 
-    async fn run(&mut self, op: Op) -> Result<(), TestCaseError> {
+    /// Runs `op`; with `refused`, the store refuses its writes, then a probe finds
+    /// the store writable again.
+    async fn run(&mut self, op: Op, refused: bool) -> Result<(), TestCaseError> {
         self.now += 10;
+        self.refusing = refused;
         match op {
             Op::Enqueue { tenant, key } => {
                 let (tx, rx) = oneshot::channel();
@@ -232,7 +254,14 @@ impl Harness {
                 self.settle().await;
                 let acked = matches!(rx.await, Ok(Ok(())));
                 let current = self.held.get(&id) == Some(&token);
-                prop_assert_eq!(acked, current, "ack of {} with token {}", id, token);
+                prop_assert_eq!(
+                    acked,
+                    current && !refused,
+                    "ack of {} with token {} (store refusing: {})",
+                    id,
+                    token,
+                    refused
+                );
             }
             Op::Nack { pick, permanent } => {
                 let Some((id, token)) = self.held_pick(pick) else {
@@ -249,7 +278,8 @@ impl Harness {
                 let (tx, rx) = oneshot::channel();
                 self.take(BrokerMsg::Nack(id, token, failure, tx.into()));
                 self.settle().await;
-                prop_assert!(matches!(rx.await, Ok(Ok(()))), "nack of a held lease");
+                let nacked = matches!(rx.await, Ok(Ok(())));
+                prop_assert_eq!(nacked, !refused, "nack of a held lease");
             }
             Op::Expire => {
                 self.mono += Duration::from_secs(3_600);
@@ -289,6 +319,11 @@ impl Harness {
                     self.purged.extend(outcome.moved);
                 }
             }
+        }
+        if refused {
+            self.refusing = false;
+            self.take(BrokerMsg::Probe);
+            self.settle().await;
         }
         self.forget_ended();
         self.check().await
@@ -384,7 +419,7 @@ proptest! {
 
     #[test]
     fn broker_state_never_double_leases_and_stays_in_step_with_the_store(
-        ops in proptest::collection::vec(op(), 1..60)
+        ops in proptest::collection::vec((op(), proptest::bool::weighted(0.15)), 1..60)
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -392,8 +427,8 @@ proptest! {
             .expect("runtime");
         runtime.block_on(async {
             let mut harness = Harness::new().await;
-            for op in ops {
-                harness.run(op).await?;
+            for (op, refused) in ops {
+                harness.run(op, refused).await?;
             }
             harness.me.stop(None);
             Ok::<(), TestCaseError>(())

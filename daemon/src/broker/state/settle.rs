@@ -3,7 +3,8 @@
 //!
 //! A change is planned ([`BrokerState::plan`]) without touching memory, its job is
 //! marked as *writing* (no other event applies to it meanwhile), and the write is
-//! submitted. The store's completion sends a [`Settle`] back to the Broker, which
+//! returned as an effect (`broker/effects.rs`) for the actor to submit. The store's
+//! completion sends a [`Settle`] back to the Broker, which
 //! applies the change if it committed or, if it failed, leaves the job as it was
 //! (a lease gets a fresh deadline: a failed write is never charged to a job).
 //!
@@ -98,7 +99,7 @@ impl BrokerState {
         });
     }
 
-    /// Submits `planned` (each job's record before and its transition) as one store
+    /// Asks for `planned` (each job's record before and its transition) as one store
     /// batch of `intent`. Once it answered, `done` is called at once on the writer
     /// thread (the write is durable: the caller need not wait for the Broker) with
     /// whether each item applied, or the write's error, and a [`Settle`] applies the
@@ -115,9 +116,8 @@ impl BrokerState {
         }
         self.writing.extend(planned.iter().map(|(old, _)| old.id));
         let writes: Vec<Transition> = planned.iter().map(|(_, t)| t.clone()).collect();
-        let myself = self.myself.clone();
         let op = intent.clone();
-        self.store.submit(
+        self.write(
             move |b| match op {
                 Intent::End | Intent::Orphan | Intent::CancelElsewhere => b.complete(&writes),
                 Intent::Redrive => b.redrive(&writes),
@@ -131,14 +131,14 @@ impl BrokerState {
                     None => Err(StoreError::Other("expire: the store is not shared".into())),
                 },
             },
-            move |result| {
+            move |result, back| {
                 // The Settle is queued before the caller hears the answer, so any
                 // message the caller sends next reaches the Broker after it.
                 let answer = result.clone();
                 let settle = Settle(Box::new(move |state: &mut BrokerState, now, mono| {
                     state.settle(intent, planned, result, now, mono);
                 }));
-                let _ = myself.cast(BrokerMsg::Settle(settle));
+                back(BrokerMsg::Settle(settle));
                 done(answer);
             },
         );
@@ -228,11 +228,10 @@ impl BrokerState {
             return;
         }
         self.writing.extend(ids.iter().copied());
-        let myself = self.myself.clone();
         let purged = ids.clone();
-        self.store.submit(
+        self.write(
             move |b| b.purge(&purged),
-            move |result| {
+            move |result, back| {
                 let settle = Settle(Box::new(move |state: &mut BrokerState, now, mono| {
                     for id in &ids {
                         state.writing.remove(id);
@@ -251,7 +250,7 @@ impl BrokerState {
                     }
                     done(result);
                 }));
-                let _ = myself.cast(BrokerMsg::Settle(settle));
+                back(BrokerMsg::Settle(settle));
             },
         );
     }
@@ -339,21 +338,20 @@ impl BrokerState {
     }
 
     /// Timer: while the store refuses writes, tries one small write.
-    pub(crate) fn probe(&self, now: UnixMillis) {
+    pub(crate) fn probe(&mut self, now: UnixMillis) {
         if self.store_writable {
             return;
         }
-        let myself = self.myself.clone();
-        self.store.submit(
+        self.write(
             move |b| b.probe(now),
-            move |result| {
+            move |result, back| {
                 let settle = Settle(Box::new(
                     move |state: &mut BrokerState, now, mono| match result {
                         Ok(()) => state.store_accepted(now, mono),
                         Err(err) => debug!(error = %err, "Store still refuses writes."),
                     },
                 ));
-                let _ = myself.cast(BrokerMsg::Settle(settle));
+                back(BrokerMsg::Settle(settle));
             },
         );
     }

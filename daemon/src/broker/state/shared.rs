@@ -203,7 +203,7 @@ impl BrokerState {
     /// Whether the store is shared by several nodes (its leases are not this
     /// process's alone).
     pub(in crate::broker) fn shared(&self) -> bool {
-        !self.store.leases_are_local()
+        !self.leases_are_local
     }
 
     /// The `max_concurrency` in `queue` of each capped tenant among `jobs`, as the
@@ -256,15 +256,14 @@ impl BrokerState {
         }
         self.refreshing = true;
         let queues: Vec<String> = self.config.queues.keys().cloned().collect();
-        let myself = self.myself.clone();
-        self.store.submit(
+        self.write(
             move |b| {
                 b.shared()
                     .ok_or_else(not_shared)?
                     .claimable(&queues, REFRESH_WINDOW)
             },
-            move |result| {
-                let _ = myself.cast(BrokerMsg::Refreshed(result));
+            move |result, back| {
+                back(BrokerMsg::Refreshed(result));
             },
         );
     }
@@ -343,11 +342,10 @@ impl BrokerState {
     /// Reads the current records of `ids` before an operator's change, then handles
     /// `then` on them ([`BrokerMsg::Reloaded`]).
     pub(in crate::broker) fn reload_then(&mut self, ids: Vec<JobId>, then: BrokerMsg) {
-        let myself = self.myself.clone();
-        self.store.submit(
+        self.write(
             move |b| b.shared().ok_or_else(not_shared)?.reload(&ids),
-            move |result| {
-                let _ = myself.cast(BrokerMsg::Reloaded(result, Box::new(then)));
+            move |result, back| {
+                back(BrokerMsg::Reloaded(result, Box::new(then)));
             },
         );
     }
@@ -479,8 +477,7 @@ impl BrokerState {
                     .then_some((id, token, at))
             })
             .collect();
-        let myself = self.myself.clone();
-        self.store.submit(
+        self.write(
             move |b| {
                 let shared = b.shared().ok_or_else(not_shared)?;
                 let own = shared.own_leases()?;
@@ -490,8 +487,8 @@ impl BrokerState {
                 };
                 Ok((own, expired))
             },
-            move |result| {
-                let _ = myself.cast(BrokerMsg::Swept(epoch, held, result));
+            move |result, back| {
+                back(BrokerMsg::Swept(epoch, held, result));
             },
         );
     }

@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::job::NewJob;
 use crate::scheduler::SchedulerMsg;
+use crate::store::Store;
 
 /// A Scheduler stand-in that forwards the tenants of `Finished` messages.
 struct FakeScheduler;
