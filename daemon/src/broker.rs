@@ -504,6 +504,8 @@ pub struct Running {
     store: Store,
     /// Completions' messages to this actor.
     back: effects::Back,
+    /// The pending `Tick` of the armed lease timer.
+    timer: Option<tokio::task::JoinHandle<Result<(), ractor::MessagingErr<BrokerMsg>>>>,
 }
 
 impl Actor for Broker {
@@ -518,7 +520,7 @@ impl Actor for Broker {
     ) -> Result<Running, ActorProcessingErr> {
         let keep_leases = args.restarted.then(Instant::now);
         let store = args.store.clone();
-        let mut state = BrokerState::new(args, StdRng::from_os_rng(), myself.clone());
+        let mut state = BrokerState::new(args, StdRng::from_os_rng());
         // The store reads the next rows while this task files the last ones.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<Job>>(LOAD_AHEAD);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
@@ -542,16 +544,28 @@ impl Actor for Broker {
         let back: effects::Back = Arc::new(move |msg| {
             let _ = myself.cast(msg);
         });
-        Ok(Running { state, store, back })
+        Ok(Running {
+            state,
+            store,
+            back,
+            timer: None,
+        })
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<BrokerMsg>,
+        myself: ActorRef<BrokerMsg>,
         msg: BrokerMsg,
         running: &mut Running,
     ) -> Result<(), ActorProcessingErr> {
-        let effects = running.state.take(msg, wall_ms(), Instant::now());
+        let mut effects = running.state.take(msg, wall_ms(), Instant::now());
+        if let Some(at) = effects.timer.take() {
+            if let Some(old) = running.timer.take() {
+                old.abort();
+            }
+            let delay = at.saturating_duration_since(Instant::now());
+            running.timer = Some(myself.send_after(delay, || BrokerMsg::Tick));
+        }
         effects.perform(&running.store, &running.back);
         Ok(())
     }

@@ -1,13 +1,12 @@
 //! What the Broker's state asks for while it handles one message, performed by the
 //! Broker actor afterwards: store operations (each with the completion that turns
-//! the store's answer into messages back to the Broker), local lease records, and
-//! the Scheduler notifications ([`Outbox`]). [`super::state::BrokerState::take`]
+//! the store's answer into messages back to the Broker), local lease records, the
+//! Scheduler notifications ([`Outbox`]) and a new time for the lease timer. [`super::state::BrokerState::take`]
 //! returns them instead of doing any of it, so the state machine can be driven
 //! message by message and its I/O run (or held back, or reordered) by whoever
 //! drives it: the actor ([`Effects::perform`]) or a test.
 //!
-//! Replies to the message being handled still go straight to its reply port, and the
-//! lease timer is armed by the state itself (`BrokerState::arm`).
+//! Replies to the message being handled still go straight to its reply port.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -28,6 +27,9 @@ pub(crate) struct Effects {
     pub(crate) store: Vec<StoreEffect>,
     /// Scheduler notifications, sent after the store effects were submitted.
     pub(crate) notify: Outbox,
+    /// Arm the lease timer to send `Tick` at this instant, replacing the armed one
+    /// (kept by the actor; [`Effects::perform`] leaves it to the caller).
+    pub(crate) timer: Option<tokio::time::Instant>,
 }
 
 impl Effects {

@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{ActorRef, RpcReplyPort};
+use ractor::RpcReplyPort;
 use rand::Rng;
 use rand::rngs::StdRng;
 use tokio::time::Instant;
@@ -96,8 +96,10 @@ pub struct BrokerState {
     limits: Arc<Limits>,
     jobs: JobTable,
     deadlines: Deadlines,
-    /// The armed timer: when it fires (the soonest deadline when armed) and its task.
-    timer: Option<(Instant, Timer)>,
+    /// When the armed lease timer fires (the soonest deadline when it was armed).
+    timer: Option<Instant>,
+    /// A new time for the lease timer, asked of the actor with this message's effects.
+    arm_at: Option<Instant>,
     by_worker: HashMap<String, HashSet<JobId>>,
     counts: HashMap<Arc<str>, QueueCounts>,
     /// Dead jobs per queue by the time they died: DLQ depth and age.
@@ -106,7 +108,6 @@ pub struct BrokerState {
     names: HashSet<Arc<str>>,
     labels: TenantLabels,
     rng: StdRng,
-    myself: ActorRef<BrokerMsg>,
     /// Jobs whose planned change waits for its write (see [`settle`]).
     writing: HashSet<JobId>,
     /// False from a failed write until a write succeeds; no leasing meanwhile.
@@ -128,7 +129,7 @@ pub struct BrokerState {
 }
 
 impl BrokerState {
-    pub(super) fn new(args: BrokerArgs, rng: StdRng, myself: ActorRef<BrokerMsg>) -> Self {
+    pub(super) fn new(args: BrokerArgs, rng: StdRng) -> Self {
         let config = args.limits.config();
         let counts = config
             .queues
@@ -144,6 +145,7 @@ impl BrokerState {
             jobs: JobTable::default(),
             deadlines: Deadlines::default(),
             timer: None,
+            arm_at: None,
             by_worker: HashMap::new(),
             counts,
             dead: HashMap::new(),
@@ -151,7 +153,6 @@ impl BrokerState {
             names: HashSet::new(),
             labels,
             rng,
-            myself,
             writing: HashSet::new(),
             store_writable: true,
             parked: Vec::new(),
@@ -433,6 +434,7 @@ impl BrokerState {
         Effects {
             store: std::mem::take(&mut self.store_effects),
             notify: std::mem::take(&mut self.out),
+            timer: self.arm_at.take(),
         }
     }
 
@@ -1042,21 +1044,18 @@ impl BrokerState {
         }
     }
 
-    /// Arms the one timer for the soonest lease deadline, unless one is armed for
-    /// that time or sooner. Called after every message.
+    /// Asks for the one timer to be armed for the soonest lease deadline (replacing
+    /// the armed one), unless one is armed for that time or sooner. Called after
+    /// every message.
     pub(super) fn arm(&mut self) {
         let Some(next) = self.deadlines.soonest() else {
             return;
         };
-        if self.timer.as_ref().is_some_and(|(armed, _)| *armed <= next) {
+        if self.timer.is_some_and(|armed| armed <= next) {
             return;
         }
-        if let Some((_, old)) = self.timer.take() {
-            old.abort();
-        }
-        let delay = next.saturating_duration_since(Instant::now());
-        let task = self.myself.send_after(delay, || BrokerMsg::Tick);
-        self.timer = Some((next, task));
+        self.timer = Some(next);
+        self.arm_at = Some(next);
     }
 
     pub(super) fn worker_lost(&mut self, worker: &str, error: &str, now: UnixMillis) {
@@ -1236,9 +1235,6 @@ impl Run {
         Arc::ptr_eq(&self.stored.0, &job.queue) && Arc::ptr_eq(&self.stored.1, &job.tenant)
     }
 }
-
-/// The pending `Tick` of the armed lease timer.
-type Timer = tokio::task::JoinHandle<Result<(), ractor::MessagingErr<BrokerMsg>>>;
 
 /// Backoff for a job whose queue is no longer configured (it is never leased, so
 /// only cancel/redrive reach it).

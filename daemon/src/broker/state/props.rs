@@ -114,7 +114,7 @@ impl Harness {
             store: store.clone(),
             restarted: false,
         };
-        let state = BrokerState::new(args, rand::SeedableRng::seed_from_u64(11), me.clone());
+        let state = BrokerState::new(args, rand::SeedableRng::seed_from_u64(11));
         Harness {
             state,
             rx,

@@ -45,24 +45,7 @@ impl Actor for FakeScheduler {
     }
 }
 
-/// A Broker stand-in (only its ref is needed) that ignores everything.
-struct Inert;
-
-impl Actor for Inert {
-    type Msg = BrokerMsg;
-    type State = ();
-    type Arguments = ();
-
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<BrokerMsg>,
-        _: (),
-    ) -> Result<(), ActorProcessingErr> {
-        Ok(())
-    }
-}
-
-fn state(queue: &str, myself: ActorRef<BrokerMsg>) -> BrokerState {
+fn state(queue: &str) -> BrokerState {
     let text = format!("[queues.{queue}]\nexecutor = {{ kind = \"external\" }}\n");
     let config = Arc::new(Config::parse(&text, Path::new("/tmp/qd.toml")).expect("config"));
     let args = BrokerArgs {
@@ -70,7 +53,7 @@ fn state(queue: &str, myself: ActorRef<BrokerMsg>) -> BrokerState {
         store: Store::open_memory(),
         restarted: false,
     };
-    BrokerState::new(args, rand::SeedableRng::seed_from_u64(7), myself)
+    BrokerState::new(args, rand::SeedableRng::seed_from_u64(7))
 }
 
 fn ready_job(queue: &str) -> Job {
@@ -91,8 +74,7 @@ async fn a_pick_cancelled_before_its_lease_frees_the_tenants_concurrency_slot() 
     let (_sched, sched_task) = Actor::spawn(Some(crate::scheduler::name(queue)), FakeScheduler, tx)
         .await
         .expect("fake scheduler");
-    let (broker, broker_task) = Actor::spawn(None, Inert, ()).await.expect("inert broker");
-    let mut state = state(queue, broker.clone());
+    let mut state = state(queue);
     let job = ready_job(queue);
     let id = job.id;
     state.recover(vec![job], None);
@@ -120,9 +102,8 @@ async fn a_pick_cancelled_before_its_lease_frees_the_tenants_concurrency_slot() 
         .expect("channel open");
     assert_eq!(&*tenant, "acme");
 
-    broker.stop(None);
     _sched.stop(None);
-    let _ = (broker_task.await, sched_task.await);
+    let _ = sched_task.await;
 }
 
 /// A job as the store holds it while a worker runs it.
@@ -139,11 +120,10 @@ fn leased_job(queue: &str) -> Job {
 #[tokio::test]
 async fn a_daemon_start_skips_an_earlier_runs_token_and_a_broker_restart_keeps_leases() {
     let queue = "restart";
-    let (broker, broker_task) = Actor::spawn(None, Inert, ()).await.expect("inert broker");
 
     // Cold start: leases are not stored, so the job is ready, uncharged; the token an
     // earlier run's lease may hold (stored + 1) is never handed out again.
-    let mut cold = state(queue, broker.clone());
+    let mut cold = state(queue);
     let stored = ready_job(queue);
     cold.recover(vec![stored.clone()], None);
     let after = &cold.jobs.get(stored.id).expect("recovered");
@@ -154,7 +134,7 @@ async fn a_daemon_start_skips_an_earlier_runs_token_and_a_broker_restart_keeps_l
 
     // Broker-only restart: the worker may still be running it; the lease is kept with
     // a fresh deadline and its token still works.
-    let mut warm = state(queue, broker.clone());
+    let mut warm = state(queue);
     let now = Instant::now();
     warm.recover(vec![job.clone()], Some(now));
     let kept = &warm.jobs.get(job.id).expect("recovered");
@@ -162,9 +142,6 @@ async fn a_daemon_start_skips_an_earlier_runs_token_and_a_broker_restart_keeps_l
     assert!(warm.deadlines.get(job.id).is_some_and(|d| d > now));
     let beat = warm.heartbeat(job.id, job.lease_seq, None, 2_100, now);
     assert!(beat.is_ok(), "{beat:?}");
-
-    broker.stop(None);
-    let _ = broker_task.await;
 }
 
 fn request(queue: &str, tenant: Option<&str>) -> EnqueueRequest {
@@ -183,13 +160,12 @@ async fn a_batch_is_admitted_whole_or_not_at_all_and_a_refusal_frees_its_reserva
     let text = "[queues.q]\nexecutor = { kind = \"external\" }\nmax_depth = 4\n\n\
                 [tenants.acme]\nmax_depth = 2\n";
     let config = Arc::new(Config::parse(text, Path::new("/tmp/qd.toml")).expect("config"));
-    let (broker, broker_task) = Actor::spawn(None, Inert, ()).await.expect("inert broker");
     let args = BrokerArgs {
         limits: Arc::new(Limits::new(config, Vec::new())),
         store: Store::open_memory(),
         restarted: false,
     };
-    let mut state = BrokerState::new(args, rand::SeedableRng::seed_from_u64(7), broker.clone());
+    let mut state = BrokerState::new(args, rand::SeedableRng::seed_from_u64(7));
     let pending = |s: &BrokerState| s.counts.get("q").map_or(0, |c| c.pending);
 
     let mut bad = vec![request("q", None); 3];
@@ -247,14 +223,10 @@ async fn a_batch_is_admitted_whole_or_not_at_all_and_a_refusal_frees_its_reserva
         state.unreserve(&record.job);
     }
     assert_eq!(pending(&state), 0);
-
-    broker.stop(None);
-    let _ = broker_task.await;
 }
 
 #[tokio::test]
 async fn recovery_in_runs_counts_interns_and_snapshots_as_one_job_at_a_time() {
-    let (broker, broker_task) = Actor::spawn(None, Inert, ()).await.expect("inert broker");
     // Runs of shared names (as the store hands them out), names allocated per job,
     // interleaved tenants, a second queue, delayed and dead jobs, over chunk edges.
     let shared: [Arc<str>; 3] = ["a".into(), "b".into(), "c".into()];
@@ -276,7 +248,7 @@ async fn recovery_in_runs_counts_interns_and_snapshots_as_one_job_at_a_time() {
         }
         jobs.push(job);
     }
-    let mut state = state("runs", broker.clone());
+    let mut state = state("runs");
     for chunk in jobs.chunks(64) {
         state.recover(chunk.to_vec(), None);
     }
@@ -325,14 +297,10 @@ async fn recovery_in_runs_counts_interns_and_snapshots_as_one_job_at_a_time() {
     seen.sort();
     want.sort();
     assert_eq!(seen, want);
-
-    broker.stop(None);
-    let _ = broker_task.await;
 }
 
 #[tokio::test]
 async fn a_queues_tenant_counts_come_from_memory_per_tenant_and_state() {
-    let (broker, broker_task) = Actor::spawn(None, Inert, ()).await.expect("inert broker");
     let mut jobs = Vec::new();
     for (queue, tenant, held) in [
         ("q", "zeta", State::Dead),
@@ -347,7 +315,7 @@ async fn a_queues_tenant_counts_come_from_memory_per_tenant_and_state() {
         job.state = held;
         jobs.push(job);
     }
-    let mut state = state("q", broker.clone());
+    let mut state = state("q");
     state.recover(jobs.clone(), None);
     state.lease_one(jobs[2].id, "w/1", 2_000).expect("lease");
 
@@ -364,7 +332,50 @@ async fn a_queues_tenant_counts_come_from_memory_per_tenant_and_state() {
         "tenants in name order, states in State::ALL order; the other queue's job apart"
     );
     assert!(state.tenant_counts("unknown").is_empty());
+}
 
-    broker.stop(None);
-    let _ = broker_task.await;
+/// Leases `id` from `queue` through [`BrokerState::take`] at monotonic `mono`; the
+/// claim's store write is left unperformed.
+fn lease_at(state: &mut BrokerState, queue: &str, id: JobId, mono: Instant) -> Effects {
+    let (tx, _rx) = tokio::sync::oneshot::channel();
+    state.take(
+        BrokerMsg::Lease {
+            queue: Arc::from(queue),
+            picks: vec![(Arc::from("acme"), id)],
+            worker: "w".into(),
+            reply: tx.into(),
+        },
+        2_000,
+        mono,
+    )
+}
+
+#[tokio::test]
+async fn the_lease_timer_is_asked_for_only_when_the_soonest_deadline_moves_earlier() {
+    let mut state = state("q");
+    let lease = state.config.queues["q"].lease;
+    let (a, b) = (ready_job("q"), ready_job("q"));
+    state.recover(vec![a.clone(), b.clone()], None);
+    let start = Instant::now();
+
+    let first = lease_at(&mut state, "q", a.id, start);
+    assert_eq!(
+        first.timer,
+        Some(start + lease),
+        "armed for the first deadline"
+    );
+    let later = lease_at(&mut state, "q", b.id, start + Duration::from_secs(1));
+    assert_eq!(later.timer, None, "the armed timer fires sooner");
+    assert_eq!(
+        later.store.len(),
+        1,
+        "the claim is asked for, not performed"
+    );
+
+    let tick = state.take(BrokerMsg::Tick, 2_000, start + lease);
+    assert_eq!(
+        tick.timer,
+        Some(start + Duration::from_secs(1) + lease),
+        "re-armed for the remaining lease"
+    );
 }
