@@ -642,6 +642,25 @@ fn failed_commit_answers_every_op_with_its_error_and_keeps_nothing() {
 }
 
 #[test]
+fn a_failed_batch_puts_its_lease_records_back_for_the_next_one() {
+    let fail = Arc::new(AtomicBool::new(false));
+    let engine = FailingCommit(memory::MemoryBackend::default(), Arc::clone(&fail));
+    let store = Store::start(engine, None).expect("start writer");
+    let one = job(1, "q", None);
+    let stored = one.clone();
+    block(&store, move |b| insert(b, &stored, b"p")).expect("insert");
+    store.record_leases_later(vec![leased(&one, 1)]);
+    fail.store(true, Ordering::SeqCst);
+    assert!(block(&store, |b| b.counts()).is_err(), "the batch fails");
+    fail.store(false, Ordering::SeqCst);
+    assert_eq!(
+        block(&store, |b| b.load_unfinished()),
+        Ok(vec![leased(&one, 1)]),
+        "the lease, still live in memory, is recorded by the next batch"
+    );
+}
+
+#[test]
 fn every_change_is_conditioned_on_the_stored_state_and_answered_per_item() {
     let (_dir, path) = temp_db();
     conditioned_per_item(&open(&path));

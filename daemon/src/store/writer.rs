@@ -14,6 +14,7 @@ use std::sync::{Arc, PoisonError};
 use std::thread::{self, JoinHandle};
 
 use super::{Backend, Engine, MAX_BATCH, StoreError, WriterState};
+use crate::job::Job;
 
 /// The sending side of the writer's queue.
 pub(crate) type Queue = Sender<Box<dyn Task>>;
@@ -176,12 +177,18 @@ fn writer_loop<E: Engine>(
     engine.shutdown();
 }
 
-/// One transaction: every task runs, one commit, then every task is answered.
+/// One transaction: every task runs, one commit, then every task is answered. The
+/// lease records a failed batch took are put back for the next one: the rollback
+/// undid them, and their leases stand.
 fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters: &WriterState) {
     counters.batches.fetch_add(1, Ordering::Relaxed);
+    let mut leases = Vec::new();
     let outcome = engine
         .begin()
-        .and_then(|()| record_unrecorded(engine, counters))
+        .and_then(|()| {
+            leases = take_unrecorded(counters);
+            record(engine, &leases)
+        })
         .and_then(|()| run_all(engine, &mut batch, counters))
         .and_then(|()| engine.commit());
     match &outcome {
@@ -191,6 +198,7 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
         Err(err) => {
             tracing::error!(%err, ops = batch.len(), "Store batch rolled back; its callers get the error.");
             engine.rollback();
+            put_back(counters, leases);
         }
     }
     for task in batch {
@@ -198,21 +206,38 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
     }
 }
 
-/// Writes the lease records handed to [`super::Store::record_leases_later`] since the
-/// last batch, in their own savepoint: a refusal is logged and rolled back, never the
-/// batch's failure.
-fn record_unrecorded<E: Engine>(engine: &mut E, counters: &WriterState) -> Result<(), StoreError> {
-    let leases = std::mem::take(
+/// The lease records handed to [`super::Store::record_leases_later`] since the last
+/// batch took them.
+fn take_unrecorded(counters: &WriterState) -> Vec<Job> {
+    std::mem::take(
         &mut *counters
             .unrecorded
             .lock()
             .unwrap_or_else(PoisonError::into_inner),
-    );
+    )
+}
+
+/// Puts `leases` back ahead of any handed over since they were taken.
+fn put_back(counters: &WriterState, leases: Vec<Job>) {
+    if leases.is_empty() {
+        return;
+    }
+    let mut pending = counters
+        .unrecorded
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let later = std::mem::replace(&mut *pending, leases);
+    pending.extend(later);
+}
+
+/// Writes lease records before the batch's ops, in their own savepoint: a refusal
+/// is logged and rolled back, never the batch's failure.
+fn record<E: Engine>(engine: &mut E, leases: &[Job]) -> Result<(), StoreError> {
     if leases.is_empty() {
         return Ok(());
     }
     engine.savepoint()?;
-    match engine.record_leases(&leases) {
+    match engine.record_leases(leases) {
         Ok(recorded) => {
             if !recorded.iter().all(|r| *r) {
                 tracing::error!(
