@@ -574,11 +574,16 @@ impl Actor for Broker {
 impl BrokerState {
     /// Handles one message at wall time `now` and monotonic `mono`, synchronously:
     /// what the actor does with each message, and what the property tests drive.
-    /// Replies go to the message's reply port and the lease timer is re-armed; the
-    /// store operations (whose completions come back as messages) and the Scheduler
-    /// notifications the change produced are returned, for the caller to perform
-    /// ([`Effects::perform`]).
+    /// Replies that depend on memory alone go to the message's reply port; the store
+    /// operations (whose completions come back as messages), lease records, the
+    /// replies that must follow them, the Scheduler notifications and the lease
+    /// timer's new time are returned, for the caller to perform in order, before
+    /// the next message ([`Effects::perform`]).
     pub(crate) fn take(&mut self, msg: BrokerMsg, now: UnixMillis, mono: Instant) -> Effects {
+        debug_assert!(
+            self.no_effects_pending(),
+            "effects of an earlier call were not taken"
+        );
         self.follow_config();
         match operator_targets(&msg) {
             Some(ids) if self.shared() => self.reload_then(ids, msg),

@@ -1,12 +1,17 @@
 //! What the Broker's state asks for while it handles one message, performed by the
 //! Broker actor afterwards: store operations (each with the completion that turns
-//! the store's answer into messages back to the Broker), local lease records, the
-//! Scheduler notifications ([`Outbox`]) and a new time for the lease timer. [`super::state::BrokerState::take`]
-//! returns them instead of doing any of it, so the state machine can be driven
-//! message by message and its I/O run (or held back, or reordered) by whoever
-//! drives it: the actor ([`Effects::perform`]) or a test.
+//! the store's answer into messages back to the Broker), local lease records,
+//! replies that must follow them, the Scheduler notifications ([`Outbox`]) and a new
+//! time for the lease timer. [`super::state::BrokerState::take`] returns them
+//! instead of doing any of it, so the state machine can be driven message by message
+//! and its I/O run, or refused, by whoever drives it: the actor
+//! ([`Effects::perform`]) or a test. They must be performed in order and before
+//! the next message's: the completions' logic relies on the writer running store
+//! operations in the order they were asked for.
 //!
-//! Replies to the message being handled still go straight to its reply port.
+//! A reply that depends on nothing but memory goes straight to its reply port while
+//! the message is handled; one that must not overtake this message's store effects
+//! (a lease answered from memory, whose record readers must find) is an effect.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -19,42 +24,53 @@ use crate::store::{Backend, Store, StoreError};
 /// Where a completion sends its messages: the Broker's mailbox (a test's channel).
 pub(crate) type Back = Arc<dyn Fn(BrokerMsg) + Send + Sync>;
 
-/// Everything one Broker message asks for, in the order it was asked.
-#[derive(Default)]
+/// A reply sent once the message's store effects were handed to the store; it may
+/// send messages back (e.g. the lessee went away).
+pub(crate) type Reply = Box<dyn FnOnce(&Back) + Send>;
+
+/// Everything one Broker message asks for, in the order it is to be performed.
 #[must_use = "a Broker message's store writes and notifications happen only when performed"]
 pub(crate) struct Effects {
-    /// Store effects, submitted in this order (the writer runs them in this order).
+    /// Store effects, handed to the store in this order: operations run in this
+    /// order, and lease records are written by the writer's next batch, before any
+    /// operation handed over after them.
     pub(crate) store: Vec<StoreEffect>,
-    /// Scheduler notifications, sent after the store effects were submitted.
+    /// Replies, sent after the store effects were handed over.
+    pub(crate) replies: Vec<Reply>,
+    /// Scheduler notifications, sent last.
     pub(crate) notify: Outbox,
     /// Arm the lease timer to send `Tick` at this instant, replacing the armed one
-    /// (kept by the actor; [`Effects::perform`] leaves it to the caller).
+    /// (kept by the actor; [`Effects::perform`] leaves it to the caller, and until
+    /// some `Tick` arrives the state believes a timer armed for it).
     pub(crate) timer: Option<tokio::time::Instant>,
 }
 
 impl Effects {
-    /// Submits the store effects to `store` (completions answer through `back`),
-    /// then sends the Scheduler notifications, one actor message per queue.
-    pub(crate) fn perform(mut self, store: &Store, back: &Back) {
+    /// Hands the store effects to `store` (completions answer through `back`), sends
+    /// the replies, then the Scheduler notifications, one actor message per queue.
+    pub(crate) fn perform(self, store: &Store, back: &Back) {
+        self.perform_with(store, back, |write| write.submit(store, Arc::clone(back)));
+    }
+
+    /// [`Self::perform`] as it goes when the store refuses the batch holding this
+    /// message's operations (a full disk): no operation runs, each completion gets
+    /// `err`. Lease records are handed over as usual: the writer puts back the records
+    /// a failed batch took, for its next batch.
+    #[cfg(test)]
+    pub(crate) fn perform_refused(self, store: &Store, back: &Back, err: &StoreError) {
+        self.perform_with(store, back, |write| write.refuse(err.clone(), back));
+    }
+
+    /// Performs everything in order, each store operation through `write`.
+    fn perform_with(mut self, store: &Store, back: &Back, mut write: impl FnMut(Box<dyn Write>)) {
         for effect in self.store {
             match effect {
-                StoreEffect::Write(write) => write.submit(store, Arc::clone(back)),
+                StoreEffect::Write(op) => write(op),
                 StoreEffect::RecordLeases(jobs) => store.record_leases_later(jobs),
             }
         }
-        self.notify.flush();
-    }
-
-    /// [`Self::perform`] as it goes when the store refuses this message's writes (a
-    /// full disk): no operation runs, each completion gets `err`. Lease records are
-    /// kept (they live in the store's memory, not on its disk).
-    #[cfg(test)]
-    pub(crate) fn perform_refused(mut self, store: &Store, back: &Back, err: &StoreError) {
-        for effect in self.store {
-            match effect {
-                StoreEffect::Write(write) => write.refuse(err.clone(), back),
-                StoreEffect::RecordLeases(jobs) => store.record_leases_later(jobs),
-            }
+        for reply in self.replies {
+            reply(back);
         }
         self.notify.flush();
     }

@@ -2,9 +2,14 @@
 //!
 //! Invariants: `jobs` holds exactly the unfinished jobs (delayed, ready, leased,
 //! dead) as last committed to the store; `deadlines` (the one home of lease
-//! deadlines, with the one timer armed for the soonest) and
+//! deadlines; the one timer, kept by the actor, is asked for the soonest) and
 //! `by_worker` hold exactly the leased ones; `counts` is derived from `jobs` plus
 //! enqueues whose write is still pending. Every change goes through [`BrokerState::replace`].
+//!
+//! The state does no I/O: store operations, lease records, replies that must follow
+//! them, Scheduler notifications and the timer's next time are collected while a
+//! message is handled and returned by `BrokerState::take` as `Effects`
+//! (`broker/effects.rs`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -20,7 +25,7 @@ mod settle;
 mod shared;
 
 use super::deadlines::Deadlines;
-use super::effects::{Back, Effects, StoreEffect};
+use super::effects::{Back, Effects, Reply, StoreEffect};
 use super::events::{self, Outbox};
 use super::hot::HotPayloads;
 use super::table::JobTable;
@@ -116,10 +121,13 @@ pub struct BrokerState {
     parked: Vec<Parked>,
     /// Payloads of recently accepted jobs, so their first lease needs no store read.
     hot: HotPayloads,
-    /// Scheduler messages of the Broker message being handled, sent when it is done.
+    /// Scheduler messages of the Broker message being handled, returned with its
+    /// other effects.
     pub(super) out: Outbox,
     /// Store effects of the Broker message being handled, in order.
     store_effects: Vec<StoreEffect>,
+    /// Replies of the Broker message being handled that must follow its store effects.
+    replies: Vec<Reply>,
     /// A shared store: a look for other nodes' jobs is under way, and whether
     /// another was asked for meanwhile (see `state/shared.rs`).
     refreshing: bool,
@@ -159,6 +167,7 @@ impl BrokerState {
             hot: HotPayloads::new(HOT_PAYLOAD_BYTES),
             out: Outbox::default(),
             store_effects: Vec::new(),
+            replies: Vec::new(),
             refreshing: false,
             refresh_again: false,
             sweeping: false,
@@ -429,10 +438,17 @@ impl BrokerState {
         self.store_effects.push(StoreEffect::write(run, done));
     }
 
+    /// Whether no store effect or reply waits to be taken (Scheduler notifications
+    /// may: recovery queues some before the first message).
+    pub(super) fn no_effects_pending(&self) -> bool {
+        self.store_effects.is_empty() && self.replies.is_empty()
+    }
+
     /// The effects collected since the last call, in order.
     pub(super) fn effects(&mut self) -> Effects {
         Effects {
             store: std::mem::take(&mut self.store_effects),
+            replies: std::mem::take(&mut self.replies),
             notify: std::mem::take(&mut self.out),
             timer: self.arm_at.take(),
         }
@@ -760,7 +776,7 @@ impl BrokerState {
         }
         let (before, jobs): (Vec<Job>, Vec<Job>) = granted.into_iter().unzip();
         if self.leases_are_local && jobs.iter().all(|j| self.hot.contains(j.id)) {
-            self.lease_hot(jobs, reply, lease, deadline_ms, now);
+            self.lease_hot(jobs, reply, lease, deadline_ms);
             return;
         }
         let shared = self.shared().then(|| shared::ClaimRequest {
@@ -828,14 +844,14 @@ impl BrokerState {
     /// only records them for readers, and it costs no write of its own: the records
     /// ride on the writer's next batch ([`crate::store::Store::record_leases_later`]),
     /// which is before any later change of these jobs (handed to the store after the
-    /// reply).
+    /// reply). The reply is an effect performed after the records were handed over,
+    /// so a lessee that reads its job finds it leased.
     fn lease_hot(
         &mut self,
         jobs: Vec<Job>,
         reply: RpcReplyPort<Vec<LeasedJob>>,
         lease: Duration,
         deadline_ms: UnixMillis,
-        now: UnixMillis,
     ) {
         let leased: Vec<LeasedJob> = jobs
             .iter()
@@ -846,9 +862,11 @@ impl BrokerState {
             .collect();
         self.store_effects.push(StoreEffect::RecordLeases(jobs));
         let tokens: Vec<(JobId, Token)> = leased.iter().map(|l| (l.id, l.token)).collect();
-        if reply.send(leased).is_err() {
-            self.abandoned(tokens, now);
-        }
+        self.replies.push(Box::new(move |back: &Back| {
+            if reply.send(leased).is_err() {
+                back(BrokerMsg::Abandoned(tokens));
+            }
+        }));
     }
 
     /// Takes back leases the store did not record, each given as the job's record

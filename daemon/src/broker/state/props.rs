@@ -11,8 +11,9 @@
 //!   (a refused ack or nack is answered with an error and its lease stands);
 //! - the derived indexes (counts, tenant depths, deadlines, leases per worker, DLQ)
 //!   match the jobs, and nothing is left waiting for a write;
-//! - the store holds exactly the unfinished jobs memory holds, in the same states
-//!   and tokens, and every accepted job is in the store until it is purged.
+//! - the store holds exactly the unfinished jobs memory holds, in the same states,
+//!   tokens and attempt counts (a refused write charges nothing), and every accepted
+//!   job is in the store until it is purged.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -387,12 +388,9 @@ impl Harness {
             .values()
             .map(|j| (j.id, (j.state, j.lease_seq)))
             .collect();
-        let stored: BTreeMap<JobId, (State, Token)> = self
-            .store
-            .run(|b| b.load_unfinished())
-            .await
-            .expect("load")
-            .into_iter()
+        let stored_jobs = self.store.run(|b| b.load_unfinished()).await.expect("load");
+        let stored: BTreeMap<JobId, (State, Token)> = stored_jobs
+            .iter()
             .map(|j| (j.id, (j.state, j.lease_seq)))
             .collect();
         let memory_states: BTreeMap<JobId, State> =
@@ -400,6 +398,15 @@ impl Harness {
         let stored_states: BTreeMap<JobId, State> =
             stored.iter().map(|(id, (st, _))| (*id, *st)).collect();
         prop_assert_eq!(&memory_states, &stored_states, "store and memory agree");
+        let memory_attempts: BTreeMap<JobId, u32> =
+            s.jobs.values().map(|j| (j.id, j.attempts)).collect();
+        let stored_attempts: BTreeMap<JobId, u32> =
+            stored_jobs.iter().map(|j| (j.id, j.attempts)).collect();
+        prop_assert_eq!(
+            memory_attempts,
+            stored_attempts,
+            "attempts agree: a refused write charges nothing"
+        );
         for (id, (state, token)) in &memory {
             if *state == State::Leased {
                 prop_assert_eq!(stored[id].1, *token, "the recorded lease is the live one");

@@ -46,11 +46,16 @@ impl Actor for FakeScheduler {
 }
 
 fn state(queue: &str) -> BrokerState {
+    state_on(queue, Store::open_memory())
+}
+
+/// A state of one external queue whose effects are meant for `store`.
+fn state_on(queue: &str, store: Store) -> BrokerState {
     let text = format!("[queues.{queue}]\nexecutor = {{ kind = \"external\" }}\n");
     let config = Arc::new(Config::parse(&text, Path::new("/tmp/qd.toml")).expect("config"));
     let args = BrokerArgs {
         limits: Arc::new(Limits::new(config, Vec::new())),
-        store: Store::open_memory(),
+        store,
         restarted: false,
     };
     BrokerState::new(args, rand::SeedableRng::seed_from_u64(7))
@@ -377,5 +382,47 @@ async fn the_lease_timer_is_asked_for_only_when_the_soonest_deadline_moves_earli
         tick.timer,
         Some(start + Duration::from_secs(1) + lease),
         "re-armed for the remaining lease"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_answered_from_memory_is_answered_only_after_its_record_is_handed_over() {
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    let job = ready_job("q");
+    let id = job.id;
+    let stored = NewRecord {
+        job: job.clone(),
+        payload: b"p".to_vec(),
+    };
+    store
+        .run(move |b| b.enqueue(&[stored]))
+        .await
+        .expect("stored");
+    state.recover(vec![job], None);
+    state.hot.insert(id, b"p".to_vec());
+
+    let (tx, mut answer) = tokio::sync::oneshot::channel();
+    let effects = state.take(
+        BrokerMsg::Lease {
+            queue: Arc::from("q"),
+            picks: vec![(Arc::from("acme"), id)],
+            worker: "w".into(),
+            reply: tx.into(),
+        },
+        2_000,
+        Instant::now(),
+    );
+    assert!(answer.try_recv().is_err(), "answered before its effects");
+    let back: Back = Arc::new(|_| {});
+    effects.perform(&store, &back);
+    let leased = answer.await.expect("answered");
+    assert_eq!(leased.len(), 1);
+    let seen = store.run(move |b| b.job(id)).await.expect("read");
+    let seen = seen.expect("stored").job;
+    assert_eq!(
+        (seen.state, seen.lease_seq),
+        (State::Leased, leased[0].token),
+        "a reader after the answer finds the lease"
     );
 }
