@@ -160,10 +160,11 @@ impl Qd {
         }
     }
 
-    /// Starts the daemon process and waits until its API answers. The daemon counts
-    /// as up only once its own log (since this start) says its API listener is
-    /// bound: a port picked by [`free_port`] can be taken by another process before
-    /// qd binds it, and then another test's daemon would answer `/healthz`. If qd
+    /// Starts the daemon process and waits until its API answers and its admin socket
+    /// listens. The daemon counts as up only once its own log (since this start) says
+    /// its API listener is bound and the Supervisor started every child: a port picked
+    /// by [`free_port`] can be taken by another process before qd binds it, and then
+    /// another test's daemon would answer `/healthz`. If qd
     /// could not bind a port, it is started again on fresh ports (a few times).
     pub fn spawn(&mut self, env: &[(&str, &str)]) {
         for _ in 0..PORT_TRIES {
@@ -219,7 +220,10 @@ impl Qd {
             if let Some(status) = exited {
                 panic!("qd exited during start-up with {status}:\n{}", self.logs());
             }
-            if log.contains(API_BOUND) && agent.get(&url).call().is_ok_and(|r| r.status() == 200) {
+            if log.contains(API_BOUND)
+                && log.contains(UP)
+                && agent.get(&url).call().is_ok_and(|r| r.status() == 200)
+            {
                 let on = if self.database.is_some() {
                     "PostgreSQL database"
                 } else {
@@ -443,6 +447,9 @@ impl Drop for Qd {
 const PORT_TRIES: usize = 3;
 /// What qd logs once its HTTP API listener is bound (`api.rs`).
 const API_BOUND: &str = "HTTP API listening.";
+/// What the Supervisor logs once every child started, the admin socket's listener
+/// (bound after the API's) included.
+const UP: &str = "qd is up.";
 /// What qd logs when it cannot bind the API or the metrics port.
 const BIND_FAILURES: [&str; 2] = [
     "cannot listen on api_listen",
