@@ -751,6 +751,15 @@ pub(crate) struct WriterState {
     unrecorded: Mutex<Vec<Job>>,
 }
 
+impl WriterState {
+    /// The lease records waiting for the writer's next batch, locked.
+    fn unrecorded(&self) -> std::sync::MutexGuard<'_, Vec<Job>> {
+        self.unrecorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 struct Shared {
     /// `None` once closed. Senders are `Sync`; the lock only guards `close`.
     sender: RwLock<Option<Queue>>,
@@ -863,12 +872,7 @@ impl Store {
     /// call (the lease's ack, a reader's query) finds them. A record the store refuses
     /// is logged; the lease stands (memory owns it).
     pub fn record_leases_later(&self, leased: Vec<Job>) {
-        self.shared
-            .counters
-            .unrecorded
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend(leased);
+        self.shared.counters.unrecorded().extend(leased);
     }
 
     /// Queues `op` for the writer thread and returns at once (never blocks on disk).

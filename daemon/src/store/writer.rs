@@ -8,9 +8,9 @@
 //! unanswered (the writer died, or the store was closed before it was queued).
 
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, PoisonError};
 use std::thread::{self, JoinHandle};
 
 use super::{Backend, Engine, MAX_BATCH, StoreError, WriterState};
@@ -186,7 +186,7 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
     let outcome = engine
         .begin()
         .and_then(|()| {
-            leases = take_unrecorded(counters);
+            leases = std::mem::take(&mut *counters.unrecorded());
             record(engine, &leases)
         })
         .and_then(|()| run_all(engine, &mut batch, counters))
@@ -206,26 +206,12 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
     }
 }
 
-/// The lease records handed to [`super::Store::record_leases_later`] since the last
-/// batch took them.
-fn take_unrecorded(counters: &WriterState) -> Vec<Job> {
-    std::mem::take(
-        &mut *counters
-            .unrecorded
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner),
-    )
-}
-
 /// Puts `leases` back ahead of any handed over since they were taken.
 fn put_back(counters: &WriterState, leases: Vec<Job>) {
     if leases.is_empty() {
         return;
     }
-    let mut pending = counters
-        .unrecorded
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
+    let mut pending = counters.unrecorded();
     let later = std::mem::replace(&mut *pending, leases);
     pending.extend(later);
 }
