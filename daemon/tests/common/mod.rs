@@ -164,8 +164,8 @@ impl Qd {
     /// listens. The daemon counts as up only once its own log (since this start) says
     /// its API listener is bound and the Supervisor started every child: a port picked
     /// by [`free_port`] can be taken by another process before qd binds it, and then
-    /// another test's daemon would answer `/healthz`. If qd
-    /// could not bind a port, it is started again on fresh ports (a few times).
+    /// another test's daemon would answer `/healthz`. If qd could not bind a port, it
+    /// is started again on fresh ports (a few times).
     pub fn spawn(&mut self, env: &[(&str, &str)]) {
         for _ in 0..PORT_TRIES {
             let from = self.logs().len();

@@ -98,6 +98,8 @@ struct Harness {
     purged: HashSet<JobId>,
     /// The store refuses the writes of the op being run.
     refusing: bool,
+    /// Completions' messages, to the forwarder.
+    back: Back,
 }
 
 impl Harness {
@@ -109,6 +111,7 @@ impl Harness {
         let config = Arc::new(Config::parse(&text, Path::new("/tmp/qd.toml")).expect("config"));
         let (tx, rx) = mpsc::unbounded_channel();
         let (me, _) = Actor::spawn(None, Forward, tx).await.expect("forwarder");
+        let forwarder = me.clone();
         let store = Store::open_memory();
         let args = BrokerArgs {
             limits: Arc::new(Limits::new(config, Vec::new())),
@@ -128,22 +131,21 @@ impl Harness {
             accepted: HashSet::new(),
             purged: HashSet::new(),
             refusing: false,
+            back: Arc::new(move |msg| {
+                let _ = forwarder.cast(msg);
+            }),
         }
     }
 
     /// Handles `msg` and performs its effects: store writes go to the memory store,
     /// whose completions come back through the forwarder.
     fn take(&mut self, msg: BrokerMsg) {
-        let me = self.me.clone();
-        let back: Back = Arc::new(move |msg| {
-            let _ = me.cast(msg);
-        });
         let effects = self.state.take(msg, self.now, self.mono);
         if self.refusing {
             let full = StoreError::Full("test: the disk is full".into());
-            effects.perform_refused(&self.store, &back, &full);
+            effects.perform_refused(&self.store, &self.back, &full);
         } else {
-            effects.perform(&self.store, &back);
+            effects.perform(&self.store, &self.back);
         }
     }
 
