@@ -488,3 +488,34 @@ fn a_daemon_whose_api_port_was_taken_is_started_again_on_fresh_ports() {
     assert_eq!(qd.job(&id)["state"], "ready");
     drop(squatter);
 }
+
+#[test]
+fn a_daemon_configured_with_one_port_for_api_and_metrics_is_moved_onto_two() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut qd = Qd::configure(
+        dir,
+        "[queues.q]\nexecutor = { kind = \"external\" }\n",
+        "3s",
+    );
+    let port = |url: &str| -> String {
+        let tail = url.trim_start_matches("http://127.0.0.1:");
+        tail.split('/').next().expect("a port").to_owned()
+    };
+    // Two port picks one after the other can return the same port.
+    let text = std::fs::read_to_string(&qd.config).expect("config").replace(
+        &format!("127.0.0.1:{}\"", port(&qd.metrics)),
+        &format!("127.0.0.1:{}\"", port(&qd.api)),
+    );
+    std::fs::write(&qd.config, text).expect("write config");
+    qd.spawn(&[]);
+    assert_ne!(port(&qd.api), port(&qd.metrics), "two ports now");
+    assert!(
+        qd.logs().contains("cannot listen on api_listen"),
+        "the first start failed to bind:\n{}",
+        qd.logs()
+    );
+    let id = qd.enqueue("q", "hello");
+    assert_eq!(qd.job(&id)["state"], "ready");
+    let scrape = ureq::get(&qd.metrics).call().expect("scrape");
+    assert_eq!(scrape.status(), 200);
+}

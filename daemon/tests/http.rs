@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Qd, free_port, have, history, script, tool_missing, wait_for};
+use common::{Qd, free_port, free_ports, have, history, script, tool_missing, wait_for};
 use serde_json::json;
 use support::{Client, Downstream, response, run_to_exit};
 
@@ -403,10 +403,10 @@ fn a_token_file_others_can_read_stops_qd_from_starting() {
 fn a_public_api_listen_without_tokens_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("qd.toml");
+    let ports: [u16; 2] = free_ports();
     let text = format!(
         "[daemon]\ndata_dir = \"data\"\nadmin_socket = \"qctl.sock\"\napi_listen = \"0.0.0.0:{}\"\nmetrics_listen = \"127.0.0.1:{}\"\n\n[queues.a]\nexecutor = {{ kind = \"external\" }}\n",
-        free_port(),
-        free_port()
+        ports[0], ports[1]
     );
     std::fs::write(&config, text).expect("config");
     let out = run_to_exit(&config);

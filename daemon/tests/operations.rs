@@ -31,12 +31,13 @@ fn text(out: &Output) -> String {
 /// A config for a second daemon: `data_dir` and `admin_socket` as given, fresh ports.
 fn second_config(dir: &Path, data_dir: &Path, socket: &Path, body: &str) -> std::path::PathBuf {
     let path = dir.join("second.toml");
+    let ports: [u16; 2] = common::free_ports();
     let text = format!(
         "[daemon]\ndata_dir = \"{}\"\nadmin_socket = \"{}\"\napi_listen = \"127.0.0.1:{}\"\nmetrics_listen = \"127.0.0.1:{}\"\n\n{body}",
         data_dir.display(),
         socket.display(),
-        common::free_port(),
-        common::free_port(),
+        ports[0],
+        ports[1],
     );
     std::fs::write(&path, text).expect("write second config");
     path

@@ -22,6 +22,7 @@ fn unreachable_config(dir: &Path, mode: u32) -> std::path::PathBuf {
     std::fs::write(&secret, format!("{PASSWORD}\n")).expect("write password");
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(mode)).expect("chmod");
     let config = dir.join("qd.toml");
+    let ports: [u16; 2] = common::free_ports();
     let text = format!(
         "[daemon]\ndatabase_url = \"host={sock} user=qd dbname=jobs\"\n\
          database_password_file = \"{secret}\"\ndata_dir = \"{data}\"\n\
@@ -31,8 +32,8 @@ fn unreachable_config(dir: &Path, mode: u32) -> std::path::PathBuf {
         sock = dir.display(),
         secret = secret.display(),
         data = dir.join("data").display(),
-        api = common::free_port(),
-        metrics = common::free_port(),
+        api = ports[0],
+        metrics = ports[1],
     );
     std::fs::write(&config, text).expect("write config");
     config

@@ -34,10 +34,18 @@ pub fn qctl_bin() -> PathBuf {
 
 /// A free TCP port on loopback.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    let [port] = free_ports();
+    port
+}
+
+/// `N` distinct free TCP ports on loopback. Each is held until all are picked: two
+/// picks one after the other may get the same port back, and a daemon whose API
+/// and metrics ports are equal cannot start.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("bound port").port())
 }
 
 /// Writes an executable shell script into `dir` and returns its path.
@@ -129,7 +137,7 @@ impl Qd {
         database: Option<pg::Database>,
         daemon: &str,
     ) -> Qd {
-        let (api_port, metrics_port) = (free_port(), free_port());
+        let [api_port, metrics_port] = free_ports();
         let socket = dir.path().join("qctl.sock");
         let config = dir.path().join("qd.toml");
         let store = database
@@ -241,26 +249,23 @@ impl Qd {
         }
     }
 
-    /// Rewrites the config onto fresh API and metrics ports.
+    /// Rewrites the config onto fresh API and metrics ports: the `api_listen` and
+    /// `metrics_listen` lines are replaced whole, whatever ports they held.
     fn move_ports(&mut self) {
-        let port = |url: &str| {
-            url.trim_start_matches("http://127.0.0.1:")
-                .split('/')
-                .next()
-                .expect("a port")
-                .to_owned()
-        };
-        let (api, metrics) = (free_port(), free_port());
-        let text = std::fs::read_to_string(&self.config)
+        let [api, metrics] = free_ports();
+        let text: String = std::fs::read_to_string(&self.config)
             .expect("read config")
-            .replace(
-                &format!("127.0.0.1:{}\"", port(&self.api)),
-                &format!("127.0.0.1:{api}\""),
-            )
-            .replace(
-                &format!("127.0.0.1:{}\"", port(&self.metrics)),
-                &format!("127.0.0.1:{metrics}\""),
-            );
+            .lines()
+            .map(|line| {
+                if line.starts_with("api_listen = ") {
+                    format!("api_listen = \"127.0.0.1:{api}\"\n")
+                } else if line.starts_with("metrics_listen = ") {
+                    format!("metrics_listen = \"127.0.0.1:{metrics}\"\n")
+                } else {
+                    format!("{line}\n")
+                }
+            })
+            .collect();
         std::fs::write(&self.config, text).expect("write config");
         self.api = format!("http://127.0.0.1:{api}");
         self.metrics = format!("http://127.0.0.1:{metrics}/metrics");
