@@ -502,10 +502,12 @@ fn a_daemon_configured_with_one_port_for_api_and_metrics_is_moved_onto_two() {
         tail.split('/').next().expect("a port").to_owned()
     };
     // Two port picks one after the other can return the same port.
-    let text = std::fs::read_to_string(&qd.config).expect("config").replace(
-        &format!("127.0.0.1:{}\"", port(&qd.metrics)),
-        &format!("127.0.0.1:{}\"", port(&qd.api)),
-    );
+    let text = std::fs::read_to_string(&qd.config)
+        .expect("config")
+        .replace(
+            &format!("127.0.0.1:{}\"", port(&qd.metrics)),
+            &format!("127.0.0.1:{}\"", port(&qd.api)),
+        );
     std::fs::write(&qd.config, text).expect("write config");
     qd.spawn(&[]);
     assert_ne!(port(&qd.api), port(&qd.metrics), "two ports now");

@@ -119,6 +119,11 @@ pub struct BrokerState {
     store_writable: bool,
     /// Lease requests that arrived while the store refused writes.
     parked: Vec<Parked>,
+    /// Leases qd ended without charging their job (the lessee went away before its
+    /// answer, a shutdown stopped the attempt) whose write the store refused: job,
+    /// token and reason. Ended again once the store accepts writes; left alone they
+    /// would expire and be charged for an attempt that never ran.
+    uncharged_ends: Vec<(JobId, Token, String)>,
     /// Payloads of recently accepted jobs, so their first lease needs no store read.
     hot: HotPayloads,
     /// Scheduler messages of the Broker message being handled, returned with its
@@ -164,6 +169,7 @@ impl BrokerState {
             writing: HashSet::new(),
             store_writable: true,
             parked: Vec::new(),
+            uncharged_ends: Vec::new(),
             hot: HotPayloads::new(HOT_PAYLOAD_BYTES),
             out: Outbox::default(),
             store_effects: Vec::new(),

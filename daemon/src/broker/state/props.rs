@@ -1,14 +1,20 @@
 //! Property tests of the Broker's state, driven message by message through
 //! [`BrokerState::take`] with no actor running it: random enqueues, leases (picked
 //! the way a Scheduler would), acks (current and stale tokens), nacks, lease
-//! expiries, lost workers, cancels, redrives and purges, against the in-memory store,
-//! which refuses the writes of some steps (as a full disk does; a probe then finds it
-//! writable again). The state's effects are performed (or refused) by the harness;
+//! expiries, lost workers, cancels, redrives and purges, against the in-memory store.
+//! Some steps start an outage (a full disk) lasting one to four steps: every write
+//! of those steps is refused, the probe after each step too until the outage ends,
+//! and lease requests made meanwhile are parked until a probe finds the store
+//! writable again. Some lessees go away before their answer (the lease must be
+//! handed back). The state's effects are performed (or refused) by the harness;
 //! the store's completions come back through a forwarding actor and are fed to the
 //! state in order, so every step is settled before the invariants are checked:
 //!
 //! - no job is ever handed to two lessees at once, and only the current token acks
 //!   (a refused ack or nack is answered with an error and its lease stands);
+//! - every leased job is held by the lessee it was answered to, but for a lease whose
+//!   lessee left while the store refused writes: that one is ended, uncharged, once
+//!   the store accepts them; a lease request waits only while the store refuses;
 //! - the derived indexes (counts, tenant depths, deadlines, leases per worker, DLQ)
 //!   match the jobs, and nothing is left waiting for a write;
 //! - the store holds exactly the unfinished jobs memory holds, in the same states,
@@ -54,22 +60,45 @@ impl Actor for Forward {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Enqueue { tenant: u8, key: Option<u8> },
-    Lease { n: usize, worker: u8 },
-    Ack { pick: usize, stale: bool },
-    Nack { pick: usize, permanent: bool },
+    Enqueue {
+        tenant: u8,
+        key: Option<u8>,
+    },
+    /// `gone`: the lessee stops waiting before it is answered.
+    Lease {
+        n: usize,
+        worker: u8,
+        gone: bool,
+    },
+    Ack {
+        pick: usize,
+        stale: bool,
+    },
+    Nack {
+        pick: usize,
+        permanent: bool,
+    },
     Expire,
-    WorkerLost { worker: u8 },
-    Cancel { pick: usize },
-    Redrive { pick: usize },
-    Purge { pick: usize },
+    WorkerLost {
+        worker: u8,
+    },
+    Cancel {
+        pick: usize,
+    },
+    Redrive {
+        pick: usize,
+    },
+    Purge {
+        pick: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u8..3, proptest::option::of(0u8..4))
             .prop_map(|(tenant, key)| Op::Enqueue { tenant, key }),
-        3 => (1usize..4, 0u8..3).prop_map(|(n, worker)| Op::Lease { n, worker }),
+        3 => (1usize..4, 0u8..3, proptest::bool::weighted(0.1))
+            .prop_map(|(n, worker, gone)| Op::Lease { n, worker, gone }),
         3 => (any::<usize>(), proptest::bool::weighted(0.2))
             .prop_map(|(pick, stale)| Op::Ack { pick, stale }),
         2 => (any::<usize>(), any::<bool>()).prop_map(|(pick, permanent)| Op::Nack { pick, permanent }),
@@ -79,6 +108,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::Redrive { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Purge { pick }),
     ]
+}
+
+/// How many steps (this one included) an outage starting at a step lasts; 0: none.
+fn outage() -> impl Strategy<Value = u8> {
+    prop_oneof![85 => Just(0u8), 15 => 1u8..5]
 }
 
 const QUEUE: &str = "q";
@@ -96,8 +130,10 @@ struct Harness {
     ended: HashMap<JobId, Token>,
     accepted: HashSet<JobId>,
     purged: HashSet<JobId>,
-    /// The store refuses the writes of the op being run.
-    refusing: bool,
+    /// Steps, this one included, whose writes the store refuses (probes too).
+    outage: u8,
+    /// Lease requests not answered yet (parked while the store refuses writes).
+    waiting: Vec<oneshot::Receiver<Vec<LeasedJob>>>,
     /// Completions' messages, to the forwarder.
     back: Back,
 }
@@ -130,7 +166,8 @@ impl Harness {
             ended: HashMap::new(),
             accepted: HashSet::new(),
             purged: HashSet::new(),
-            refusing: false,
+            outage: 0,
+            waiting: Vec::new(),
             back: Arc::new(move |msg| {
                 let _ = forwarder.cast(msg);
             }),
@@ -141,7 +178,7 @@ impl Harness {
     /// whose completions come back through the forwarder.
     fn take(&mut self, msg: BrokerMsg) {
         let effects = self.state.take(msg, self.now, self.mono);
-        if self.refusing {
+        if self.outage > 0 {
             let full = StoreError::Full("test: the disk is full".into());
             effects.perform_refused(&self.store, &self.back, &full);
         } else {
@@ -190,11 +227,15 @@ impl Harness {
         (!held.is_empty()).then(|| held[pick % held.len()])
     }
 
-    /// Runs `op`; with `refused`, the store refuses its writes, then a probe finds
-    /// the store writable again.
-    async fn run(&mut self, op: Op, refused: bool) -> Result<(), TestCaseError> {
+    /// Runs `op` (starting an outage of `outage` steps unless one is under way), then
+    /// the probe the Broker's interval timer sends, refused while the outage lasts,
+    /// then takes the answers of lease requests.
+    async fn run(&mut self, op: Op, outage: u8) -> Result<(), TestCaseError> {
         self.now += 10;
-        self.refusing = refused;
+        if self.outage == 0 {
+            self.outage = outage;
+        }
+        let refused = self.outage > 0;
         match op {
             Op::Enqueue { tenant, key } => {
                 let (tx, rx) = oneshot::channel();
@@ -214,7 +255,7 @@ impl Harness {
                     self.accepted.insert(done.id);
                 }
             }
-            Op::Lease { n, worker } => {
+            Op::Lease { n, worker, gone } => {
                 let mut picks = Vec::new();
                 for pick in 0..n {
                     if let Some(id) = self.pick(&[State::Ready, State::Delayed], pick)
@@ -224,6 +265,11 @@ impl Harness {
                     }
                 }
                 let (tx, rx) = oneshot::channel();
+                if gone {
+                    drop(rx);
+                } else {
+                    self.waiting.push(rx);
+                }
                 self.take(BrokerMsg::Lease {
                     queue: Arc::from(QUEUE),
                     picks,
@@ -231,14 +277,6 @@ impl Harness {
                     reply: tx.into(),
                 });
                 self.settle().await;
-                for leased in rx.await.unwrap_or_default() {
-                    prop_assert!(
-                        !self.held.contains_key(&leased.id),
-                        "job {} leased twice",
-                        leased.id
-                    );
-                    self.held.insert(leased.id, leased.token);
-                }
             }
             Op::Ack { pick, stale } => {
                 let target = if stale {
@@ -323,13 +361,38 @@ impl Harness {
                 }
             }
         }
-        if refused {
-            self.refusing = false;
-            self.take(BrokerMsg::Probe);
-            self.settle().await;
-        }
+        self.outage = self.outage.saturating_sub(1);
+        self.take(BrokerMsg::Probe);
+        self.settle().await;
+        self.take_leases()?;
         self.forget_ended();
         self.check().await
+    }
+
+    /// Records the leases answered so far; a request still parked keeps waiting.
+    fn take_leases(&mut self) -> Result<(), TestCaseError> {
+        let mut still = Vec::new();
+        for mut rx in std::mem::take(&mut self.waiting) {
+            match rx.try_recv() {
+                Ok(leased) => {
+                    for job in leased {
+                        prop_assert!(
+                            !self.held.contains_key(&job.id),
+                            "job {} leased twice",
+                            job.id
+                        );
+                        self.held.insert(job.id, job.token);
+                    }
+                }
+                Err(oneshot::error::TryRecvError::Empty) => {
+                    prop_assert!(!self.state.store_writable, "a lease request left waiting");
+                    still.push(rx);
+                }
+                Err(oneshot::error::TryRecvError::Closed) => {}
+            }
+        }
+        self.waiting = still;
+        Ok(())
     }
 
     /// Leases whose job no longer holds them ended (ack, nack, expiry, cancel).
@@ -353,6 +416,10 @@ impl Harness {
     async fn check(&mut self) -> Result<(), TestCaseError> {
         let s = &self.state;
         prop_assert!(s.writing.is_empty(), "a write is still in flight");
+        prop_assert!(
+            !s.store_writable || s.uncharged_ends.is_empty(),
+            "an uncharged lease end left unwritten while the store accepts writes"
+        );
         let mut counts = QueueCounts::default();
         let mut tenants: HashMap<Arc<str>, u64> = HashMap::new();
         let mut leased = HashSet::new();
@@ -368,7 +435,10 @@ impl Harness {
                     );
                     let worker = job.worker.as_deref().unwrap_or_default();
                     prop_assert!(s.by_worker.get(worker).is_some_and(|h| h.contains(&job.id)));
-                    prop_assert_eq!(self.held.get(&job.id), Some(&job.lease_seq));
+                    let ending_later = s.uncharged_ends.iter().any(|(id, ..)| *id == job.id);
+                    if !ending_later {
+                        prop_assert_eq!(self.held.get(&job.id), Some(&job.lease_seq));
+                    }
                 }
                 State::Dead => counts.dead += 1,
                 State::Succeeded | State::Cancelled => prop_assert!(false, "a finished job kept"),
@@ -424,11 +494,11 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
     fn broker_state_never_double_leases_and_stays_in_step_with_the_store(
-        ops in proptest::collection::vec((op(), proptest::bool::weighted(0.15)), 1..60)
+        ops in proptest::collection::vec((op(), outage()), 1..60)
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -436,8 +506,8 @@ proptest! {
             .expect("runtime");
         runtime.block_on(async {
             let mut harness = Harness::new().await;
-            for (op, refused) in ops {
-                harness.run(op, refused).await?;
+            for (op, outage) in ops {
+                harness.run(op, outage).await?;
             }
             harness.me.stop(None);
             Ok::<(), TestCaseError>(())

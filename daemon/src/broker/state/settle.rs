@@ -20,7 +20,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{BrokerState, events, record_end};
 use crate::broker::{BrokerMsg, LeasedJob};
-use crate::job::{Job, JobId, Outcome, State, Token, Transition, UnixMillis};
+use crate::job::{Failure, Job, JobId, Outcome, State, Token, Transition, UnixMillis};
 use crate::metrics::{self, Completion};
 use crate::store::StoreError;
 
@@ -159,8 +159,16 @@ impl BrokerState {
             Ok(applied) => applied,
             Err(err) => {
                 self.store_refused(&err);
-                for (old, _) in &planned {
+                for (old, t) in &planned {
                     self.rearm(old.id, old.lease_seq, mono);
+                    if let Some(entry) = t
+                        .entry
+                        .as_ref()
+                        .filter(|e| e.outcome == Outcome::Interrupted)
+                    {
+                        let reason = entry.error.clone().unwrap_or_default();
+                        self.uncharged_ends.push((old.id, old.lease_seq, reason));
+                    }
                 }
                 return;
             }
@@ -293,9 +301,9 @@ impl BrokerState {
         metrics::store_writable(false);
     }
 
-    /// A write committed: if the store had refused writes, leasing resumes and the
-    /// lease requests parked meanwhile are served (or handed back if their worker
-    /// went away).
+    /// A write committed: if the store had refused writes, leasing resumes, the
+    /// uncharged lease ends it refused are written again and the lease requests
+    /// parked meanwhile are served (or handed back if their worker went away).
     pub(super) fn store_accepted(&mut self, now: UnixMillis, mono: Instant) {
         if self.store_writable {
             return;
@@ -306,6 +314,9 @@ impl BrokerState {
         );
         self.store_writable = true;
         metrics::store_writable(true);
+        for (id, token, reason) in std::mem::take(&mut self.uncharged_ends) {
+            self.fail(id, token, Failure::Interrupted { reason }, None, now);
+        }
         for parked in std::mem::take(&mut self.parked) {
             if parked.reply.is_closed() {
                 self.hand_back(&parked.queue, parked.picks);

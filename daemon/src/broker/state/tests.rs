@@ -426,3 +426,71 @@ async fn a_lease_answered_from_memory_is_answered_only_after_its_record_is_hande
         "a reader after the answer finds the lease"
     );
 }
+
+/// Performs `msg`'s effects on `store` (refused as a full disk refuses them, with
+/// `refuse`), then takes every message their completions sent back until none is
+/// left; those follow-ups' writes are refused alike.
+async fn drive(state: &mut BrokerState, store: &Store, msg: BrokerMsg, refuse: bool) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let back: Back = Arc::new(move |msg| {
+        let _ = tx.send(msg);
+    });
+    let full = StoreError::Full("test: the disk is full".into());
+    let mut next = vec![msg];
+    while !next.is_empty() {
+        for msg in next {
+            let effects = state.take(msg, 3_000, Instant::now());
+            if refuse {
+                effects.perform_refused(store, &back, &full);
+            } else {
+                effects.perform(store, &back);
+            }
+        }
+        store.run(|_| Ok(())).await.expect("store barrier");
+        next = rx.try_iter().collect();
+    }
+}
+
+#[tokio::test]
+async fn a_lease_whose_lessee_left_during_a_full_disk_is_ended_uncharged_once_writes_resume() {
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    let job = ready_job("q");
+    let id = job.id;
+    let stored = NewRecord {
+        job: job.clone(),
+        payload: b"p".to_vec(),
+    };
+    store
+        .run(move |b| b.enqueue(&[stored]))
+        .await
+        .expect("stored");
+    state.recover(vec![job], None);
+    state.hot.insert(id, b"p".to_vec());
+
+    // The lessee is gone before its answer, and the disk is full: the lease's end
+    // cannot be written, so the job stays leased for now.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    drop(rx);
+    let lease = BrokerMsg::Lease {
+        queue: Arc::from("q"),
+        picks: vec![(Arc::from("acme"), id)],
+        worker: "w".into(),
+        reply: tx.into(),
+    };
+    drive(&mut state, &store, lease, true).await;
+    assert!(!state.store_writable, "the refusal was noticed");
+    assert_eq!(state.jobs.get(id).expect("kept").state, State::Leased);
+
+    // The disk has room again: the probe's success ends the lease, uncharged.
+    drive(&mut state, &store, BrokerMsg::Probe, false).await;
+    let job = state.jobs.get(id).expect("kept");
+    assert_eq!((job.state, job.attempts), (State::Ready, 0));
+    let seen = store.run(move |b| b.job(id)).await.expect("read");
+    let seen = seen.expect("stored").job;
+    assert_eq!(
+        (seen.state, seen.attempts),
+        (State::Ready, 0),
+        "stored alike"
+    );
+}
