@@ -574,11 +574,10 @@ impl Actor for Broker {
 impl BrokerState {
     /// Handles one message at wall time `now` and monotonic `mono`, synchronously:
     /// what the actor does with each message, and what the property tests drive.
-    /// Replies that depend on memory alone go to the message's reply port; the store
-    /// operations (whose completions come back as messages), lease records, the
-    /// replies that must follow them, the Scheduler notifications and the lease
-    /// timer's new time are returned, for the caller to perform in order, before
-    /// the next message ([`Effects::perform`]).
+    /// Nothing is performed here: the store operations (whose completions answer
+    /// the writes' callers and come back as messages), lease records, replies, the
+    /// Scheduler notifications and the lease timer's new time are returned, for the
+    /// caller to perform in order, before the next message ([`Effects::perform`]).
     pub(crate) fn take(&mut self, msg: BrokerMsg, now: UnixMillis, mono: Instant) -> Effects {
         debug_assert!(
             self.no_effects_pending(),
@@ -618,7 +617,8 @@ impl BrokerState {
             BrokerMsg::Substituted(replaced, taken) => state.substituted(replaced, taken, mono),
             BrokerMsg::Abandoned(leases) => state.abandoned(leases, now),
             BrokerMsg::Heartbeat(id, token, extend, reply) => {
-                let _ = reply.send(state.heartbeat(id, token, extend, now, mono));
+                let answer = state.heartbeat(id, token, extend, now, mono);
+                state.answer(reply, answer);
             }
             BrokerMsg::Ack(id, token, reply) => state.ack(id, token, reply, now),
             BrokerMsg::AckBatch(acks, reply) => state.ack_batch(acks, reply, now),
@@ -635,13 +635,16 @@ impl BrokerState {
             BrokerMsg::Cancel(id, by, reply) => state.cancel(id, &by, reply, now),
             BrokerMsg::Resync(what) => state.resync(what),
             BrokerMsg::Counts(reply) => {
-                let _ = reply.send(state.counts());
+                let answer = state.counts();
+                state.answer(reply, answer);
             }
             BrokerMsg::TenantCounts(queue, reply) => {
-                let _ = reply.send(state.tenant_counts(&queue));
+                let answer = state.tenant_counts(&queue);
+                state.answer(reply, answer);
             }
             BrokerMsg::DlqStats(reply) => {
-                let _ = reply.send(state.dlq_stats());
+                let answer = state.dlq_stats();
+                state.answer(reply, answer);
             }
             BrokerMsg::StopIntake => state.accepting = false,
             BrokerMsg::Flush(reply) => state.write(

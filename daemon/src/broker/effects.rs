@@ -1,17 +1,19 @@
 //! What the Broker's state asks for while it handles one message, performed by the
 //! Broker actor afterwards: store operations (each with the completion that turns
-//! the store's answer into messages back to the Broker), local lease records,
-//! replies that must follow them, the Scheduler notifications ([`Outbox`]) and a new
-//! time for the lease timer. [`super::state::BrokerState::take`] returns them
+//! the store's answer into messages back to the Broker), local lease records, the
+//! message's replies, the Scheduler notifications ([`Outbox`]) and a new time for
+//! the lease timer. [`super::state::BrokerState::take`] returns them
 //! instead of doing any of it, so the state machine can be driven message by message
 //! and its I/O run, or refused, by whoever drives it: the actor
 //! ([`Effects::perform`]) or a test. They must be performed in order and before
 //! the next message's: the completions' logic relies on the writer running store
 //! operations in the order they were asked for.
 //!
-//! A reply that depends on nothing but memory goes straight to its reply port while
-//! the message is handled; one that must not overtake this message's store effects
-//! (a lease answered from memory, whose record readers must find) is an effect.
+//! Every reply the message gives is an effect, sent after its store effects were
+//! handed over, so none overtakes them (a lease answered from memory must not: its
+//! record is what readers find). A reply that waits for a store write is given by
+//! that write's completion instead, on the writer thread once the write is durable,
+//! so its caller does not wait for the Broker's mailbox.
 
 use std::marker::PhantomData;
 use std::sync::Arc;

@@ -6,10 +6,9 @@
 //! `by_worker` hold exactly the leased ones; `counts` is derived from `jobs` plus
 //! enqueues whose write is still pending. Every change goes through [`BrokerState::replace`].
 //!
-//! The state does no I/O: store operations, lease records, replies that must follow
-//! them, Scheduler notifications and the timer's next time are collected while a
-//! message is handled and returned by `BrokerState::take` as `Effects`
-//! (`broker/effects.rs`).
+//! The state does no I/O: store operations, lease records, replies, Scheduler
+//! notifications and the timer's next time are collected while a message is handled
+//! and returned by `BrokerState::take` as `Effects` (`broker/effects.rs`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -131,7 +130,7 @@ pub struct BrokerState {
     pub(super) out: Outbox,
     /// Store effects of the Broker message being handled, in order.
     store_effects: Vec<StoreEffect>,
-    /// Replies of the Broker message being handled that must follow its store effects.
+    /// Replies of the Broker message being handled, sent after its store effects.
     replies: Vec<Reply>,
     /// A shared store: a look for other nodes' jobs is under way, and whether
     /// another was asked for meanwhile (see `state/shared.rs`).
@@ -444,6 +443,20 @@ impl BrokerState {
         self.store_effects.push(StoreEffect::write(run, done));
     }
 
+    /// Answers `reply` with `value` once this message's store effects are handed
+    /// over (a [`Reply`] effect).
+    pub(super) fn answer<T: Send + 'static>(&mut self, reply: RpcReplyPort<T>, value: T) {
+        self.reply_later(move || {
+            let _ = reply.send(value);
+        });
+    }
+
+    /// Runs `reply` once this message's store effects are handed over (a [`Reply`]
+    /// effect).
+    pub(super) fn reply_later(&mut self, reply: impl FnOnce() + Send + 'static) {
+        self.replies.push(Box::new(move |_: &Back| reply()));
+    }
+
     /// Whether no store effect or reply waits to be taken (Scheduler notifications
     /// may: recovery queues some before the first message).
     pub(super) fn no_effects_pending(&self) -> bool {
@@ -484,7 +497,7 @@ impl BrokerState {
             }
             Err(err) => {
                 metrics::enqueue_rejected(self.known_queue(&req.queue), reject_reason(&err));
-                let _ = reply.send(Err(err));
+                self.answer(reply, Err(err));
             }
         }
     }
@@ -570,7 +583,8 @@ impl BrokerState {
             Ok(_) => self.store_accepted(now, mono),
             Err(err) => self.store_refused(err),
         }
-        let _ = reply.send(self.accept(job, result));
+        let answer = self.accept(job, result);
+        self.answer(reply, answer);
     }
 
     /// Applies one enqueue's store answer (the job was unreserved): a new job joins
@@ -644,7 +658,7 @@ impl BrokerState {
             }
             Err(err) => {
                 metrics::enqueue_rejected(self.known_queue(&queue), reject_reason(&err.error));
-                let _ = reply.send(Err(err));
+                self.answer(reply, Err(err));
             }
         }
     }
@@ -704,7 +718,7 @@ impl BrokerState {
                         })
                     })
                     .collect();
-                let _ = reply.send(answer);
+                self.answer(reply, answer);
                 return;
             }
             Err(StoreError::KeyConflict { index, id }) => {
@@ -725,7 +739,7 @@ impl BrokerState {
             }
         };
         metrics::enqueue_rejected(queue.as_deref(), reject_reason(&refused.error));
-        let _ = reply.send(Err(refused));
+        self.answer(reply, Err(refused));
     }
 
     // ---- workers ----
@@ -740,7 +754,7 @@ impl BrokerState {
         mono: Instant,
     ) {
         let Ok(lease) = self.queue(queue).map(|q| q.lease) else {
-            let _ = reply.send(Vec::new());
+            self.answer(reply, Vec::new());
             return;
         };
         if !self.store_writable {
@@ -770,7 +784,7 @@ impl BrokerState {
             }
         }
         if granted.is_empty() {
-            let _ = reply.send(Vec::new());
+            self.answer(reply, Vec::new());
             return;
         }
         let deadline = mono + lease;
@@ -956,9 +970,7 @@ impl BrokerState {
             Ok(planned) => self.commit(Intent::End, vec![planned], move |r| {
                 let _ = reply.send(r.map_err(BrokerError::from));
             }),
-            Err(err) => {
-                let _ = reply.send(Err(err));
-            }
+            Err(err) => self.answer(reply, Err(err)),
         }
     }
 
@@ -1032,7 +1044,7 @@ impl BrokerState {
             }),
             Err(err) => {
                 if let Some(reply) = reply {
-                    let _ = reply.send(Err(err));
+                    self.answer(reply, Err(err));
                 }
             }
         }
@@ -1138,7 +1150,7 @@ impl BrokerState {
         let max = self.config.daemon.max_payload;
         if payload.len() > max {
             let size = payload.len();
-            let _ = reply.send(Err(BrokerError::PayloadTooLarge { size, max }));
+            self.answer(reply, Err(BrokerError::PayloadTooLarge { size, max }));
             return;
         }
         match self.plan(id, Event::Redrive { by: by.to_string() }, now) {
@@ -1151,9 +1163,7 @@ impl BrokerState {
                     let _ = reply.send(r.map_err(BrokerError::from));
                 });
             }
-            Err(err) => {
-                let _ = reply.send(Err(err));
-            }
+            Err(err) => self.answer(reply, Err(err)),
         }
     }
 
@@ -1202,9 +1212,7 @@ impl BrokerState {
                     let _ = reply.send(r.map(|()| previous).map_err(BrokerError::from));
                 });
             }
-            Err(err) => {
-                let _ = reply.send(Err(err));
-            }
+            Err(err) => self.answer(reply, Err(err)),
         }
     }
 

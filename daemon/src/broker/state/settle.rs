@@ -111,7 +111,7 @@ impl BrokerState {
         done: impl FnOnce(Result<Vec<bool>, StoreError>) + Send + 'static,
     ) {
         if planned.is_empty() {
-            done(Ok(Vec::new()));
+            self.reply_later(move || done(Ok(Vec::new())));
             return;
         }
         self.writing.extend(planned.iter().map(|(old, _)| old.id));
@@ -232,7 +232,7 @@ impl BrokerState {
         done: impl FnOnce(Result<(), StoreError>) + Send + 'static,
     ) {
         if ids.is_empty() {
-            done(Ok(()));
+            self.reply_later(move || done(Ok(())));
             return;
         }
         self.writing.extend(ids.iter().copied());

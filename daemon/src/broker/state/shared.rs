@@ -414,9 +414,7 @@ impl BrokerState {
             Ok(t) => self.commit(Intent::CancelElsewhere, vec![(lease, t)], move |r| {
                 let _ = reply.send(r.map(|()| State::Leased).map_err(BrokerError::from));
             }),
-            Err(err) => {
-                let _ = reply.send(Err(err.into()));
-            }
+            Err(err) => self.answer(reply, Err(err.into())),
         }
     }
 

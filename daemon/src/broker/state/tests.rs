@@ -494,3 +494,69 @@ async fn a_lease_whose_lessee_left_during_a_full_disk_is_ended_uncharged_once_wr
         "stored alike"
     );
 }
+
+/// Takes `msg`, checks `answer` is still empty, performs the effects and returns the
+/// answer they sent.
+async fn answered_after_effects<T>(
+    state: &mut BrokerState,
+    store: &Store,
+    msg: BrokerMsg,
+    mut answer: tokio::sync::oneshot::Receiver<T>,
+) -> T {
+    let effects = state.take(msg, 2_000, Instant::now());
+    assert!(
+        answer.try_recv().is_err(),
+        "a reply was sent while its message was handled"
+    );
+    effects.perform(store, &(Arc::new(|_| {}) as Back));
+    answer
+        .await
+        .expect("answered once the effects were performed")
+}
+
+#[tokio::test]
+async fn every_reply_waits_until_its_message_effects_are_performed() {
+    use tokio::sync::oneshot;
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    let job = ready_job("q");
+    state.recover(vec![job.clone()], None);
+
+    let (tx, rx) = oneshot::channel();
+    let counts = BrokerMsg::Counts(tx.into());
+    let counts = answered_after_effects(&mut state, &store, counts, rx).await;
+    assert_eq!(counts["q"].waiting, 1);
+
+    let (tx, rx) = oneshot::channel();
+    let beat = BrokerMsg::Heartbeat(job.id, 99, None, tx.into());
+    let beat = answered_after_effects(&mut state, &store, beat, rx).await;
+    assert!(beat.is_err(), "not leased");
+
+    let (tx, rx) = oneshot::channel();
+    let unknown_queue = EnqueueRequest {
+        queue: "nope".into(),
+        tenant: None,
+        payload: b"x".to_vec(),
+        idempotency_key: None,
+        delay: Duration::ZERO,
+        max_attempts: None,
+    };
+    let enqueue = BrokerMsg::Enqueue(unknown_queue, tx.into());
+    let enqueue = answered_after_effects(&mut state, &store, enqueue, rx).await;
+    assert!(enqueue.is_err(), "unknown queue");
+
+    let (tx, rx) = oneshot::channel();
+    let lease = BrokerMsg::Lease {
+        queue: Arc::from("nope"),
+        picks: Vec::new(),
+        worker: "w".into(),
+        reply: tx.into(),
+    };
+    let lease = answered_after_effects(&mut state, &store, lease, rx).await;
+    assert!(lease.is_empty(), "unknown queue");
+
+    let (tx, rx) = oneshot::channel();
+    let acks = BrokerMsg::AckBatch(vec![(job.id, 99)], tx.into());
+    let acks = answered_after_effects(&mut state, &store, acks, rx).await;
+    assert!(acks.expect("answered per item")[0].is_err(), "not leased");
+}
