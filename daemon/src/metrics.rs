@@ -45,6 +45,10 @@ pub const DLQ_OLDEST_AGE: &str = "qd_dlq_oldest_age_seconds";
 pub const JOB_WAIT: &str = "qd_job_wait_seconds";
 /// Histogram `{queue,outcome}`, seconds: run time of one attempt.
 pub const JOB_RUN: &str = "qd_job_run_seconds";
+/// Histogram, seconds: time the store's writer spent on one batch (group commit),
+/// its operations and the commit itself (the fsync on SQLite, the round trip on
+/// PostgreSQL), whether it committed or not.
+pub const STORE_BATCH: &str = "qd_store_batch_seconds";
 /// Counter `{queue}`: leases that expired without an ack.
 pub const LEASES_EXPIRED: &str = "qd_leases_expired_total";
 /// Counter `{queue,reason}`: enqueue requests refused, by [`RejectReason`].
@@ -99,6 +103,7 @@ pub const METRIC_NAMES: &[&str] = &[
     RATE_LIMITER_THROTTLED,
     BUILD_INFO,
     STORE_WRITABLE,
+    STORE_BATCH,
     CONFIG_RELOADS,
     CONFIG_LAST_RELOAD_SUCCESS,
     JOBS_PRUNED,
@@ -235,6 +240,11 @@ pub fn describe() {
         JOB_WAIT,
         Unit::Seconds,
         "Time a job waited from ready to leased."
+    );
+    describe_histogram!(
+        STORE_BATCH,
+        Unit::Seconds,
+        "Time the store's writer spent on one batch: its operations and the commit (fsync included)."
     );
     describe_histogram!(
         JOB_RUN,
@@ -401,6 +411,12 @@ pub fn job_completed(tenants: &TenantLabels, queue: &str, tenant: &str, outcome:
 /// observed (seconds) in `qd_job_wait_seconds{queue}`.
 pub fn job_waited(queue: &str, wait: Duration) {
     histogram!(JOB_WAIT, "queue" => queue.to_owned()).record(wait);
+}
+
+/// The store's writer finished one batch after `took`: observed (seconds) in
+/// `qd_store_batch_seconds`.
+pub fn store_batch(took: Duration) {
+    histogram!(STORE_BATCH).record(took);
 }
 
 /// A lease expired without an ack: `qd_leases_expired_total{queue} += 1`.

@@ -36,6 +36,7 @@ fn every_event(tenants: &TenantLabels) {
     set_dlq("email", 3, Duration::from_secs(90));
     set_workers("email", 2, 1, 4);
     store_writable(false);
+    store_batch(Duration::from_millis(3));
     config_loaded();
     config_reloaded(false);
     jobs_pruned("email", 1_000);
@@ -71,6 +72,7 @@ fn every_metric_name_is_exported_with_its_type_and_help() {
         ("qd_dlq_depth", Kind::Gauge),
         ("qd_dlq_oldest_age_seconds", Kind::Gauge),
         ("qd_job_wait_seconds", Kind::Histogram),
+        ("qd_store_batch_seconds", Kind::Histogram),
         ("qd_job_run_seconds", Kind::Histogram),
         ("qd_leases_expired_total", Kind::Counter),
         ("qd_enqueue_rejected_total", Kind::Counter),

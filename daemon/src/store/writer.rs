@@ -182,6 +182,7 @@ fn writer_loop<E: Engine>(
 /// undid them, and their leases stand.
 fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters: &WriterState) {
     counters.batches.fetch_add(1, Ordering::Relaxed);
+    let started = std::time::Instant::now();
     let mut leases = Vec::new();
     let outcome = engine
         .begin()
@@ -201,6 +202,7 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
             put_back(counters, leases);
         }
     }
+    crate::metrics::store_batch(started.elapsed());
     for task in batch {
         task.answer(outcome.clone());
     }
