@@ -120,6 +120,9 @@ pub struct Outcome {
     pub enqueue_secs: f64,
     /// Seconds from the start to the last ack.
     pub done_secs: f64,
+    /// Put sent → its acceptance received (`202`, or beanstalkd's `INSERTED`), µs:
+    /// the durable write's round trip alone.
+    pub to_accept: Percentiles,
     /// Enqueue → lease reply, µs.
     pub to_lease: Percentiles,
     /// Enqueue → ack reply, µs.
@@ -205,6 +208,7 @@ impl Shared {
 /// What one task saw.
 #[derive(Default)]
 struct TaskLog {
+    to_accept: Vec<u64>,
     to_lease: Vec<u64>,
     to_ack: Vec<u64>,
     errors: u64,
@@ -298,8 +302,9 @@ fn summarize(shared: &Shared, logs: Vec<TaskLog>) -> Outcome {
         timed_out: shared.past_deadline(),
         ..Outcome::default()
     };
-    let (mut to_lease, mut to_ack) = (Vec::new(), Vec::new());
+    let (mut to_accept, mut to_lease, mut to_ack) = (Vec::new(), Vec::new(), Vec::new());
     for log in logs {
+        to_accept.extend(log.to_accept);
         to_lease.extend(log.to_lease);
         to_ack.extend(log.to_ack);
         out.errors += log.errors;
@@ -307,6 +312,7 @@ fn summarize(shared: &Shared, logs: Vec<TaskLog>) -> Outcome {
             out.first_error = log.first_error;
         }
     }
+    out.to_accept = Percentiles::of(to_accept);
     out.to_lease = Percentiles::of(to_lease);
     out.to_ack = Percentiles::of(to_ack);
     out
@@ -329,6 +335,7 @@ async fn produce<C: Conn>(
             tokio::time::sleep_until(due.min(shared.deadline).into()).await;
             due += every * n as u32;
         }
+        let sent_at = latency::now_us();
         let payloads = (0..n)
             .map(|_| latency::stamped_payload(plan.payload, latency::now_us()))
             .collect();
@@ -336,6 +343,8 @@ async fn produce<C: Conn>(
         match sent {
             Err(_) => break,
             Ok(Ok(accepted)) => {
+                log.to_accept
+                    .push(latency::now_us().saturating_sub(sent_at));
                 log.consecutive = 0;
                 shared
                     .progress

@@ -244,6 +244,8 @@ async fn paced_run<T: Target>(
     let ms = |us: u64| us as f64 / 1000.0;
     report.add("paced", name, "done", "jobs/s", outcome.done_rate());
     let rows = [
+        ("enqueue→accepted p50", outcome.to_accept.p50),
+        ("enqueue→accepted p99", outcome.to_accept.p99),
         ("enqueue→lease p50", outcome.to_lease.p50),
         ("enqueue→lease p99", outcome.to_lease.p99),
         ("enqueue→lease max", outcome.to_lease.max),
