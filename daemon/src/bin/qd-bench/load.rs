@@ -123,6 +123,12 @@ pub struct Outcome {
     /// Put sent → its acceptance received (`202`, or beanstalkd's `INSERTED`), µs:
     /// the durable write's round trip alone.
     pub to_accept: Percentiles,
+    /// Lease sent → its jobs received, µs, counting only leases whose jobs were all
+    /// enqueued before the lease was sent (so no long-poll wait is included).
+    pub lease_rtt: Percentiles,
+    /// Ack sent → its confirmation received, µs (per request; with one job per
+    /// lease a consumer's cycle is this plus the lease's round trip).
+    pub ack_rtt: Percentiles,
     /// Enqueue → lease reply, µs.
     pub to_lease: Percentiles,
     /// Enqueue → ack reply, µs.
@@ -209,6 +215,8 @@ impl Shared {
 #[derive(Default)]
 struct TaskLog {
     to_accept: Vec<u64>,
+    lease_rtt: Vec<u64>,
+    ack_rtt: Vec<u64>,
     to_lease: Vec<u64>,
     to_ack: Vec<u64>,
     errors: u64,
@@ -302,9 +310,12 @@ fn summarize(shared: &Shared, logs: Vec<TaskLog>) -> Outcome {
         timed_out: shared.past_deadline(),
         ..Outcome::default()
     };
-    let (mut to_accept, mut to_lease, mut to_ack) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut to_accept, mut lease_rtt, mut ack_rtt) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut to_lease, mut to_ack) = (Vec::new(), Vec::new());
     for log in logs {
         to_accept.extend(log.to_accept);
+        lease_rtt.extend(log.lease_rtt);
+        ack_rtt.extend(log.ack_rtt);
         to_lease.extend(log.to_lease);
         to_ack.extend(log.to_ack);
         out.errors += log.errors;
@@ -313,6 +324,8 @@ fn summarize(shared: &Shared, logs: Vec<TaskLog>) -> Outcome {
         }
     }
     out.to_accept = Percentiles::of(to_accept);
+    out.lease_rtt = Percentiles::of(lease_rtt);
+    out.ack_rtt = Percentiles::of(ack_rtt);
     out.to_lease = Percentiles::of(to_lease);
     out.to_ack = Percentiles::of(to_ack);
     out
@@ -372,6 +385,7 @@ async fn consume<C: Conn>(
 ) -> TaskLog {
     let mut log = TaskLog::default();
     while !shared.consumers_finished() && !shared.past_deadline() {
+        let sent_at = latency::now_us();
         let taken = tokio::time::timeout_at(shared.deadline.into(), conn.take(batch, wait)).await;
         let jobs = match taken {
             Err(_) => break,
@@ -390,6 +404,9 @@ async fn consume<C: Conn>(
             continue;
         }
         let leased_at = latency::now_us();
+        if jobs.iter().all(|j| j.stamp_us.is_some_and(|s| s < sent_at)) {
+            log.lease_rtt.push(leased_at.saturating_sub(sent_at));
+        }
         log.to_lease.extend(
             jobs.iter()
                 .filter_map(|j| j.stamp_us)
@@ -401,6 +418,7 @@ async fn consume<C: Conn>(
             Ok(Ok(confirmed)) => {
                 log.consecutive = 0;
                 let acked_at = latency::now_us();
+                log.ack_rtt.push(acked_at.saturating_sub(leased_at));
                 log.to_ack.extend(
                     jobs.iter()
                         .filter_map(|j| j.stamp_us)

@@ -246,6 +246,10 @@ async fn paced_run<T: Target>(
     let rows = [
         ("enqueue→accepted p50", outcome.to_accept.p50),
         ("enqueue→accepted p99", outcome.to_accept.p99),
+        ("lease round trip p50", outcome.lease_rtt.p50),
+        ("lease round trip p99", outcome.lease_rtt.p99),
+        ("ack round trip p50", outcome.ack_rtt.p50),
+        ("ack round trip p99", outcome.ack_rtt.p99),
         ("enqueue→lease p50", outcome.to_lease.p50),
         ("enqueue→lease p99", outcome.to_lease.p99),
         ("enqueue→lease max", outcome.to_lease.max),
