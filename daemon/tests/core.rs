@@ -459,65 +459,64 @@ fn json_bodies_are_read_whatever_their_content_type_as_curl_sends_them() {
     assert_eq!(qd.job(&id)["state"], "leased");
 }
 
+/// A daemon with one external queue `q`, configured and not started.
+fn unstarted() -> Qd {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Qd::configure(
+        dir,
+        "[queues.q]\nexecutor = { kind = \"external\" }\n",
+        "3s",
+    )
+}
+
+/// The port of a harness URL (`http://127.0.0.1:PORT[/path]`).
+fn port_of(url: &str) -> u16 {
+    let tail = url.trim_start_matches("http://127.0.0.1:");
+    let port = tail.split('/').next().and_then(|p| p.parse().ok());
+    port.expect("a port")
+}
+
+/// The first start of `qd` failed to bind its API and the retry serves.
+fn assert_started_again(qd: &Qd) {
+    assert!(
+        qd.logs().contains("cannot listen on api_listen"),
+        "the first start failed to bind:\n{}",
+        qd.logs()
+    );
+    let id = qd.enqueue("q", "hello");
+    assert_eq!(qd.job(&id)["state"], "ready");
+}
+
 /// The harness's own guard: a port taken between its pick and qd's bind makes qd
 /// exit 1 ("cannot listen on api_listen"); the harness must not take another
 /// process's answer on that port for this daemon's, and starts it on fresh ports.
 #[test]
 fn a_daemon_whose_api_port_was_taken_is_started_again_on_fresh_ports() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut qd = Qd::configure(
-        dir,
-        "[queues.q]\nexecutor = { kind = \"external\" }\n",
-        "3s",
-    );
+    let mut qd = unstarted();
     let taken = qd.api.clone();
-    let port: u16 = taken
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("a port");
-    let squatter = std::net::TcpListener::bind(("127.0.0.1", port)).expect("take the port");
+    let squatter =
+        std::net::TcpListener::bind(("127.0.0.1", port_of(&taken))).expect("take the port");
     qd.spawn(&[]);
     assert_ne!(qd.api, taken, "the daemon moved to a fresh port");
-    assert!(
-        qd.logs().contains("cannot listen on api_listen"),
-        "the first start failed to bind:\n{}",
-        qd.logs()
-    );
-    let id = qd.enqueue("q", "hello");
-    assert_eq!(qd.job(&id)["state"], "ready");
+    assert_started_again(&qd);
     drop(squatter);
 }
 
+/// Two port picks one after the other can return the same port: the metrics
+/// exporter binds it first and the API cannot; the retry must give each its own.
 #[test]
 fn a_daemon_configured_with_one_port_for_api_and_metrics_is_moved_onto_two() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut qd = Qd::configure(
-        dir,
-        "[queues.q]\nexecutor = { kind = \"external\" }\n",
-        "3s",
-    );
-    let port = |url: &str| -> String {
-        let tail = url.trim_start_matches("http://127.0.0.1:");
-        tail.split('/').next().expect("a port").to_owned()
-    };
-    // Two port picks one after the other can return the same port.
+    let mut qd = unstarted();
     let text = std::fs::read_to_string(&qd.config)
         .expect("config")
         .replace(
-            &format!("127.0.0.1:{}\"", port(&qd.metrics)),
-            &format!("127.0.0.1:{}\"", port(&qd.api)),
+            &format!("127.0.0.1:{}\"", port_of(&qd.metrics)),
+            &format!("127.0.0.1:{}\"", port_of(&qd.api)),
         );
     std::fs::write(&qd.config, text).expect("write config");
     qd.spawn(&[]);
-    assert_ne!(port(&qd.api), port(&qd.metrics), "two ports now");
-    assert!(
-        qd.logs().contains("cannot listen on api_listen"),
-        "the first start failed to bind:\n{}",
-        qd.logs()
-    );
-    let id = qd.enqueue("q", "hello");
-    assert_eq!(qd.job(&id)["state"], "ready");
+    assert_ne!(port_of(&qd.api), port_of(&qd.metrics), "two ports now");
+    assert_started_again(&qd);
     let scrape = ureq::get(&qd.metrics).call().expect("scrape");
     assert_eq!(scrape.status(), 200);
 }

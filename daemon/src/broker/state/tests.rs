@@ -385,10 +385,9 @@ async fn the_lease_timer_is_asked_for_only_when_the_soonest_deadline_moves_earli
     );
 }
 
-#[tokio::test]
-async fn a_lease_answered_from_memory_is_answered_only_after_its_record_is_handed_over() {
-    let store = Store::open_memory();
-    let mut state = state_on("q", store.clone());
+/// A ready job of queue `q` in `store` and in `state`'s memory, its payload still
+/// held (its first lease is answered from memory); returns its id.
+async fn hot_job(store: &Store, state: &mut BrokerState) -> JobId {
     let job = ready_job("q");
     let id = job.id;
     let stored = NewRecord {
@@ -401,6 +400,14 @@ async fn a_lease_answered_from_memory_is_answered_only_after_its_record_is_hande
         .expect("stored");
     state.recover(vec![job], None);
     state.hot.insert(id, b"p".to_vec());
+    id
+}
+
+#[tokio::test]
+async fn a_lease_answered_from_memory_is_answered_only_after_its_record_is_handed_over() {
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    let id = hot_job(&store, &mut state).await;
 
     let (tx, mut answer) = tokio::sync::oneshot::channel();
     let effects = state.take(
@@ -455,18 +462,7 @@ async fn drive(state: &mut BrokerState, store: &Store, msg: BrokerMsg, refuse: b
 async fn a_lease_whose_lessee_left_during_a_full_disk_is_ended_uncharged_once_writes_resume() {
     let store = Store::open_memory();
     let mut state = state_on("q", store.clone());
-    let job = ready_job("q");
-    let id = job.id;
-    let stored = NewRecord {
-        job: job.clone(),
-        payload: b"p".to_vec(),
-    };
-    store
-        .run(move |b| b.enqueue(&[stored]))
-        .await
-        .expect("stored");
-    state.recover(vec![job], None);
-    state.hot.insert(id, b"p".to_vec());
+    let id = hot_job(&store, &mut state).await;
 
     // The lessee is gone before its answer, and the disk is full: the lease's end
     // cannot be written, so the job stays leased for now.
