@@ -3,9 +3,9 @@
 //! the way a Scheduler would), acks (current and stale tokens), nacks, lease
 //! expiries, lost workers, cancels, redrives and purges, against the in-memory store.
 //! Some steps start an outage (a full disk) lasting one to four steps: every write
-//! of those steps is refused, the probe after each step too until the outage ends,
-//! and lease requests made meanwhile are parked until a probe finds the store
-//! writable again. Some lessees go away before their answer (the lease must be
+//! of those steps is refused, the probe the Broker's timer sends after some steps
+//! too until the outage ends, and lease requests made meanwhile are parked until a
+//! write succeeds again (the probe's, or an operation's when no probe came first). Some lessees go away before their answer (the lease must be
 //! handed back). The state's effects are performed (or refused) by the harness;
 //! the store's completions come back through a forwarding actor and are fed to the
 //! state in order, so every step is settled before the invariants are checked:
@@ -14,7 +14,8 @@
 //!   (a refused ack or nack is answered with an error and its lease stands);
 //! - every leased job is held by the lessee it was answered to, but for a lease whose
 //!   lessee left while the store refused writes: that one is ended, uncharged, once
-//!   the store accepts them; a lease request waits only while the store refuses;
+//!   the store accepts them; every lease request is answered, and waits only while
+//!   the store refuses;
 //! - the derived indexes (counts, tenant depths, deadlines, leases per worker, DLQ)
 //!   match the jobs, and nothing is left waiting for a write;
 //! - the store holds exactly the unfinished jobs memory holds, in the same states,
@@ -227,10 +228,10 @@ impl Harness {
         (!held.is_empty()).then(|| held[pick % held.len()])
     }
 
-    /// Runs `op` (starting an outage of `outage` steps unless one is under way), then
-    /// the probe the Broker's interval timer sends, refused while the outage lasts,
-    /// then takes the answers of lease requests.
-    async fn run(&mut self, op: Op, outage: u8) -> Result<(), TestCaseError> {
+    /// Runs `op` (starting an outage of `outage` steps unless one is under way), then,
+    /// with `probe`, the probe the Broker's interval timer sends (refused while the
+    /// outage lasts), then takes the answers of lease requests.
+    async fn run(&mut self, op: Op, outage: u8, probe: bool) -> Result<(), TestCaseError> {
         self.now += 10;
         if self.outage == 0 {
             self.outage = outage;
@@ -362,8 +363,10 @@ impl Harness {
             }
         }
         self.outage = self.outage.saturating_sub(1);
-        self.take(BrokerMsg::Probe);
-        self.settle().await;
+        if probe {
+            self.take(BrokerMsg::Probe);
+            self.settle().await;
+        }
         self.take_leases()?;
         self.forget_ended();
         self.check().await
@@ -381,6 +384,13 @@ impl Harness {
                             "job {} leased twice",
                             job.id
                         );
+                        let now = self.state.jobs.get(job.id).map(|j| (j.state, j.lease_seq));
+                        prop_assert_eq!(
+                            now,
+                            Some((State::Leased, job.token)),
+                            "job {} was answered to a lessee and is not leased under that token",
+                            job.id
+                        );
                         self.held.insert(job.id, job.token);
                     }
                 }
@@ -388,7 +398,9 @@ impl Harness {
                     prop_assert!(!self.state.store_writable, "a lease request left waiting");
                     still.push(rx);
                 }
-                Err(oneshot::error::TryRecvError::Closed) => {}
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    prop_assert!(false, "a lease request was dropped unanswered");
+                }
             }
         }
         self.waiting = still;
@@ -420,6 +432,14 @@ impl Harness {
             !s.store_writable || s.uncharged_ends.is_empty(),
             "an uncharged lease end left unwritten while the store accepts writes"
         );
+        for (id, token, _) in &s.uncharged_ends {
+            let held = s.jobs.get(*id).map(|j| (j.state, j.lease_seq));
+            prop_assert_eq!(
+                held,
+                Some((State::Leased, *token)),
+                "an uncharged end of a lease gone"
+            );
+        }
         let mut counts = QueueCounts::default();
         let mut tenants: HashMap<Arc<str>, u64> = HashMap::new();
         let mut leased = HashSet::new();
@@ -498,7 +518,7 @@ proptest! {
 
     #[test]
     fn broker_state_never_double_leases_and_stays_in_step_with_the_store(
-        ops in proptest::collection::vec((op(), outage()), 1..60)
+        ops in proptest::collection::vec((op(), outage(), proptest::bool::weighted(0.5)), 1..60)
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -506,8 +526,8 @@ proptest! {
             .expect("runtime");
         runtime.block_on(async {
             let mut harness = Harness::new().await;
-            for (op, outage) in ops {
-                harness.run(op, outage).await?;
+            for (op, outage, probe) in ops {
+                harness.run(op, outage, probe).await?;
             }
             harness.me.stop(None);
             Ok::<(), TestCaseError>(())

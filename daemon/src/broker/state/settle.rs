@@ -167,13 +167,12 @@ impl BrokerState {
                         .filter(|e| e.outcome == Outcome::Interrupted)
                     {
                         let reason = entry.error.clone().unwrap_or_default();
-                        self.uncharged_ends.push((old.id, old.lease_seq, reason));
+                        self.end_uncharged_later(old.id, old.lease_seq, reason);
                     }
                 }
                 return;
             }
         };
-        self.store_accepted(now, mono);
         for ((old, t), applied) in planned.into_iter().zip(applied) {
             if applied {
                 self.apply(&intent, old, t, now);
@@ -186,6 +185,10 @@ impl BrokerState {
                 error!(job = %old.id, state = %old.state, "The store did not hold the state the Broker expected; the change was not written.");
             }
         }
+        // Only now, with this write applied, may parked leases and uncharged ends
+        // be planned: they must see what it changed (a cancel, an end).
+        self.store_accepted(now, mono);
+        self.end_uncharged(now);
     }
 
     /// Applies a committed transition to memory, the derived actors and the metrics.
@@ -245,13 +248,13 @@ impl BrokerState {
                         state.writing.remove(id);
                     }
                     let result = result.map(|applied| {
-                        state.store_accepted(now, mono);
                         let gone: Vec<JobId> = ids
                             .into_iter()
                             .zip(applied)
                             .filter_map(|(id, applied)| applied.then_some(id))
                             .collect();
                         state.forget(&gone);
+                        state.store_accepted(now, mono);
                     });
                     if let Err(err) = &result {
                         state.store_refused(err);
@@ -314,9 +317,7 @@ impl BrokerState {
         );
         self.store_writable = true;
         metrics::store_writable(true);
-        for (id, token, reason) in std::mem::take(&mut self.uncharged_ends) {
-            self.fail(id, token, Failure::Interrupted { reason }, None, now);
-        }
+        self.end_uncharged(now);
         for parked in std::mem::take(&mut self.parked) {
             if parked.reply.is_closed() {
                 self.hand_back(&parked.queue, parked.picks);
@@ -330,6 +331,43 @@ impl BrokerState {
                     mono,
                 );
             }
+        }
+    }
+
+    /// Remembers an uncharged end of the lease `token` of job `id` the store refused
+    /// (once per lease), for [`Self::end_uncharged`].
+    fn end_uncharged_later(&mut self, id: JobId, token: Token, reason: String) {
+        if !self
+            .uncharged_ends
+            .iter()
+            .any(|(i, t, _)| (*i, *t) == (id, token))
+        {
+            self.uncharged_ends.push((id, token, reason));
+        }
+    }
+
+    /// While the store accepts writes, ends each remembered uncharged lease that is
+    /// still held and has no write of its job in flight (that write's settle calls
+    /// this again). An entry is kept until its lease is gone, so an end refused
+    /// again, or a write of the same job that failed meanwhile, leaves it for later;
+    /// a lease that ended otherwise (a cancel, an ack) drops it.
+    fn end_uncharged(&mut self, now: UnixMillis) {
+        if !self.store_writable {
+            return;
+        }
+        let jobs = &self.jobs;
+        self.uncharged_ends.retain(|(id, token, _)| {
+            jobs.get(*id)
+                .is_some_and(|j| j.state == State::Leased && j.lease_seq == *token)
+        });
+        let due: Vec<(JobId, Token, String)> = self
+            .uncharged_ends
+            .iter()
+            .filter(|(id, ..)| !self.writing.contains(id))
+            .cloned()
+            .collect();
+        for (id, token, reason) in due {
+            self.fail(id, token, Failure::Interrupted { reason }, None, now);
         }
     }
 

@@ -556,3 +556,173 @@ async fn every_reply_waits_until_its_message_effects_are_performed() {
     let acks = answered_after_effects(&mut state, &store, acks, rx).await;
     assert!(acks.expect("answered per item")[0].is_err(), "not leased");
 }
+
+/// Leases `id` to a lessee that is already gone, while the disk is full: an
+/// uncharged end is left to write.
+async fn abandoned_during_outage(state: &mut BrokerState, store: &Store, id: JobId) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    drop(rx);
+    let lease = BrokerMsg::Lease {
+        queue: Arc::from("q"),
+        picks: vec![(Arc::from("acme"), id)],
+        worker: "w".into(),
+        reply: tx.into(),
+    };
+    drive(state, store, lease, true).await;
+    assert!(!state.store_writable);
+    assert_eq!(state.uncharged_ends.len(), 1);
+}
+
+fn channel_back() -> (Back, std::sync::mpsc::Receiver<BrokerMsg>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let back: Back = Arc::new(move |msg| {
+        let _ = tx.send(msg);
+    });
+    (back, rx)
+}
+
+#[tokio::test]
+async fn an_uncharged_end_is_not_written_again_once_a_cancel_of_its_job_committed() {
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    let id = hot_job(&store, &mut state).await;
+    abandoned_during_outage(&mut state, &store, id).await;
+
+    // The disk has room again; the first write that reaches it is an operator's
+    // cancel of that very job.
+    let (back, rx) = channel_back();
+    let (tx, _answer) = tokio::sync::oneshot::channel();
+    let cancel = state.take(
+        BrokerMsg::Cancel(id, "op".into(), tx.into()),
+        3_000,
+        Instant::now(),
+    );
+    cancel.perform(&store, &back);
+    store.run(|_| Ok(())).await.expect("barrier");
+    let settle = rx.try_recv().expect("the cancel's settle");
+    let after = state.take(settle, 3_000, Instant::now());
+    assert!(state.jobs.get(id).is_none(), "cancelled, gone from memory");
+    assert!(
+        after.store.is_empty() && !state.writing.contains(&id),
+        "a second end of the cancelled job's lease was planned from stale memory ({} store effects, writing: {})",
+        after.store.len(),
+        state.writing.contains(&id)
+    );
+}
+
+#[tokio::test]
+async fn an_uncharged_end_waiting_behind_a_refused_write_of_its_job_is_still_written_uncharged() {
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    let id = hot_job(&store, &mut state).await;
+    abandoned_during_outage(&mut state, &store, id).await;
+
+    // The probe goes first and succeeds; an operator's cancel of the job is
+    // submitted right after it, in the next batch, which the (flapping) disk refuses.
+    let (back, rx) = channel_back();
+    let probe = state.take(BrokerMsg::Probe, 3_000, Instant::now());
+    let (tx, _answer) = tokio::sync::oneshot::channel();
+    let cancel = state.take(
+        BrokerMsg::Cancel(id, "op".into(), tx.into()),
+        3_000,
+        Instant::now(),
+    );
+    probe.perform(&store, &back);
+    store
+        .run(|_| Ok(()))
+        .await
+        .expect("barrier: the probe's batch ran first");
+    let full = StoreError::Full("test: the disk is full".into());
+    cancel.perform_refused(&store, &back, &full);
+    // Settles in the writer's order: the probe's (ok), then the cancel's (refused).
+    for msg in rx.try_iter().collect::<Vec<_>>() {
+        let effects = state.take(msg, 3_000, Instant::now());
+        effects.perform(&store, &back);
+    }
+    store.run(|_| Ok(())).await.expect("barrier");
+    for msg in rx.try_iter().collect::<Vec<_>>() {
+        let effects = state.take(msg, 3_000, Instant::now());
+        effects.perform(&store, &back);
+    }
+    // The disk settles down: the next probe succeeds.
+    drive(&mut state, &store, BrokerMsg::Probe, false).await;
+    assert!(state.store_writable, "writes resumed");
+    let job = state.jobs.get(id).expect("kept");
+    assert_eq!(
+        (job.state, job.attempts),
+        (State::Ready, 0),
+        "ended, uncharged"
+    );
+
+    // Nobody holds the lease; it expires.
+    let lease = state.config.queues["q"].lease;
+    let tick = state.take(BrokerMsg::Tick, 9_000, Instant::now() + 3 * lease);
+    tick.perform(&store, &back);
+    store.run(|_| Ok(())).await.expect("barrier");
+    for msg in rx.try_iter().collect::<Vec<_>>() {
+        let effects = state.take(msg, 9_000, Instant::now());
+        effects.perform(&store, &back);
+    }
+    let job = state.jobs.get(id).expect("kept");
+    assert_eq!(
+        (job.state, job.attempts),
+        (State::Ready, 0),
+        "the lease of an attempt that never ran was charged"
+    );
+}
+
+#[tokio::test]
+async fn a_parked_lease_served_when_a_cancel_commits_does_not_hand_out_the_cancelled_job() {
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    let id = hot_job(&store, &mut state).await;
+    // The disk is full: an unrelated enqueue is refused, so leasing stops.
+    let (tx, _enq) = tokio::sync::oneshot::channel();
+    drive(
+        &mut state,
+        &store,
+        BrokerMsg::Enqueue(request("q", None), tx.into()),
+        true,
+    )
+    .await;
+    assert!(!state.store_writable);
+    // A lessee asks for the job: parked.
+    let (tx, mut leased) = tokio::sync::oneshot::channel();
+    let lease = BrokerMsg::Lease {
+        queue: Arc::from("q"),
+        picks: vec![(Arc::from("acme"), id)],
+        worker: "w".into(),
+        reply: tx.into(),
+    };
+    let effects = state.take(lease, 3_000, Instant::now());
+    let (back, rx) = channel_back();
+    effects.perform(&store, &back);
+    assert!(leased.try_recv().is_err(), "parked");
+    // The disk has room again; the first write is the operator's cancel of that job.
+    let (tx, _answer) = tokio::sync::oneshot::channel();
+    let cancel = state.take(
+        BrokerMsg::Cancel(id, "op".into(), tx.into()),
+        3_000,
+        Instant::now(),
+    );
+    cancel.perform(&store, &back);
+    store.run(|_| Ok(())).await.expect("barrier");
+    for msg in rx.try_iter().collect::<Vec<_>>() {
+        let effects = state.take(msg, 3_000, Instant::now());
+        effects.perform(&store, &back);
+    }
+    store.run(|_| Ok(())).await.expect("barrier");
+    let seen = store
+        .run(move |b| b.job(id))
+        .await
+        .expect("read")
+        .expect("stored")
+        .job;
+    let handed = leased.try_recv().unwrap_or_default();
+    assert!(
+        handed.is_empty(),
+        "the cancelled job (stored: {}) was handed to a lessee: {:?}",
+        seen.state,
+        handed.iter().map(|l| l.id).collect::<Vec<_>>()
+    );
+}
