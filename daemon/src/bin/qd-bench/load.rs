@@ -123,8 +123,9 @@ pub struct Outcome {
     /// Put sent → its acceptance received (`202`, or beanstalkd's `INSERTED`), µs:
     /// the durable write's round trip alone.
     pub to_accept: Percentiles,
-    /// Lease sent → its jobs received, µs, counting only leases whose jobs were all
-    /// enqueued before the lease was sent (so no long-poll wait is included).
+    /// Lease sent → its jobs received, µs, counting only leases whose jobs' puts
+    /// had all been answered when the lease was sent (so no wait for a put, nor a
+    /// long poll, is included).
     pub lease_rtt: Percentiles,
     /// Ack sent → its confirmation received, µs (per request; with one job per
     /// lease a consumer's cycle is this plus the lease's round trip).
@@ -182,9 +183,22 @@ struct Shared {
     drained: AtomicBool,
     last_put_us: AtomicU64,
     last_ack_us: AtomicU64,
+    /// Per producer: when its put in flight was sent (µs since the epoch, before
+    /// its payloads were stamped), `u64::MAX` while none is.
+    puts_in_flight: Vec<AtomicU64>,
 }
 
 impl Shared {
+    /// A stamp before which every put has been answered: a job stamped earlier was
+    /// accepted (or refused), none is still on its way in.
+    fn answered_before(&self) -> u64 {
+        let sent = self
+            .puts_in_flight
+            .iter()
+            .map(|p| p.load(Ordering::Acquire));
+        sent.min().unwrap_or(u64::MAX)
+    }
+
     fn elapsed_us(&self) -> u64 {
         self.start.elapsed().as_micros() as u64
     }
@@ -270,6 +284,7 @@ pub async fn run<T: Target>(
         drained: AtomicBool::new(false),
         last_put_us: AtomicU64::new(0),
         last_ack_us: AtomicU64::new(0),
+        puts_in_flight: (0..producers).map(|_| AtomicU64::new(u64::MAX)).collect(),
     });
     if phase == Phase::Drain {
         // Nothing is enqueued in this phase: consume what the queue holds.
@@ -284,7 +299,8 @@ pub async fn run<T: Target>(
     };
     let ptasks: Vec<_> = pconns
         .into_iter()
-        .map(|c| tokio::spawn(produce(c, shared.clone(), plan.clone(), interval)))
+        .enumerate()
+        .map(|(p, c)| tokio::spawn(produce(c, p, shared.clone(), plan.clone(), interval)))
         .collect();
     let ctasks: Vec<_> = cconns
         .into_iter()
@@ -331,8 +347,10 @@ fn summarize(shared: &Shared, logs: Vec<TaskLog>) -> Outcome {
     out
 }
 
+/// Producer number `me`: puts until the plan's jobs are claimed or time is up.
 async fn produce<C: Conn>(
     mut conn: C,
+    me: usize,
     shared: Arc<Shared>,
     plan: Plan,
     interval: Option<Duration>,
@@ -349,10 +367,12 @@ async fn produce<C: Conn>(
             due += every * n as u32;
         }
         let sent_at = latency::now_us();
+        shared.puts_in_flight[me].store(sent_at, Ordering::Release);
         let payloads = (0..n)
             .map(|_| latency::stamped_payload(plan.payload, latency::now_us()))
             .collect();
         let sent = tokio::time::timeout_at(shared.deadline.into(), conn.put(payloads)).await;
+        shared.puts_in_flight[me].store(u64::MAX, Ordering::Release);
         match sent {
             Err(_) => break,
             Ok(Ok(accepted)) => {
@@ -386,6 +406,7 @@ async fn consume<C: Conn>(
     let mut log = TaskLog::default();
     while !shared.consumers_finished() && !shared.past_deadline() {
         let sent_at = latency::now_us();
+        let answered_before = shared.answered_before();
         let taken = tokio::time::timeout_at(shared.deadline.into(), conn.take(batch, wait)).await;
         let jobs = match taken {
             Err(_) => break,
@@ -404,7 +425,10 @@ async fn consume<C: Conn>(
             continue;
         }
         let leased_at = latency::now_us();
-        if jobs.iter().all(|j| j.stamp_us.is_some_and(|s| s < sent_at)) {
+        if jobs
+            .iter()
+            .all(|j| j.stamp_us.is_some_and(|s| s < answered_before))
+        {
             log.lease_rtt.push(leased_at.saturating_sub(sent_at));
         }
         log.to_lease.extend(
@@ -449,6 +473,35 @@ async fn consume<C: Conn>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn shared(in_flight: &[u64]) -> Shared {
+        let start = Instant::now();
+        Shared {
+            start,
+            deadline: start,
+            jobs: 0,
+            claimed: AtomicU64::new(0),
+            progress: Arc::default(),
+            producers_done: AtomicBool::new(false),
+            drained: AtomicBool::new(false),
+            last_put_us: AtomicU64::new(0),
+            last_ack_us: AtomicU64::new(0),
+            puts_in_flight: in_flight.iter().map(|&p| AtomicU64::new(p)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_lease_counts_as_a_round_trip_only_for_jobs_older_than_every_put_in_flight() {
+        // Producer 0 is idle; producers 1 and 2 sent puts at 500 and 300 µs: a job
+        // stamped at 299 was answered, one stamped at 300 may still be on its way.
+        assert_eq!(shared(&[u64::MAX, 500, 300]).answered_before(), 300);
+        assert_eq!(shared(&[u64::MAX, u64::MAX]).answered_before(), u64::MAX);
+        assert_eq!(
+            shared(&[]).answered_before(),
+            u64::MAX,
+            "a drain has no puts"
+        );
+    }
 
     /// A server that only says which one it is.
     struct Named(usize);

@@ -3,7 +3,7 @@
 //! one node of a cluster), and `beanstalkd` with its binlog in such a dir. Each
 //! server is killed (by its own pid) and its dir removed when its handle drops.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use tokio::process::{Child, Command};
 
 use crate::probe;
-use crate::scratch::Scratch;
+use crate::scratch::{Scratch, free_ports};
 
 /// How long a server may take to open its port.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -84,15 +84,11 @@ pub struct Node<'a> {
     pub name: &'a str,
 }
 
-fn free_addr() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 /// Starts qd on a fresh dir with an external queue and a command queue; returns
 /// once its HTTP API accepts connections.
 pub async fn start_qd(setup: &QdSetup<'_>) -> Result<Server> {
     let dir = Scratch::new("qd")?;
-    let (api, metrics) = (free_addr()?, free_addr()?);
+    let [api, metrics] = free_ports()?.map(|port| SocketAddr::from(([127, 0, 0, 1], port)));
     let d = dir.0.display();
     let store = setup.node.map_or(String::new(), |n| {
         format!(
@@ -136,7 +132,8 @@ pub async fn start_beanstalkd(fsync: Fsync) -> Result<Option<Server>> {
         return Ok(None);
     };
     let dir = Scratch::new("beanstalkd")?;
-    let addr = free_addr()?;
+    let [port] = free_ports()?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut cmd = Command::new(binary);
     cmd.args(["-l", "127.0.0.1", "-p", &addr.port().to_string(), "-b"])
         .arg(&dir.0);

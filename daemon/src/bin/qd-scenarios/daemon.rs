@@ -1,7 +1,7 @@
 //! Starts the real `qd` binary (the one built beside this runner) on a private temp
 //! dir with a generated config, and talks to it over its HTTP API.
 
-use std::net::TcpListener;
+use crate::scratch::free_ports;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -32,22 +32,18 @@ impl std::ops::Deref for Daemon {
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 impl Daemon {
     /// Writes `[daemon]` (data dir, socket, free ports) plus `body` into `dir/qd.toml`
     /// and starts qd; returns once `/healthz` answers.
     pub async fn start(dir: &Path, body: &str) -> Result<Daemon> {
-        let api_port = free_port()?;
+        let [api_port, metrics_port] = free_ports()?;
         let config = dir.join("qd.toml");
         let text = format!(
             "[daemon]\ndata_dir = \"{d}/data\"\nadmin_socket = \"{d}/qctl.sock\"\n\
              api_listen = \"127.0.0.1:{api_port}\"\nmetrics_listen = \"127.0.0.1:{m}\"\n\
              shutdown_grace = \"2s\"\n\n{body}",
             d = dir.display(),
-            m = free_port()?
+            m = metrics_port
         );
         std::fs::write(&config, text)?;
         let qd = std::env::current_exe()?.with_file_name("qd");

@@ -1,10 +1,24 @@
 //! A scratch directory for the runners beside qd (`qd-scenarios`, `qd-bench`):
 //! where they put the configs, data dirs, logs and scripts of the servers they
-//! start. Removed when dropped.
+//! start (removed when dropped), and the free loopback ports those listen on.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+
+/// `N` distinct free TCP ports on loopback. Each pick is held until all are made:
+/// two picks one after the other may return the same port, and a qd whose API and
+/// metrics ports are equal cannot start. Errors: no port could be bound.
+pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let held = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").context("bind a free port"))
+        .collect::<Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&held) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
+}
 
 /// A scratch directory, removed on drop.
 pub struct Scratch(pub PathBuf);
