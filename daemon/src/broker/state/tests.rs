@@ -438,10 +438,7 @@ async fn a_lease_answered_from_memory_is_answered_only_after_its_record_is_hande
 /// `refuse`), then takes every message their completions sent back until none is
 /// left; those follow-ups' writes are refused alike.
 async fn drive(state: &mut BrokerState, store: &Store, msg: BrokerMsg, refuse: bool) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let back: Back = Arc::new(move |msg| {
-        let _ = tx.send(msg);
-    });
+    let (back, rx) = channel_back();
     let full = StoreError::Full("test: the disk is full".into());
     let mut next = vec![msg];
     while !next.is_empty() {
@@ -460,22 +457,9 @@ async fn drive(state: &mut BrokerState, store: &Store, msg: BrokerMsg, refuse: b
 
 #[tokio::test]
 async fn a_lease_whose_lessee_left_during_a_full_disk_is_ended_uncharged_once_writes_resume() {
-    let store = Store::open_memory();
-    let mut state = state_on("q", store.clone());
-    let id = hot_job(&store, &mut state).await;
-
     // The lessee is gone before its answer, and the disk is full: the lease's end
     // cannot be written, so the job stays leased for now.
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    drop(rx);
-    let lease = BrokerMsg::Lease {
-        queue: Arc::from("q"),
-        picks: vec![(Arc::from("acme"), id)],
-        worker: "w".into(),
-        reply: tx.into(),
-    };
-    drive(&mut state, &store, lease, true).await;
-    assert!(!state.store_writable, "the refusal was noticed");
+    let (store, mut state, id) = abandoned_during_outage().await;
     assert_eq!(state.jobs.get(id).expect("kept").state, State::Leased);
 
     // The disk has room again: the probe's success ends the lease, uncharged.
@@ -557,22 +541,28 @@ async fn every_reply_waits_until_its_message_effects_are_performed() {
     assert!(acks.expect("answered per item")[0].is_err(), "not leased");
 }
 
-/// Leases `id` to a lessee that is already gone, while the disk is full: an
-/// uncharged end is left to write.
-async fn abandoned_during_outage(state: &mut BrokerState, store: &Store, id: JobId) {
+/// A state on a memory store whose one hot job was leased to a lessee already
+/// gone while the disk was full: an uncharged end is left to write.
+async fn abandoned_during_outage() -> (Store, BrokerState, JobId) {
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    let id = hot_job(&store, &mut state).await;
     let (tx, rx) = tokio::sync::oneshot::channel();
     drop(rx);
-    let lease = BrokerMsg::Lease {
-        queue: Arc::from("q"),
-        picks: vec![(Arc::from("acme"), id)],
-        worker: "w".into(),
-        reply: tx.into(),
-    };
-    drive(state, store, lease, true).await;
+    let lease = lease_of(id, tx);
+    drive(&mut state, &store, lease, true).await;
     assert!(!state.store_writable);
     assert_eq!(state.uncharged_ends.len(), 1);
+    (store, state, id)
 }
 
+/// An operator's cancel of `id`, its answer dropped.
+fn cancel_of(id: JobId) -> BrokerMsg {
+    let (tx, _answer) = tokio::sync::oneshot::channel();
+    BrokerMsg::Cancel(id, "op".into(), tx.into())
+}
+
+/// A [`Back`] whose messages the test takes from the returned receiver.
 fn channel_back() -> (Back, std::sync::mpsc::Receiver<BrokerMsg>) {
     let (tx, rx) = std::sync::mpsc::channel();
     let back: Back = Arc::new(move |msg| {
@@ -581,22 +571,38 @@ fn channel_back() -> (Back, std::sync::mpsc::Receiver<BrokerMsg>) {
     (back, rx)
 }
 
+/// Takes (and performs) every message the store's completions sent back so far.
+fn take_returned(
+    state: &mut BrokerState,
+    store: &Store,
+    back: &Back,
+    rx: &std::sync::mpsc::Receiver<BrokerMsg>,
+    mono: Instant,
+) {
+    for msg in rx.try_iter().collect::<Vec<_>>() {
+        state.take(msg, 3_000, mono).perform(store, back);
+    }
+}
+
+/// A lease of job `id` of queue `q` for worker `w` of tenant `acme`, answered to
+/// `reply`.
+fn lease_of(id: JobId, reply: tokio::sync::oneshot::Sender<Vec<LeasedJob>>) -> BrokerMsg {
+    BrokerMsg::Lease {
+        queue: Arc::from("q"),
+        picks: vec![(Arc::from("acme"), id)],
+        worker: "w".into(),
+        reply: reply.into(),
+    }
+}
+
 #[tokio::test]
 async fn an_uncharged_end_is_not_written_again_once_a_cancel_of_its_job_committed() {
-    let store = Store::open_memory();
-    let mut state = state_on("q", store.clone());
-    let id = hot_job(&store, &mut state).await;
-    abandoned_during_outage(&mut state, &store, id).await;
+    let (store, mut state, id) = abandoned_during_outage().await;
 
     // The disk has room again; the first write that reaches it is an operator's
     // cancel of that very job.
     let (back, rx) = channel_back();
-    let (tx, _answer) = tokio::sync::oneshot::channel();
-    let cancel = state.take(
-        BrokerMsg::Cancel(id, "op".into(), tx.into()),
-        3_000,
-        Instant::now(),
-    );
+    let cancel = state.take(cancel_of(id), 3_000, Instant::now());
     cancel.perform(&store, &back);
     store.run(|_| Ok(())).await.expect("barrier");
     let settle = rx.try_recv().expect("the cancel's settle");
@@ -612,21 +618,13 @@ async fn an_uncharged_end_is_not_written_again_once_a_cancel_of_its_job_committe
 
 #[tokio::test]
 async fn an_uncharged_end_waiting_behind_a_refused_write_of_its_job_is_still_written_uncharged() {
-    let store = Store::open_memory();
-    let mut state = state_on("q", store.clone());
-    let id = hot_job(&store, &mut state).await;
-    abandoned_during_outage(&mut state, &store, id).await;
+    let (store, mut state, id) = abandoned_during_outage().await;
 
     // The probe goes first and succeeds; an operator's cancel of the job is
     // submitted right after it, in the next batch, which the (flapping) disk refuses.
     let (back, rx) = channel_back();
     let probe = state.take(BrokerMsg::Probe, 3_000, Instant::now());
-    let (tx, _answer) = tokio::sync::oneshot::channel();
-    let cancel = state.take(
-        BrokerMsg::Cancel(id, "op".into(), tx.into()),
-        3_000,
-        Instant::now(),
-    );
+    let cancel = state.take(cancel_of(id), 3_000, Instant::now());
     probe.perform(&store, &back);
     store
         .run(|_| Ok(()))
@@ -635,15 +633,9 @@ async fn an_uncharged_end_waiting_behind_a_refused_write_of_its_job_is_still_wri
     let full = StoreError::Full("test: the disk is full".into());
     cancel.perform_refused(&store, &back, &full);
     // Settles in the writer's order: the probe's (ok), then the cancel's (refused).
-    for msg in rx.try_iter().collect::<Vec<_>>() {
-        let effects = state.take(msg, 3_000, Instant::now());
-        effects.perform(&store, &back);
-    }
+    take_returned(&mut state, &store, &back, &rx, Instant::now());
     store.run(|_| Ok(())).await.expect("barrier");
-    for msg in rx.try_iter().collect::<Vec<_>>() {
-        let effects = state.take(msg, 3_000, Instant::now());
-        effects.perform(&store, &back);
-    }
+    take_returned(&mut state, &store, &back, &rx, Instant::now());
     // The disk settles down: the next probe succeeds.
     drive(&mut state, &store, BrokerMsg::Probe, false).await;
     assert!(state.store_writable, "writes resumed");
@@ -659,10 +651,7 @@ async fn an_uncharged_end_waiting_behind_a_refused_write_of_its_job_is_still_wri
     let tick = state.take(BrokerMsg::Tick, 9_000, Instant::now() + 3 * lease);
     tick.perform(&store, &back);
     store.run(|_| Ok(())).await.expect("barrier");
-    for msg in rx.try_iter().collect::<Vec<_>>() {
-        let effects = state.take(msg, 9_000, Instant::now());
-        effects.perform(&store, &back);
-    }
+    take_returned(&mut state, &store, &back, &rx, Instant::now());
     let job = state.jobs.get(id).expect("kept");
     assert_eq!(
         (job.state, job.attempts),
@@ -688,29 +677,16 @@ async fn a_parked_lease_served_when_a_cancel_commits_does_not_hand_out_the_cance
     assert!(!state.store_writable);
     // A lessee asks for the job: parked.
     let (tx, mut leased) = tokio::sync::oneshot::channel();
-    let lease = BrokerMsg::Lease {
-        queue: Arc::from("q"),
-        picks: vec![(Arc::from("acme"), id)],
-        worker: "w".into(),
-        reply: tx.into(),
-    };
+    let lease = lease_of(id, tx);
     let effects = state.take(lease, 3_000, Instant::now());
     let (back, rx) = channel_back();
     effects.perform(&store, &back);
     assert!(leased.try_recv().is_err(), "parked");
     // The disk has room again; the first write is the operator's cancel of that job.
-    let (tx, _answer) = tokio::sync::oneshot::channel();
-    let cancel = state.take(
-        BrokerMsg::Cancel(id, "op".into(), tx.into()),
-        3_000,
-        Instant::now(),
-    );
+    let cancel = state.take(cancel_of(id), 3_000, Instant::now());
     cancel.perform(&store, &back);
     store.run(|_| Ok(())).await.expect("barrier");
-    for msg in rx.try_iter().collect::<Vec<_>>() {
-        let effects = state.take(msg, 3_000, Instant::now());
-        effects.perform(&store, &back);
-    }
+    take_returned(&mut state, &store, &back, &rx, Instant::now());
     store.run(|_| Ok(())).await.expect("barrier");
     let seen = store
         .run(move |b| b.job(id))
