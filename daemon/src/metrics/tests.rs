@@ -315,3 +315,13 @@ fn restart_counts_and_the_restart_counter_move_together() {
         "{worker:?}"
     );
 }
+
+#[test]
+fn a_store_batch_under_a_millisecond_lands_in_a_sub_millisecond_bucket() {
+    let (_, text) = scrape(|| store_batch(Duration::from_micros(300)));
+    assert!(
+        text.contains("qd_store_batch_seconds_bucket{le=\"0.00025\"} 0")
+            && text.contains("qd_store_batch_seconds_bucket{le=\"0.0005\"} 1"),
+        "{text}"
+    );
+}
