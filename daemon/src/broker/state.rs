@@ -120,8 +120,9 @@ pub struct BrokerState {
     parked: Vec<Parked>,
     /// Leases qd ended without charging their job (the lessee went away before its
     /// answer, a shutdown stopped the attempt) whose write the store refused: job,
-    /// token and reason. Ended again once the store accepts writes; left alone they
-    /// would expire and be charged for an attempt that never ran.
+    /// token and reason. Written again whenever the store accepts writes, kept until
+    /// the lease is gone; left alone they would expire and be charged for an attempt
+    /// that never ran.
     uncharged_ends: Vec<(JobId, Token, String)>,
     /// Payloads of recently accepted jobs, so their first lease needs no store read.
     hot: HotPayloads,

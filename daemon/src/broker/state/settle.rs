@@ -352,7 +352,7 @@ impl BrokerState {
     /// again, or a write of the same job that failed meanwhile, leaves it for later;
     /// a lease that ended otherwise (a cancel, an ack) drops it.
     fn end_uncharged(&mut self, now: UnixMillis) {
-        if !self.store_writable {
+        if !self.store_writable || self.uncharged_ends.is_empty() {
             return;
         }
         let jobs = &self.jobs;
