@@ -146,6 +146,7 @@ impl DlqState {
             after: None,
             order: JobOrder::RecentlyUpdated,
             limit: MAX_SELECTION,
+            ..JobFilter::default()
         };
         Ok(self.store.run(move |b| b.list_jobs(&filter)).await?)
     }

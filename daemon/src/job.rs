@@ -291,6 +291,16 @@ pub struct NewJob {
 }
 
 impl Job {
+    /// The state a user sees at wall time `now` (Unix ms): a delayed job whose
+    /// `ready_at` is at or before `now` is ready (the store keeps it `delayed` until
+    /// its next write). Every view and state filter reads states through this.
+    pub fn shown_state(&self, now: UnixMillis) -> State {
+        match self.state {
+            State::Delayed if self.ready_at <= now => State::Ready,
+            s => s,
+        }
+    }
+
     /// A freshly accepted job: `ready`, or `delayed` if `delay` is non-zero.
     pub fn new(new: NewJob, now: UnixMillis) -> Job {
         let delay_ms = i64::try_from(new.delay.as_millis()).unwrap_or(i64::MAX);

@@ -613,6 +613,10 @@ pub struct JobFilter {
     pub order: JobOrder,
     /// At most this many jobs (0 returns none).
     pub limit: u32,
+    /// The wall-clock time (Unix ms) a `ready` or `delayed` state filter is read at:
+    /// a delayed job whose `ready_at` is at or before it matches `ready`, not
+    /// `delayed`, as every view of a job shows it.
+    pub now: UnixMillis,
 }
 
 /// The order of [`Backend::list_jobs`]. Ids are UUIDv7, so id order is creation order.
@@ -636,7 +640,8 @@ impl JobFilter {
 }
 
 impl Default for JobFilter {
-    /// Matches every job; pages of [`JobFilter::DEFAULT_LIMIT`].
+    /// Matches every job; pages of [`JobFilter::DEFAULT_LIMIT`]; states read at the
+    /// current wall clock.
     fn default() -> Self {
         JobFilter {
             queue: None,
@@ -647,6 +652,7 @@ impl Default for JobFilter {
             after: None,
             order: JobOrder::OldestFirst,
             limit: Self::DEFAULT_LIMIT,
+            now: crate::clock::wall_ms(),
         }
     }
 }

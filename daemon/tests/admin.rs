@@ -759,6 +759,38 @@ fn qctl_says_when_a_delayed_job_becomes_ready() {
     );
 }
 
+/// A delayed job whose time has come shows as ready everywhere, though the store
+/// keeps it `delayed` until its next write: `jobs list --state` filters by the
+/// state it shows, so `--state ready` finds it and `--state delayed` does not.
+#[test]
+fn a_delayed_job_whose_time_has_come_is_listed_by_state_as_ready() {
+    let qd = Qd::start(EXTERNAL);
+    let (status, answer) = qd.post(
+        "/v1/queues/ext/jobs",
+        &json!({ "payload": "soon", "delay": "1s" }),
+    );
+    assert_eq!(status, 202, "{answer}");
+    let soon = answer["id"].as_str().expect("id").to_owned();
+    let later = ok(
+        &qd,
+        &["enqueue", "ext", "--delay", "1h", "--payload", "later"],
+    )
+    .trim()
+    .to_owned();
+    let listed = |state: &str| ids(&json_of(&qd, &["jobs", "list", "--state", state]), "jobs");
+    assert_eq!(listed("delayed"), vec![later.clone(), soon.clone()]);
+    assert!(listed("ready").is_empty());
+    wait_for("the 1 s delay to pass", LONG, || {
+        (qd.job(&soon)["state"] == "ready").then_some(())
+    });
+    assert_eq!(
+        listed("ready"),
+        vec![soon.clone()],
+        "the due job by its shown state"
+    );
+    assert_eq!(listed("delayed"), vec![later], "only the job still waiting");
+}
+
 #[test]
 fn qctl_status_counts_worker_restarts_as_the_metric_does() {
     let work = tempfile::tempdir().expect("tempdir");

@@ -169,6 +169,7 @@ impl Handler {
             after: after.as_deref().map(parse_id).transpose()?,
             order: JobOrder::RecentlyUpdated,
             limit,
+            ..JobFilter::default()
         })
     }
 

@@ -86,17 +86,9 @@ async fn nodes(d: &Daemon, database: &crate::config::DatabaseConfig) -> Vec<Node
         .collect()
 }
 
-/// The state a user sees: a delayed job whose time has come is ready.
-fn shown_state(job: &Job, now: i64) -> State {
-    match job.state {
-        State::Delayed if job.ready_at <= now => State::Ready,
-        s => s,
-    }
-}
-
 /// One line of `jobs list` / `dlq list`.
 pub fn summary(job: &Job) -> JobSummary {
-    let state = shown_state(job, wall_ms());
+    let state = job.shown_state(wall_ms());
     JobSummary {
         id: job.id.to_string(),
         queue: job.queue.to_string(),

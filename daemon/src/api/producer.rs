@@ -309,10 +309,7 @@ pub async fn job(
 /// A job's public JSON form. A delayed job whose time has come shows as `ready`.
 pub fn job_json(d: &JobDetail, now: i64) -> Value {
     let j = &d.job;
-    let state = match j.state {
-        JobState::Delayed if j.ready_at <= now => JobState::Ready,
-        s => s,
-    };
+    let state = j.shown_state(now);
     json!({
         "id": j.id,
         "queue": &*j.queue,

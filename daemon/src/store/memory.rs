@@ -195,7 +195,9 @@ impl MemoryBackend {
         };
         filter.queue.as_deref().is_none_or(|q| *job.queue == *q)
             && filter.tenant.as_deref().is_none_or(|t| *job.tenant == *t)
-            && filter.state.is_none_or(|s| job.state == s)
+            && filter
+                .state
+                .is_none_or(|s| job.shown_state(filter.now) == s)
             && filter.error_contains.as_ref().is_none_or(error_matches)
             && filter.updated_since.is_none_or(|t| job.updated_at >= t)
     }

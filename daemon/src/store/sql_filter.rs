@@ -50,9 +50,24 @@ pub(crate) fn tail(filter: &JobFilter, d: &Dialect) -> (String, Vec<Arg>) {
     }
     match filter.state {
         Some(State::Leased) => {}
-        Some(state @ (State::Ready | State::Delayed)) => add(
-            &|p| format!("j.state = {p} AND {}", d.unleased),
-            Arg::Text(state.as_str().into()),
+        // As every view shows it: a delayed job whose time has come is ready.
+        Some(State::Ready) => add(
+            &|p| {
+                format!(
+                    "(j.state = 'ready' OR (j.state = 'delayed' AND j.ready_at <= {p})) AND {}",
+                    d.unleased
+                )
+            },
+            Arg::Int(filter.now),
+        ),
+        Some(State::Delayed) => add(
+            &|p| {
+                format!(
+                    "j.state = 'delayed' AND j.ready_at > {p} AND {}",
+                    d.unleased
+                )
+            },
+            Arg::Int(filter.now),
         ),
         Some(state) => add(
             &|p| match d.ended {
@@ -122,12 +137,14 @@ mod tests {
             after: Some(after),
             order: JobOrder::RecentlyUpdated,
             limit: 5,
+            now: 1_000,
             ..JobFilter::default()
         };
         let (sql, args) = tail(&filter, &DOLLAR);
         assert_eq!(
             sql,
-            " WHERE j.queue = $1 AND j.state = $2 AND j.lease IS NULL AND \
+            " WHERE j.queue = $1 AND (j.state = 'ready' OR (j.state = 'delayed' AND \
+             j.ready_at <= $2)) AND j.lease IS NULL AND \
              strpos(j.last_error, $3) > 0 AND (j.updated_at, j.id) < \
              (SELECT updated_at, id FROM t WHERE id = $4) \
              ORDER BY j.updated_at DESC, j.id DESC LIMIT $5"
@@ -136,7 +153,7 @@ mod tests {
             args,
             vec![
                 Arg::Text("q".into()),
-                Arg::Text("ready".into()),
+                Arg::Int(1_000),
                 Arg::Text("boom".into()),
                 Arg::Id(after),
                 Arg::Int(5)

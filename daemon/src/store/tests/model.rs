@@ -329,6 +329,7 @@ impl Driver {
                     JobOrder::RecentlyUpdated,
                 ][spec.order],
                 limit: spec.limit,
+                now,
             }),
             Step::Prune { scope, back, limit } => {
                 Action::Prune(prune_scope(scope), now - STEP_MS * back, limit)
