@@ -160,6 +160,7 @@ pub fn router(args: ApiArgs) -> Router {
                 single: body_limit,
                 batch: batch_limit,
                 max_payload,
+                limits: args.limits.clone(),
             },
             refuse_oversized,
         ))
@@ -189,7 +190,7 @@ async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiEr
 }
 
 /// The body limits [`refuse_oversized`] checks, in bytes.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct BodyLimits {
     /// Every route but the batch enqueue ([`body_limit`]).
     single: usize,
@@ -197,6 +198,23 @@ struct BodyLimits {
     batch: usize,
     /// `daemon.max_payload`, named in the message.
     max_payload: usize,
+    /// The config in force, to label a refused enqueue with its queue.
+    limits: Arc<Limits>,
+}
+
+/// The queue of an enqueue path (`/v1/queues/{queue}/jobs` or `.../jobs/batch`).
+fn enqueue_path_queue(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/v1/queues/")?;
+    let queue = rest
+        .strip_suffix("/jobs")
+        .or_else(|| rest.strip_suffix("/jobs/batch"))?;
+    (!queue.contains('/')).then_some(queue)
+}
+
+/// `queue` as the `queue` label of a metric: itself when the config names it, else
+/// `None` (labelled `unknown`), so request paths cannot grow the label set.
+pub(crate) fn known_queue<'q>(config: &crate::config::Config, queue: &'q str) -> Option<&'q str> {
+    config.queues.contains_key(queue).then_some(queue)
 }
 
 /// Answers 413 at once when `Content-Length` already exceeds the route's body limit
@@ -228,6 +246,13 @@ async fn refuse_oversized(
                      (room for a payload of max_payload = {max_payload} bytes however it is escaped)"
                 )
             };
+            if let Some(queue) = enqueue_path_queue(req.uri().path()) {
+                let config = limits.limits.config();
+                crate::metrics::enqueue_rejected(
+                    known_queue(&config, queue),
+                    crate::metrics::RejectReason::PayloadTooLarge,
+                );
+            }
             let err = ApiError::new(
                 axum::http::StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",

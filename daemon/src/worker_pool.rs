@@ -43,6 +43,10 @@ use crate::scheduler::{self, SchedulerMsg};
 use autoscale::{Observation, Policy};
 use worker::{Worker, WorkerArgs, WorkerMsg};
 
+/// The `actor` label of `qd_actor_restarts_total` for a pool's crashed workers,
+/// created at 0 when a pool starts so the `QdActorRestarts` alert sees the first.
+const WORKER: &str = "worker";
+
 /// The registered name of the pool of `queue`.
 pub fn name(queue: &str) -> String {
     format!("pool:{queue}")
@@ -139,6 +143,7 @@ impl Actor for WorkerPool {
         args: PoolArgs,
     ) -> Result<PoolState, ActorProcessingErr> {
         let (min, _) = args.limits.workers(&args.queue, &workers_config(&args));
+        metrics::register_actor(WORKER);
         let mut state = PoolState {
             args,
             slots: BTreeMap::new(),
@@ -362,7 +367,7 @@ impl PoolState {
         let delay =
             Duration::from_millis(100 * 2u64.pow(slot.crashes.min(7))).min(Duration::from_secs(10));
         warn!(queue = %self.args.queue, worker = %slot.id, error, restart_in = ?delay, "Worker crashed; its job goes back through the retry policy.");
-        self.args.restarts.record("worker");
+        self.args.restarts.record(WORKER);
         broker::cast(BrokerMsg::WorkerLost(slot.id.clone(), error.to_string()));
         myself.send_after(delay, move || PoolMsg::Respawn(n));
     }

@@ -11,7 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Qd, fails, json_of, kill_all, ok, script, text, wait_for};
+use common::{Qd, fails, json_of, kill_all, metric, ok, script, text, wait_for};
 use serde_json::{Value, json};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -800,6 +800,13 @@ fn qctl_status_counts_worker_restarts_as_the_metric_does() {
         prog.display()
     );
     let qd = Qd::start_with(&config, &[("QD_TEST_HOOKS", "1")]);
+    let restarts = |text: &str| metric(text, "qd_actor_restarts_total", &[("actor", "worker")]);
+    let at_start = qd.scrape();
+    assert!(
+        at_start.contains("qd_actor_restarts_total{actor=\"worker\"} 0"),
+        "created at 0 before the first crash, for increase() to see it:\n{at_start}"
+    );
+    assert_eq!(restarts(&at_start), 0.0);
     let ids: Vec<String> = (0..3)
         .map(|_| qd.enqueue("q", "qd-test:panic-on-attempt:1"))
         .collect();

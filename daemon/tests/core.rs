@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{Qd, alive, history, script, wait_for};
+use common::{Qd, alive, history, metric, script, wait_for};
 use serde_json::json;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -324,6 +324,25 @@ fn bad_requests_get_clear_errors_and_change_nothing() {
             .lines()
             .any(|l| l.starts_with("qd_jobs_enqueued_total{") && !l.ends_with(" 0")),
         "a refused request enqueued something:\n{metrics}"
+    );
+    // Each refused enqueue counts once, by what refused it: the malformed body, the
+    // unknown queue (as `unknown`), the payload over max_payload and the body
+    // declared over the limit.
+    let rejected = |queue: &str, reason: &str| {
+        metric(
+            &metrics,
+            "qd_enqueue_rejected_total",
+            &[("queue", queue), ("reason", reason)],
+        )
+    };
+    assert_eq!(
+        (
+            rejected("q", "bad_request"),
+            rejected("unknown", "bad_request"),
+            rejected("q", "payload_too_large"),
+        ),
+        (1.0, 1.0, 2.0),
+        "{metrics}"
     );
 }
 

@@ -28,7 +28,9 @@ use super::auth::{Caller, Role};
 use super::{ApiArgs, ApiError};
 use crate::broker::{self, BatchError, BrokerError, BrokerMsg, EnqueueRequest};
 use crate::clock::wall_ms;
+use crate::config::Config;
 use crate::job::{JobId, State as JobState};
+use crate::metrics::RejectReason;
 use crate::store::JobDetail;
 
 /// How long an enqueue may wait for the broker and the group commit.
@@ -98,12 +100,12 @@ pub async fn enqueue(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     caller.allow(Role::Produce, &queue)?;
     let config = args.config();
-    let max = config.daemon.max_payload;
-    let body = body.map_err(|e| too_large(max, e.to_string()))?;
-    if !config.queues.contains_key(&queue) {
-        return Err(broker::BrokerError::UnknownQueue(queue).into());
-    }
-    let req = parse_enqueue(&queue, &body, &headers, max)?;
+    let req = counted(&config, &queue, || {
+        let max = config.daemon.max_payload;
+        let body = body.map_err(|e| too_large(max, e.to_string()))?;
+        known_queue(&config, &queue)?;
+        parse_enqueue(&queue, &body, &headers, max)
+    })?;
     let delayed = !req.delay.is_zero();
     let done = broker::request(|tx| BrokerMsg::Enqueue(req, tx), ENQUEUE_TIMEOUT).await??;
     if done.duplicate {
@@ -121,6 +123,35 @@ pub async fn enqueue(
         StatusCode::ACCEPTED,
         Json(json!({ "id": done.id, "state": state })),
     ))
+}
+
+/// Runs an enqueue's checks before the Broker (body size, queue, parsing,
+/// validation); a refusal counts once in `qd_enqueue_rejected_total{queue,reason}`
+/// (`payload_too_large` for a 413, else `bad_request`; the queue `unknown` when it
+/// is not configured). Refusals the Broker decides (full, shutting down, store) are
+/// counted by the Broker, bodies declared over the limit by `api::refuse_oversized`.
+fn counted<T>(
+    config: &Config,
+    queue: &str,
+    checks: impl FnOnce() -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    checks().inspect_err(|err| {
+        let reason = if err.status == StatusCode::PAYLOAD_TOO_LARGE {
+            RejectReason::PayloadTooLarge
+        } else {
+            RejectReason::BadRequest
+        };
+        crate::metrics::enqueue_rejected(super::known_queue(config, queue), reason);
+    })
+}
+
+/// `404 unknown_queue` for a queue the config does not name.
+fn known_queue(config: &Config, queue: &str) -> Result<(), ApiError> {
+    if config.queues.contains_key(queue) {
+        Ok(())
+    } else {
+        Err(BrokerError::UnknownQueue(queue.to_owned()).into())
+    }
 }
 
 fn too_large(max: usize, detail: String) -> ApiError {
@@ -164,17 +195,17 @@ pub async fn enqueue_batch(
 ) -> Result<(StatusCode, Json<BatchAnswer>), ApiError> {
     caller.allow(Role::Produce, &queue)?;
     let config = args.config();
-    let max = config.daemon.max_payload;
-    let body = body.map_err(|e| batch_too_large(max, e.to_string()))?;
-    if !config.queues.contains_key(&queue) {
-        return Err(broker::BrokerError::UnknownQueue(queue).into());
-    }
-    if headers.contains_key("idempotency-key") {
-        return Err(ApiError::bad_request(
-            "the Idempotency-Key header does not apply to a batch: give each job its idempotency_key",
-        ));
-    }
-    let reqs = parse_batch(&queue, &body, max)?;
+    let reqs = counted(&config, &queue, || {
+        let max = config.daemon.max_payload;
+        let body = body.map_err(|e| batch_too_large(max, e.to_string()))?;
+        known_queue(&config, &queue)?;
+        if headers.contains_key("idempotency-key") {
+            return Err(ApiError::bad_request(
+                "the Idempotency-Key header does not apply to a batch: give each job its idempotency_key",
+            ));
+        }
+        parse_batch(&queue, &body, max)
+    })?;
     let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), ENQUEUE_TIMEOUT)
         .await?
         .map_err(batch_error)?;
