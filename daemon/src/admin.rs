@@ -86,7 +86,9 @@ impl From<BrokerError> for ErrorBody {
     fn from(e: BrokerError) -> Self {
         let code = match &e {
             BrokerError::UnknownQueue(_) | BrokerError::UnknownJob(_) => ErrorCode::NotFound,
-            BrokerError::KeyConflict { .. } | BrokerError::Transition(_) => ErrorCode::Conflict,
+            BrokerError::KeyConflict { .. }
+            | BrokerError::KeyConflictInBatch { .. }
+            | BrokerError::Transition(_) => ErrorCode::Conflict,
             BrokerError::Invalid(_) | BrokerError::PayloadTooLarge { .. } => ErrorCode::BadRequest,
             BrokerError::QueueFull { .. }
             | BrokerError::TenantFull { .. }

@@ -187,6 +187,17 @@ pub enum BrokerError {
         /// The job holding it.
         id: JobId,
     },
+    /// An item of a batch gives the key an earlier item of the same batch gives
+    /// with a different payload (nothing of the batch was stored).
+    #[error(
+        "idempotency key {key:?} is also given to jobs[{earlier}] of this batch, with a different payload"
+    )]
+    KeyConflictInBatch {
+        /// The key.
+        key: String,
+        /// The index of the earlier item giving it.
+        earlier: usize,
+    },
     /// The daemon is shutting down and takes no new work.
     #[error("qd is shutting down")]
     ShuttingDown,

@@ -229,7 +229,13 @@ fn keys_dedupe_inside_a_batch_and_across_batches_and_a_conflict_refuses_the_batc
     // The same inside one batch.
     let (status, _, body) = batch(&qd, "ext", vec![keyed("k5", "x"), keyed("k5", "y")]);
     assert_eq!(status, 409, "{body}");
-    assert!(message(&body).starts_with("jobs[1]: "), "{body}");
+    assert_eq!(body["error"]["code"], "idempotency_conflict");
+    assert_eq!(
+        message(&body),
+        "jobs[1]: idempotency key \"k5\" is also given to jobs[0] of this batch, \
+         with a different payload",
+        "names the earlier item, not the id it would have had: {body}"
+    );
     assert_eq!(depth(&qd, "ext"), 4, "neither refused batch left a job");
     // k4 and k5 were rolled back with their batches: free for any payload now.
     let again = accepted(batch(

@@ -73,7 +73,7 @@ impl From<BrokerError> for ApiError {
             BrokerError::TenantFull { .. } => {
                 Self::new(StatusCode::TOO_MANY_REQUESTS, "tenant_full", msg).retry(1)
             }
-            BrokerError::KeyConflict { .. } => {
+            BrokerError::KeyConflict { .. } | BrokerError::KeyConflictInBatch { .. } => {
                 Self::new(StatusCode::CONFLICT, "idempotency_conflict", msg)
             }
             BrokerError::ShuttingDown => {

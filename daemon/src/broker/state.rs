@@ -724,10 +724,17 @@ impl BrokerState {
             }
             Err(StoreError::KeyConflict { index, id }) => {
                 self.store_accepted(now, mono);
-                let error = jobs.get(index).map_or(
-                    BrokerError::Store(StoreError::KeyConflict { index, id }),
-                    |job| key_conflict(job, id),
-                );
+                // The holder may be an earlier item of this very batch, which was
+                // not stored: then name that item, not its unstored id.
+                let earlier = jobs.iter().position(|j| j.id == id);
+                let error = match (jobs.get(index), earlier) {
+                    (Some(job), Some(earlier)) => BrokerError::KeyConflictInBatch {
+                        key: job.idempotency_key.clone().unwrap_or_default(),
+                        earlier,
+                    },
+                    (Some(job), None) => key_conflict(job, id),
+                    (None, _) => BrokerError::Store(StoreError::KeyConflict { index, id }),
+                };
                 BatchError {
                     index: Some(index),
                     error,
