@@ -45,6 +45,7 @@ use crate::store::{Inserted, Store, StoreError};
 
 use effects::Effects;
 use state::BrokerState;
+pub(crate) use state::MAX_EXTEND;
 pub use state::{DlqStats, QueueCounts, Settle};
 
 /// The registered actor name of the broker.

@@ -143,6 +143,21 @@ fn heartbeats_keep_a_lease_past_its_deadline_and_a_silent_worker_loses_its_job()
     }
     let r = api.report(&job, "heartbeat", json!({"token": token}));
     assert!(r.body["deadline"].as_i64().expect("deadline") > first_deadline + 2000);
+    // An extension of nothing or of more than 12 h is refused, and the lease stands;
+    // `null` is the queue's lease, as when the field is left out.
+    for extend in [json!("0s"), json!(0), json!("13h")] {
+        let r = api.report(&job, "heartbeat", json!({"token": token, "extend": extend}));
+        assert_eq!(r.status, 400, "extend {extend}: {}", r.body);
+        assert!(
+            r.body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("extend must be more than 0s")),
+            "{}",
+            r.body
+        );
+    }
+    let r = api.report(&job, "heartbeat", json!({"token": token, "extend": null}));
+    assert_eq!(r.status, 200, "extend null: {}", r.body);
     let r = api.report(&job, "ack", json!({"token": token}));
     assert_eq!((r.status, &r.body["state"]), (200, &json!("succeeded")));
     let done = qd.job(&kept);

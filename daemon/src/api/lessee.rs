@@ -194,6 +194,21 @@ async fn report<T: Send + 'static>(
     }
 }
 
+/// A heartbeat's `extend`: more than zero (a zero extension would end the lease at
+/// once and charge the attempt; a worker giving a job back nacks it) and at most
+/// [`broker::MAX_EXTEND`]. Errors: a 400 naming the value.
+fn parse_extend(value: Option<Value>) -> Result<Duration, ApiError> {
+    let extend = parse_seconds_or_duration("extend", value)?;
+    if extend.is_zero() || extend > broker::MAX_EXTEND {
+        return Err(ApiError::bad_request(format!(
+            "extend must be more than 0s and at most {}, got {}; to give the job back, nack it",
+            humantime::format_duration(broker::MAX_EXTEND),
+            humantime::format_duration(extend)
+        )));
+    }
+    Ok(extend)
+}
+
 /// `POST /v1/jobs/{id}/heartbeat`.
 pub async fn heartbeat(
     State(args): State<Arc<ApiArgs>>,
@@ -204,8 +219,8 @@ pub async fn heartbeat(
     let id = parse_id(&id)?;
     authorize_job(&args, &caller, id).await?;
     let extend = match body.extend {
-        None => None,
-        v => Some(parse_seconds_or_duration("extend", v)?),
+        None | Some(Value::Null) => None,
+        v => Some(parse_extend(v)?),
     };
     let info = report(&args, id, |tx| {
         BrokerMsg::Heartbeat(id, body.token, extend, tx)

@@ -1284,8 +1284,9 @@ const FALLBACK_BACKOFF: Backoff = Backoff {
     jitter: Jitter::Full,
 };
 
-/// The longest a single heartbeat may extend a lease.
-const MAX_EXTEND: Duration = Duration::from_secs(12 * 3600);
+/// The longest a single heartbeat may extend a lease: 12 h (SQS's longest
+/// visibility timeout). `POST /v1/jobs/{id}/heartbeat` refuses a longer `extend`.
+pub(crate) const MAX_EXTEND: Duration = Duration::from_secs(12 * 3600);
 
 /// The `qd_enqueue_rejected_total{reason}` label of a refused enqueue.
 fn reject_reason(err: &BrokerError) -> RejectReason {
