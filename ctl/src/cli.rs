@@ -211,8 +211,9 @@ pub struct DlqTarget {
     /// List what would be affected and change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Jobs per request; each batch is atomic on the daemon.
-    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Jobs per request, 1 to 10,000; each batch is atomic on the daemon.
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(qd_proto::MAX_REDRIVE_BATCH)))]
     pub batch: u32,
 }
 

@@ -239,14 +239,18 @@ fn read_stdin(allow_empty: bool) -> Result<Vec<u8>, CliError> {
     Ok(buf)
 }
 
-/// The selection of a redrive or purge; an empty one is a usage error naming the
-/// flags (clap already refuses ids mixed with filters).
+/// The selection of a redrive or purge; an empty one, or an empty `--error` (it
+/// would match every dead job, as `--error "$UNSET"` does), is a usage error naming
+/// the flags (clap already refuses ids mixed with filters).
 fn checked_selection(target: &DlqTarget) -> Result<DlqSelection, CliError> {
     let selection = target.selection();
     if selection.check_mutation().is_err() {
-        return Err(CliError::Usage(
-            "say which dead jobs: job ids, a filter (--queue, --tenant, --error, --since), or --all for every dead job".into(),
-        ));
+        let problem = if selection.error_contains.as_deref() == Some("") {
+            "--error is empty, which matches every dead job; give the text to look for, or --all for every dead job"
+        } else {
+            "say which dead jobs: job ids, a filter (--queue, --tenant, --error, --since), or --all for every dead job"
+        };
+        return Err(CliError::Usage(problem.into()));
     }
     Ok(selection)
 }

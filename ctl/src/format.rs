@@ -63,13 +63,17 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Parses a rate `N/s` (or plain `N`), jobs per second; must be positive and finite.
+/// Parses a rate `N/s` (or plain `N`), jobs per second, within the daemon's bounds
+/// ([`qd_proto::check_pace`]): a rate so small that the wait between batches cannot be
+/// represented must be refused before anything moves, not panic after the first batch.
 pub fn parse_rate(text: &str) -> Result<f64, String> {
     let number = text.strip_suffix("/s").unwrap_or(text).trim();
     match number.parse::<f64>() {
-        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        Ok(r) if (qd_proto::MIN_REDRIVE_RATE..=qd_proto::MAX_REDRIVE_RATE).contains(&r) => Ok(r),
         _ => Err(format!(
-            "{text:?} is not a rate; use a positive number per second, e.g. 20/s"
+            "{text:?} is not a rate; use a number of jobs per second from {} to {}, e.g. 20/s",
+            qd_proto::MIN_REDRIVE_RATE,
+            qd_proto::MAX_REDRIVE_RATE
         )),
     }
 }
@@ -131,6 +135,9 @@ mod tests {
         assert!(parse_rate("0/s").is_err());
         assert!(parse_rate("fast").is_err());
         assert!(parse_rate("inf").is_err());
+        assert!(parse_rate("1e-300/s").is_err(), "below the slowest pace");
+        assert!(parse_rate("-5/s").is_err());
+        assert_eq!(parse_rate("0.001/s"), Ok(0.001));
     }
 
     #[test]

@@ -21,6 +21,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use crate::admin_server::{AdminHandler, AdminServer, AdminServerArgs, DEFAULT_IDLE_TIMEOUT, Peer};
 use crate::api::JobBody;
 use crate::broker::{self, BatchError, BrokerError, BrokerMsg, EnqueueRequest};
+use crate::config::MAX_WORKERS;
 use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::{JobId, State};
 use crate::scheduler::{self, SchedulerMsg};
@@ -250,6 +251,7 @@ impl AdminHandler for Handler {
             } => {
                 selection
                     .check_mutation()
+                    .and_then(|()| qd_proto::check_pace(batch_size, rate_per_sec))
                     .map_err(|e| err(ErrorCode::BadRequest, e))?;
                 self.queue_filter(selection.queue.as_deref())?;
                 let sel = selection_of(&selection)?;
@@ -362,10 +364,12 @@ impl AdminHandler for Handler {
                         format!("queue {queue:?} has no worker pool (external workers)"),
                     ));
                 }
-                if min > max || max == 0 || max > 1024 {
+                if min > max || max == 0 || max > MAX_WORKERS {
                     return Err(err(
                         ErrorCode::BadRequest,
-                        format!("need 0 <= min <= max, 1 <= max <= 1024; got min {min}, max {max}"),
+                        format!(
+                            "need 0 <= min <= max, 1 <= max <= {MAX_WORKERS}; got min {min}, max {max}"
+                        ),
                     ));
                 }
                 let changes = vec![
@@ -405,10 +409,13 @@ struct Pace {
 }
 
 impl Pace {
+    /// A pace already checked by [`qd_proto::check_pace`] (the clamp and filter only
+    /// keep this total).
     fn new(batch: Option<u32>, rate: Option<f64>) -> Self {
         Pace {
-            batch: batch.unwrap_or(100).clamp(1, 10_000) as usize,
-            rate: rate.filter(|r| r.is_finite() && *r > 0.0),
+            batch: batch.unwrap_or(100).clamp(1, qd_proto::MAX_REDRIVE_BATCH) as usize,
+            rate: rate
+                .filter(|r| (qd_proto::MIN_REDRIVE_RATE..=qd_proto::MAX_REDRIVE_RATE).contains(r)),
         }
     }
 

@@ -791,6 +791,71 @@ fn a_delayed_job_whose_time_has_come_is_listed_by_state_as_ready() {
     assert_eq!(listed("delayed"), vec![later], "only the job still waiting");
 }
 
+/// Sends one raw admin frame and reads one answer line (empty when the daemon closed
+/// the connection without one).
+fn raw_admin(qd: &Qd, req: &Value) -> String {
+    let mut conn = UnixStream::connect(&qd.socket).expect("connect the admin socket");
+    conn.set_read_timeout(Some(LONG)).expect("timeout");
+    let frame = json!({"v": 1, "id": 1, "req": req}).to_string() + "\n";
+    conn.write_all(frame.as_bytes()).expect("write frame");
+    let mut line = String::new();
+    let _ = BufReader::new(conn).read_line(&mut line);
+    line
+}
+
+fn dead_in(qd: &Qd, queue: &str) -> usize {
+    let list = json_of(qd, &["dlq", "list", "--queue", queue]);
+    list["jobs"].as_array().map_or(0, Vec::len)
+}
+
+/// Three dead jobs in `ext`.
+fn three_dead(qd: &Qd) {
+    for payload in ["a", "b", "c"] {
+        qd.enqueue("ext", payload);
+    }
+    kill_all(qd, "boom");
+    wait_for("3 dead jobs", LONG, || {
+        (dead_in(qd, "ext") == 3).then_some(())
+    });
+}
+
+/// A redrive's pace out of bounds (a rate so small its wait cannot be represented,
+/// a negative one, a batch of 0) or an empty error filter (it matches every dead
+/// job, as `--error "$UNSET"` would) is a bad request, from the daemon and from qctl
+/// alike: nothing moves, nothing panics.
+#[test]
+fn a_redrive_or_purge_with_an_absurd_pace_or_an_empty_error_filter_is_refused_whole() {
+    let qd = Qd::start(EXTERNAL);
+    three_dead(&qd);
+    for (field, value) in [
+        ("rate_per_sec", json!(1e-300)),
+        ("rate_per_sec", json!(-5.0)),
+        ("batch_size", json!(0)),
+        ("batch_size", json!(20_000)),
+    ] {
+        let mut req = json!({"op": "dlq_redrive", "selection": {"queue": "ext"}, "batch_size": 1});
+        req[field] = value.clone();
+        let answer = raw_admin(&qd, &req);
+        assert!(
+            answer.contains("bad_request") && answer.contains(field),
+            "{field} = {value}: {answer:?}"
+        );
+    }
+    for op in ["dlq_redrive", "dlq_purge"] {
+        let answer = raw_admin(&qd, &json!({"op": op, "selection": {"error_contains": ""}}));
+        assert!(answer.contains("bad_request"), "{op}: {answer:?}");
+    }
+    let out = qd.qctl(&[
+        "dlq", "redrive", "--queue", "ext", "--rate", "1e-300/s", "--batch", "1",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "a usage error: {}", text(&out));
+    let out = qd.qctl(&["dlq", "purge", "--error", "", "--yes"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--error is empty"), "{}", text(&out));
+    assert_eq!(dead_in(&qd, "ext"), 3, "nothing moved or was purged");
+    assert!(!qd.logs().contains("panicked"), "{}", qd.logs());
+}
+
 #[test]
 fn qctl_status_counts_worker_restarts_as_the_metric_does() {
     let work = tempfile::tempdir().expect("tempdir");

@@ -17,7 +17,10 @@
 mod request;
 mod response;
 
-pub use request::{DlqSelection, JOB_STATES, Payload, Request};
+pub use request::{
+    DlqSelection, JOB_STATES, MAX_REDRIVE_BATCH, MAX_REDRIVE_RATE, MIN_REDRIVE_RATE, Payload,
+    Request, check_pace,
+};
 pub use response::{
     ActorInfo, BackupInfo, Enqueued, ExportedJob, HistoryItem, JobDetail, JobPayload, JobSummary,
     LimitsView, NodeStatus, PREVIEW_BYTES, PurgeResult, QueueInfo, QueueLimits, RedriveResult,

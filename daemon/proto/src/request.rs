@@ -315,6 +315,35 @@ impl Request {
     }
 }
 
+/// The most jobs a bulk redrive moves per store transaction (`batch_size`).
+pub const MAX_REDRIVE_BATCH: u32 = 10_000;
+/// The slowest pace a bulk redrive takes, jobs per second (one every 1,000 s).
+pub const MIN_REDRIVE_RATE: f64 = 0.001;
+/// The fastest pace a bulk redrive may be given, jobs per second.
+pub const MAX_REDRIVE_RATE: f64 = 1_000_000.0;
+
+/// Checks a redrive's pace: `batch_size` from 1 to [`MAX_REDRIVE_BATCH`] jobs per
+/// transaction, `rate_per_sec` from [`MIN_REDRIVE_RATE`] to [`MAX_REDRIVE_RATE`] jobs
+/// per second (absent: the daemon's default batch, no rate limit). The error text
+/// names the value and is suitable for a `bad_request` message.
+pub fn check_pace(batch_size: Option<u32>, rate_per_sec: Option<f64>) -> Result<(), String> {
+    if let Some(batch) = batch_size
+        && !(1..=MAX_REDRIVE_BATCH).contains(&batch)
+    {
+        return Err(format!(
+            "batch_size must be between 1 and {MAX_REDRIVE_BATCH}, got {batch}"
+        ));
+    }
+    if let Some(rate) = rate_per_sec
+        && !(MIN_REDRIVE_RATE..=MAX_REDRIVE_RATE).contains(&rate)
+    {
+        return Err(format!(
+            "rate_per_sec must be between {MIN_REDRIVE_RATE} and {MAX_REDRIVE_RATE} jobs per second, got {rate}"
+        ));
+    }
+    Ok(())
+}
+
 /// Which dead jobs a DLQ request is about. With `ids` non-empty the request is about
 /// exactly those jobs and the filters must be absent; otherwise a job matches when it
 /// passes every given filter.
@@ -361,8 +390,13 @@ impl DlqSelection {
 
     /// Checks a selection for redrive or purge: ids and filters/`all` are exclusive,
     /// and an empty selection must say `all`, so a forgotten flag never empties the
-    /// whole DLQ. The error text is suitable for a `bad_request` message.
+    /// whole DLQ; an empty `error_contains` (it would match every dead job, as from
+    /// `--error "$UNSET"`) is refused for the same reason. The error text is
+    /// suitable for a `bad_request` message.
     pub fn check_mutation(&self) -> Result<(), String> {
+        if self.error_contains.as_deref() == Some("") {
+            return Err("error_contains is empty, which matches every dead job; give the text to look for, or set all".into());
+        }
         if !self.ids.is_empty() && (self.has_filter() || self.all) {
             return Err("give either job ids or a filter (queue, tenant, error_contains, since_secs, all), not both".into());
         }
