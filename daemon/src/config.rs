@@ -118,12 +118,16 @@ pub struct QueueConfig {
     pub tenant_caps: BTreeMap<String, u32>,
 }
 
+/// The most workers one queue's pool may have (`workers.max` in the config and in
+/// `qctl workers set`): each is a task and, for a command queue, a process at a time.
+pub const MAX_WORKERS: u32 = 1024;
+
 /// A queue's worker pool bounds and autoscaling knobs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WorkersConfig {
     /// Workers kept even when idle (default 1).
     pub min: u32,
-    /// Most workers (default 4; >= 1 and >= min).
+    /// Most workers (default 4; 1 to [`MAX_WORKERS`], and >= min).
     pub max: u32,
     /// Grow the pool while the oldest ready job is older than this (default 5 s).
     pub target_age: Duration,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::super::diag::{Diagnostics, KeyPath};
 use super::super::raw::{RawDoc, RawQueue};
-use super::super::{QueueConfig, WorkersConfig};
+use super::super::{MAX_WORKERS, QueueConfig, WorkersConfig};
 use super::{DEFAULT_TENANT, at_least_one, check_name, executor};
 use crate::backoff::Backoff;
 use crate::executor::ExecutorSpec;
@@ -276,6 +276,12 @@ fn compile_workers(
     }
     if !max.broken {
         at_least_one(diag, &max.path, max.value);
+        if max.value > MAX_WORKERS {
+            diag.error(
+                &max.path,
+                format!("must be at most {MAX_WORKERS} (workers of one queue)"),
+            );
+        }
     }
     if !min.broken && !max.broken && min.value > max.value {
         diag.error(
