@@ -15,6 +15,7 @@ pub mod auth;
 mod body;
 mod error;
 mod lessee;
+mod params;
 mod producer;
 
 use std::net::SocketAddr;

@@ -265,6 +265,40 @@ fn a_batch_is_capped_at_max_jobs_and_one_failure_is_not_charged_to_the_others() 
     }
 }
 
+/// Every error has the documented JSON body, also for a path segment that is not
+/// UTF-8 once decoded; a nack's error is kept to at most 4 KiB of bytes, however
+/// many bytes its characters take.
+#[test]
+fn odd_paths_get_the_json_error_body_and_a_nack_error_is_cut_to_4_kib() {
+    let qd = Qd::start(EXTERNAL);
+    for (status, body) in [
+        qd.post_raw("/v1/queues/%FF/jobs", br#"{"payload":"x"}"#),
+        qd.get("/v1/jobs/%FF%FE"),
+    ] {
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["code"], "bad_request", "{body}");
+    }
+    let api = Client::new(&qd, None);
+    let id = qd.enqueue("batch", "x");
+    let job = api.lease("batch", "w", 1, "5s").remove(0);
+    let error = "\u{1F600}".repeat(5000);
+    let r = api.report(&job, "nack", json!({"token": job["token"], "error": error}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let kept = qd.job(&id)["last_error"]
+        .as_str()
+        .expect("last_error")
+        .to_owned();
+    assert!(
+        kept.len() <= 4096 && kept.len() > 4090,
+        "{} bytes",
+        kept.len()
+    );
+    assert!(
+        kept.chars().all(|c| c == '\u{1F600}'),
+        "cut at a character boundary"
+    );
+}
+
 #[test]
 fn unknown_tokens_conflict_and_only_external_queues_lease() {
     let qd = Qd::start(EXTERNAL);

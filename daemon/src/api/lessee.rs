@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use base64::Engine;
 use ractor::ActorRef;
@@ -21,10 +21,12 @@ use serde_json::{Value, json};
 
 use super::auth::{Caller, Role};
 use super::body::JsonBody;
+use super::params::ApiPath;
 use super::producer::{parse_id, parse_seconds_or_duration};
 use super::{ApiArgs, ApiError};
 use crate::broker::{self, BrokerError, BrokerMsg, LeasedJob};
 use crate::executor::ExecutorSpec;
+use crate::executor::OUTPUT_LIMIT;
 use crate::executor::http::MAX_RETRY_AFTER;
 use crate::job::{Failure, JobId, Token};
 use crate::scheduler::{self, LeaseRequest, MAX_WAIT, SchedulerMsg};
@@ -53,7 +55,7 @@ fn one() -> u32 {
 pub async fn lease(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
-    Path(queue): Path<String>,
+    ApiPath(queue): ApiPath<String>,
     JsonBody(body): JsonBody<LeaseBody>,
 ) -> Result<Json<LeaseAnswer>, ApiError> {
     caller.allow(Role::Work, &queue)?;
@@ -194,6 +196,19 @@ async fn report<T: Send + 'static>(
     }
 }
 
+/// `text` cut to at most `max` bytes at a character boundary: a nack's error is kept
+/// to the 4 KiB a history entry holds, however many bytes its characters take.
+fn cut_to(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let end = (0..=max)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        text.truncate(end);
+    }
+    text
+}
+
 /// A heartbeat's `extend`: more than zero (a zero extension would end the lease at
 /// once and charge the attempt; a worker giving a job back nacks it) and at most
 /// [`broker::MAX_EXTEND`]. Errors: a 400 naming the value.
@@ -213,7 +228,7 @@ fn parse_extend(value: Option<Value>) -> Result<Duration, ApiError> {
 pub async fn heartbeat(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     JsonBody(body): JsonBody<HeartbeatBody>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
@@ -239,7 +254,7 @@ pub(super) struct AckBody {
 pub async fn ack(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     JsonBody(body): JsonBody<AckBody>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
@@ -374,7 +389,7 @@ pub(super) struct NackBody {
 pub async fn nack(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     JsonBody(body): JsonBody<NackBody>,
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
@@ -385,7 +400,7 @@ pub async fn nack(
         None => None,
         v => Some(parse_seconds_or_duration("retry_after", v)?.min(MAX_RETRY_AFTER)),
     };
-    let error: String = body.error.chars().take(4096).collect();
+    let error = cut_to(body.error, OUTPUT_LIMIT);
     let failure = match body.kind.unwrap_or(NackKind::Transient) {
         NackKind::Transient => Failure::Transient { error, retry_after },
         NackKind::Permanent => Failure::Permanent { error },

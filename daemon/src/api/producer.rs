@@ -18,13 +18,14 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::auth::{Caller, Role};
+use super::params::ApiPath;
 use super::{ApiArgs, ApiError};
 use crate::broker::{self, BatchError, BrokerError, BrokerMsg, EnqueueRequest};
 use crate::clock::wall_ms;
@@ -94,7 +95,7 @@ fn invalid(message: impl Into<String>) -> BrokerError {
 pub async fn enqueue(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
-    Path(queue): Path<String>,
+    ApiPath(queue): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -189,7 +190,7 @@ struct BatchBody<T> {
 pub async fn enqueue_batch(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
-    Path(queue): Path<String>,
+    ApiPath(queue): ApiPath<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<BatchAnswer>), ApiError> {
@@ -327,7 +328,7 @@ pub fn parse_id(id: &str) -> Result<JobId, ApiError> {
 pub async fn job(
     State(args): State<Arc<ApiArgs>>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Role::Read)?;
     let id = parse_id(&id)?;
