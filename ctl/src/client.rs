@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use qd_proto::{ErrorBody, Reply, Request, RequestFrame, Response, VERSION};
+use qd_proto::{ErrorBody, ErrorCode, MAX_FRAME, Reply, Request, RequestFrame, Response, VERSION};
 use serde::Deserialize;
 
 /// Where qd listens when nothing else says.
@@ -33,6 +33,10 @@ pub enum CliError {
     /// The conversation broke (timeout, bad answer) (exit 1).
     #[error("{0}")]
     Protocol(String),
+    /// The request does not fit in one admin frame ([`MAX_FRAME`]); refused before
+    /// anything is sent, with the words of [`over_frame`] (exit 1).
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 impl CliError {
@@ -45,13 +49,15 @@ impl CliError {
     }
 
     /// The stable code of `--json` errors: the daemon's [`qd_proto::ErrorCode`], or
-    /// `usage`, `unreachable`, `protocol` for failures on qctl's side.
+    /// `usage`, `unreachable`, `protocol` for failures on qctl's side, and
+    /// `frame_too_large` for a request qctl did not send because it is too large.
     pub fn code(&self) -> &'static str {
         match self {
             CliError::Usage(_) => "usage",
             CliError::Unreachable { .. } => "unreachable",
             CliError::Daemon(body) => body.code.as_str(),
             CliError::Protocol(_) => "protocol",
+            CliError::TooLarge(_) => ErrorCode::FrameTooLarge.as_str(),
         }
     }
 
@@ -130,15 +136,29 @@ impl Client {
     }
 
     /// Sends `req` and returns the daemon's answer; an error answer becomes
-    /// [`CliError::Daemon`].
+    /// [`CliError::Daemon`]. A request whose frame would be over [`MAX_FRAME`] bytes
+    /// is not sent: [`CliError::TooLarge`] names its size and its payload's (the
+    /// daemon would only close the connection on it, mid-write).
     pub fn call(&mut self, req: Request) -> Result<Response, CliError> {
         let id = self.next_id;
         self.next_id += 1;
+        let what = match &req {
+            Request::Enqueue { payload, .. }
+            | Request::DlqRedrive {
+                payload: Some(payload),
+                ..
+            } => format!("the request (a payload of {} bytes)", payload.size()),
+            other => format!("the {} request", other.op()),
+        };
         let line = qd_proto::encode_request(&RequestFrame {
             v: VERSION,
             id,
             req,
         });
+        let size = line.len() - 1; // the newline is not counted
+        if size > MAX_FRAME {
+            return Err(CliError::TooLarge(over_frame(&what, size, MAX_FRAME)));
+        }
         let broken =
             |e: io::Error| CliError::Protocol(format!("admin connection failed: {}", reason(&e)));
         self.reader.get_mut().write_all(&line).map_err(broken)?;
@@ -161,6 +181,16 @@ impl Client {
             Reply::Ok(resp) => Ok(resp),
         }
     }
+}
+
+/// Why `size` bytes of JSON cannot be sent in one admin frame that has room for
+/// `room` bytes of them: `"{what} is {size} bytes of JSON; the admin socket carries at
+/// most {room} per frame (use the HTTP API for larger payloads)"`. `what` names what
+/// was to be sent (`"the job"`, `"the request (a payload of N bytes)"`).
+pub fn over_frame(what: &str, size: usize, room: usize) -> String {
+    format!(
+        "{what} is {size} bytes of JSON; the admin socket carries at most {room} per frame (use the HTTP API for larger payloads)"
+    )
 }
 
 /// A short reason for an I/O error, as operators know them.

@@ -15,7 +15,7 @@ use std::path::Path;
 use qd_proto::{ErrorBody, MAX_FRAME, Request, Response};
 use serde_json::Value;
 
-use crate::client::{CliError, Client};
+use crate::client::{CliError, Client, over_frame};
 use crate::commands::unexpected;
 
 /// The most jobs one `enqueue_batch` carries (the daemon's limit).
@@ -94,9 +94,7 @@ fn parse_line(line: &str, budget: usize) -> Result<(Value, usize), String> {
     }
     let size = job.to_string().len() + 1;
     if size > budget {
-        return Err(format!(
-            "the job is {size} bytes of JSON; the admin socket carries at most {budget} per frame (use the HTTP API for larger payloads)"
-        ));
+        return Err(over_frame("the job", size, budget));
     }
     Ok((job, size))
 }

@@ -323,3 +323,52 @@ fn usage_errors_exit_2_and_completions_need_no_daemon() {
     assert_eq!(out.status.code(), Some(0));
     assert!(stdout(&out).contains("qctl"));
 }
+
+#[test]
+fn a_request_over_the_frame_limit_is_refused_before_it_is_sent_naming_its_size() {
+    let fake = Fake::start();
+    let limit = qd_proto::MAX_FRAME.to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qctl"))
+        .arg("--socket")
+        .arg(&fake.path)
+        .args(["enqueue", "email"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let payload = vec![b'a'; qd_proto::MAX_FRAME];
+    let writer = std::thread::spawn(move || stdin.write_all(&payload));
+    let out = child.wait_with_output().expect("wait");
+    writer.join().expect("writer").expect("stdin written");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for part in [
+        format!("a payload of {} bytes", qd_proto::MAX_FRAME),
+        format!("at most {limit} per frame"),
+        "use the HTTP API".to_string(),
+    ] {
+        assert!(err.contains(&part), "{part:?} in {err}");
+    }
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("fix.bin");
+    std::fs::write(&file, vec![0xff; qd_proto::MAX_FRAME]).expect("write");
+    let id = "0190aaaa-0000-7000-8000-000000000001";
+    let file_arg = file.to_str().expect("utf-8 path");
+    let out = qctl(
+        &fake.path,
+        &["--json", "dlq", "redrive", id, "--payload-file", file_arg],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let body: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON error");
+    assert_eq!(body["error"]["code"], "frame_too_large", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("a payload of {} bytes", qd_proto::MAX_FRAME))
+            && message.contains(&limit),
+        "{message}"
+    );
+    assert_eq!(fake.requests(), vec![], "nothing reached the daemon");
+}

@@ -427,6 +427,18 @@ impl Payload {
         }
     }
 
+    /// The payload's size in bytes once decoded: the text's length, or 3 bytes per 4
+    /// base64 characters less the padding (for valid base64).
+    pub fn size(&self) -> usize {
+        match self {
+            Payload::Text(text) => text.len(),
+            Payload::Base64(b64) => {
+                let padding = b64.bytes().rev().take_while(|&b| b == b'=').count();
+                (b64.len() / 4 * 3).saturating_sub(padding)
+            }
+        }
+    }
+
     /// The payload bytes. Errors (with the decoder's reason) on invalid base64.
     pub fn into_bytes(self) -> Result<Vec<u8>, String> {
         match self {
@@ -457,6 +469,19 @@ mod tests {
         assert!(matches!(bin, Payload::Base64(_)));
         assert_eq!(bin.into_bytes(), Ok(vec![0xff, 0x00, 0x10]));
         assert!(Payload::Base64("***".into()).into_bytes().is_err());
+    }
+
+    #[test]
+    fn size_counts_the_decoded_bytes() {
+        for n in 0..7 {
+            let bytes = vec![0xffu8; n];
+            assert_eq!(
+                Payload::from_bytes(bytes.clone()).size(),
+                n,
+                "{n} binary bytes"
+            );
+            assert_eq!(Payload::Text("é".repeat(n)).size(), 2 * n);
+        }
     }
 
     #[test]
