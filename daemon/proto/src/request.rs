@@ -419,10 +419,16 @@ pub enum Payload {
 }
 
 impl Payload {
-    /// The most readable encoding of `bytes`: text when valid UTF-8, else base64.
+    /// The most readable encoding of `bytes` that costs no more than base64: text
+    /// when it is valid UTF-8 and its JSON string is no longer than the base64 (4
+    /// bytes per 3), else base64. So a payload of N bytes never takes more than
+    /// base64's 4 × ⌈N / 3⌉ bytes of a frame, while text escaped in JSON would take
+    /// up to 6 per byte (`\u0000`).
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
+        let base64_len = bytes.len().div_ceil(3) * 4;
         match String::from_utf8(bytes) {
-            Ok(text) => Payload::Text(text),
+            Ok(text) if json_string_len(&text) <= base64_len => Payload::Text(text),
+            Ok(text) => Payload::Base64(BASE64.encode(text)),
             Err(e) => Payload::Base64(BASE64.encode(e.as_bytes())),
         }
     }
@@ -450,6 +456,12 @@ impl Payload {
     }
 }
 
+/// The bytes `text` takes as a JSON string, escapes included, quotes not.
+fn json_string_len(text: &str) -> usize {
+    // Serializing a string cannot fail.
+    serde_json::to_string(text).map_or(usize::MAX, |quoted| quoted.len() - 2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,6 +481,23 @@ mod tests {
         assert!(matches!(bin, Payload::Base64(_)));
         assert_eq!(bin.into_bytes(), Ok(vec![0xff, 0x00, 0x10]));
         assert!(Payload::Base64("***".into()).into_bytes().is_err());
+    }
+
+    #[test]
+    fn text_that_escapes_to_more_than_base64_goes_as_base64() {
+        let json = br#"{"to":"a@b.c"}"#.to_vec();
+        assert_eq!(
+            Payload::from_bytes(json),
+            Payload::Text(r#"{"to":"a@b.c"}"#.into())
+        );
+        for bytes in [vec![0u8; 1 << 20], b"a\n".repeat(1000)] {
+            let payload = Payload::from_bytes(bytes.clone());
+            let Payload::Base64(b64) = &payload else {
+                panic!("{} bytes as text", bytes.len());
+            };
+            assert_eq!(b64.len(), bytes.len().div_ceil(3) * 4);
+            assert_eq!(payload.into_bytes(), Ok(bytes));
+        }
     }
 
     #[test]
