@@ -519,11 +519,11 @@ fn malformed_oversized_and_wrong_version_frames_get_errors_and_the_daemon_keeps_
         "the connection still serves: {a}"
     );
 
-    // Over 1 MiB: an error, then the daemon closes this connection only.
+    // Over the frame limit: an error, then the daemon closes this connection only.
     let mut big = connect();
     let mut writer = big.get_ref().try_clone().expect("clone");
     let sender = std::thread::spawn(move || {
-        let mut line = vec![b'x'; (1 << 20) + 4096];
+        let mut line = vec![b'x'; qd_proto::MAX_FRAME + 4096];
         line.push(b'\n');
         let _ = writer.write_all(&line); // the daemon may hang up before reading it all
     });

@@ -448,3 +448,57 @@ fn cli_messages_empty_stdin_pause_and_redrive_usage_say_what_happened() {
         "{usage}"
     );
 }
+
+#[test]
+fn any_payload_up_to_max_payload_goes_through_qctl_and_a_larger_one_is_refused_naming_both() {
+    let qd = Qd::start(EXTERNAL);
+    let dead = qd.enqueue("ext", "broken");
+    kill_all(&qd, "bad data");
+    assert_eq!(qd.job(&dead)["state"], "dead");
+    let max = 1 << 20; // the default max_payload
+
+    // As much as HTTP takes, however it is encoded in the frame: text, bytes that
+    // are not UTF-8 (base64), text that JSON escapes six-fold (also base64).
+    for payload in [vec![b'a'; max], vec![0xfe; max], vec![0x01; max]] {
+        let out = enqueue_stdin(&qd, &[], &payload);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let id = String::from_utf8(out.stdout).expect("utf-8");
+        let shown = json_of(&qd, &["jobs", "show", id.trim()]);
+        assert_eq!(shown["payload_bytes"], max, "{}", shown["payload_preview"]);
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("fix.bin");
+    let file_arg = file.to_str().expect("utf-8 path");
+
+    // Over max_payload: the daemon's refusal, naming both sizes.
+    for size in [max + 1, 2_000_000] {
+        let out = enqueue_stdin(&qd, &[], &vec![b'a'; size]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        let expected = format!("payload is {size} bytes; max_payload is {max} bytes");
+        assert!(text(&out).contains(&expected), "{}", text(&out));
+        std::fs::write(&file, vec![b'a'; size]).expect("write");
+        let err = fails(
+            &qd,
+            &["dlq", "redrive", &dead, "--payload-file", file_arg],
+            1,
+        );
+        assert!(err.contains(&expected), "{err}");
+    }
+    // Over the frame: qctl's refusal before sending, naming the way out.
+    let out = enqueue_stdin(&qd, &[], &vec![0xfe; 3_000_000]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    for part in [
+        "a payload of 3000000 bytes",
+        &format!("at most {} per frame", qd_proto::MAX_FRAME),
+        "use the HTTP API",
+    ] {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    assert_eq!(qd.job(&dead)["state"], "dead", "no refusal changed it");
+
+    std::fs::write(&file, vec![0xfe; max]).expect("write");
+    let out = ok(&qd, &["dlq", "redrive", &dead, "--payload-file", file_arg]);
+    assert!(out.contains("moved 1 of 1"), "{out}");
+    assert_eq!(json_of(&qd, &["jobs", "show", &dead])["payload_bytes"], max);
+}

@@ -31,8 +31,13 @@ pub use response::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Largest frame accepted, in bytes, not counting the newline (1 MiB).
-pub const MAX_FRAME: usize = 1 << 20;
+/// Largest frame accepted, in bytes, not counting the newline (2 MiB). Sized so that
+/// a request carrying a payload of the daemon's default `max_payload` (1 MiB) fits
+/// however the payload's bytes are: [`Payload::from_bytes`] never spends more than
+/// base64's 4 bytes per 3 (1 398 104 bytes for 1 MiB), and the request's other fields
+/// (names of at most 64 bytes, a key of at most 255) leave room to spare. Payloads up
+/// to about 1.5 MiB fit; larger ones (a `max_payload` raised past that) go over HTTP.
+pub const MAX_FRAME: usize = 2 << 20;
 
 /// The protocol version this crate speaks (the `"v"` of every frame).
 pub const VERSION: u32 = 1;

@@ -201,6 +201,44 @@ fn oversized_frame_is_refused_before_parsing() {
 }
 
 #[test]
+fn a_request_with_a_payload_of_the_default_max_payload_fits_a_frame() {
+    // The daemon's default `max_payload` (daemon/src/config/compile.rs).
+    const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
+    let longest = |n: usize| "\u{1}".repeat(n); // 6 bytes per byte in JSON
+    let payloads = [
+        vec![0x01; DEFAULT_MAX_PAYLOAD],
+        vec![0xff; DEFAULT_MAX_PAYLOAD],
+        vec![b'"'; DEFAULT_MAX_PAYLOAD],
+    ];
+    for bytes in payloads {
+        let enqueue = Request::Enqueue {
+            queue: "q".repeat(64),
+            tenant: Some("t".repeat(64)),
+            key: Some(longest(255)),
+            delay_ms: Some(u64::MAX),
+            max_attempts: Some(u32::MAX),
+            payload: Payload::from_bytes(bytes.clone()),
+        };
+        let redrive = Request::DlqRedrive {
+            selection: DlqSelection::of_ids(vec![longest(64)]),
+            dry_run: false,
+            batch_size: Some(u32::MAX),
+            rate_per_sec: Some(f64::MAX),
+            payload: Some(Payload::from_bytes(bytes)),
+        };
+        for req in [enqueue, redrive] {
+            let line = encode_request(&RequestFrame {
+                v: VERSION,
+                id: u64::MAX,
+                req,
+            });
+            assert!(line.len() - 1 <= MAX_FRAME, "{} bytes", line.len() - 1);
+            decode_request(&line).expect("the daemon reads it");
+        }
+    }
+}
+
+#[test]
 fn response_frames_round_trip_with_the_spec_shape() {
     let detail = JobDetail {
         summary: JobSummary {
