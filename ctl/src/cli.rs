@@ -168,7 +168,8 @@ pub struct EnqueueArgs {
     /// Each line has the shape of the HTTP single enqueue body:
     /// {"payload": "text" | any JSON, or "payload_b64": "...", "tenant"?: "acme",
     /// "idempotency_key"?: "order-17", "delay"?: "10s" | seconds, "max_attempts"?: N}.
-    /// Blank lines are skipped. Lines go in batches of up to 1,000 jobs, each batch
+    /// Blank lines are skipped; input with no job line at all (an empty file or
+    /// stdin, usually a forgotten pipe) is refused (exit 2). Lines go in batches of up to 1,000 jobs, each batch
     /// all or nothing in one commit, in file order; one id is printed per job line
     /// (with --json, one {"line", "id", "duplicate"} object per line). A bad line
     /// or a refused batch stops qctl (exit 2 for a bad line, 1 for a refusal): the

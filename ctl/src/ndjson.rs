@@ -25,8 +25,10 @@ const FRAME_ENVELOPE: usize = 1024;
 
 /// Runs `qctl enqueue QUEUE --ndjson FILE`; `file` `-` reads stdin.
 ///
-/// Errors: [`CliError::Usage`] for an unreadable file or a line that is not a JSON
-/// object (naming the line), [`CliError::Daemon`] for a refused batch (naming the
+/// Errors: [`CliError::Usage`] for an unreadable file, input without a job line
+/// (empty, or only blank lines: as for a single enqueue's empty stdin, that is
+/// usually a forgotten pipe; nothing is sent) or a line that is not a JSON object
+/// (naming the line), [`CliError::Daemon`] for a refused batch (naming the
 /// line of the refused job when the daemon names one); both say how many jobs were
 /// accepted before and where to resume.
 pub fn enqueue(
@@ -70,12 +72,17 @@ pub fn enqueue(
         sender.lines.push(number);
         sender.bytes += size;
     }
-    sender.send()?;
     let from = if file == Path::new("-") {
         "stdin".to_string()
     } else {
         file.display().to_string()
     };
+    if sender.accepted == 0 && sender.batch.is_empty() {
+        return Err(CliError::Usage(format!(
+            "{from} holds no job lines: nothing to enqueue (one JSON job object per line)"
+        )));
+    }
+    sender.send()?;
     eprintln!(
         "qctl: enqueued {} jobs from {from} ({} of them duplicates of earlier jobs)",
         sender.accepted, sender.duplicates

@@ -454,3 +454,20 @@ fn qctl_enqueue_ndjson_prints_an_id_per_line_and_stops_at_a_bad_line() {
     );
     assert_eq!(depth(&qd, "ext"), 2504, "nothing of the refused batch");
 }
+
+#[test]
+fn qctl_enqueue_ndjson_refuses_input_without_a_job_line_as_a_single_enqueue_does() {
+    let qd = Qd::start(EXTERNAL);
+    for input in ["", "\n  \n"] {
+        let out = ndjson(&qd, false, input);
+        assert_eq!(out.status.code(), Some(2), "{input:?}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(err.contains("stdin holds no job lines"), "{err}");
+        assert!(out.stdout.is_empty(), "{}", text(&out));
+    }
+    let out = ndjson(&qd, true, "");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let body: Value = serde_json::from_slice(&out.stdout).expect("a JSON error");
+    assert_eq!(body["error"]["code"], "usage", "{body}");
+    assert_eq!(depth(&qd, "ext"), 0);
+}
