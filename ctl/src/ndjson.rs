@@ -84,8 +84,9 @@ pub fn enqueue(
     }
     sender.send()?;
     eprintln!(
-        "qctl: enqueued {} jobs from {from} ({} of them duplicates of earlier jobs)",
-        sender.accepted, sender.duplicates
+        "qctl: enqueued {} from {from} ({} of them duplicates of earlier jobs)",
+        jobs(sender.accepted),
+        sender.duplicates
     );
     Ok(())
 }
@@ -197,15 +198,27 @@ impl<W: Write> Sender<W> {
         Ok(())
     }
 
-    /// The daemon refused the batch of `lines`: name the line of the refused job.
+    /// The daemon refused the batch of `lines`: name the refused job by its line,
+    /// where the daemon names it by its index in the batch (`jobs[3]`), and say once
+    /// that nothing of the batch was enqueued (the daemon says it for a batch over
+    /// `max_depth`; qctl adds from which line).
     fn refused(&self, mut body: ErrorBody, lines: &[usize]) -> CliError {
-        let at = body
+        let message = body
+            .message
+            .strip_suffix("; nothing of the batch was enqueued")
+            .unwrap_or(&body.message);
+        let message = match body
             .index
-            .and_then(|i| lines.get(i))
-            .map_or_else(String::new, |line| format!("line {line}: "));
+            .and_then(|i| Some((format!("jobs[{i}]"), lines.get(i)?)))
+        {
+            Some((index, line)) if message.contains(&index) => {
+                message.replace(&index, &format!("line {line}"))
+            }
+            Some((_, line)) => format!("line {line}: {message}"),
+            None => message.to_string(),
+        };
         body.message = format!(
-            "{at}{}; nothing of the batch from line {} was enqueued; {}",
-            body.message,
+            "{message}; nothing of the batch from line {} was enqueued; {}",
             lines[0],
             resume_note(self.accepted, lines[0])
         );
@@ -215,9 +228,20 @@ impl<W: Write> Sender<W> {
 
 /// What a failed run leaves: `accepted` jobs, every job line before `resume`.
 fn resume_note(accepted: usize, resume: usize) -> String {
+    let were = if accepted == 1 { "was" } else { "were" };
     format!(
-        "{accepted} jobs from the lines before line {resume} were accepted; resume from line {resume} (e.g. tail -n +{resume} FILE | qctl enqueue QUEUE --ndjson -)"
+        "{} from the lines before line {resume} {were} accepted; resume from line {resume} (e.g. tail -n +{resume} FILE | qctl enqueue QUEUE --ndjson -)",
+        jobs(accepted)
     )
+}
+
+/// `n` jobs, in words: `1 job`, `0 jobs`, `2 jobs`.
+fn jobs(n: usize) -> String {
+    if n == 1 {
+        "1 job".into()
+    } else {
+        format!("{n} jobs")
+    }
 }
 
 #[cfg(test)]
@@ -245,5 +269,10 @@ mod tests {
             "{note}"
         );
         assert!(note.contains("tail -n +1003"), "{note}");
+        let note = resume_note(1, 3);
+        assert!(
+            note.starts_with("1 job from the lines before line 3 was accepted"),
+            "{note}"
+        );
     }
 }

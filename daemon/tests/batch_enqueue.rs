@@ -447,7 +447,8 @@ fn qctl_enqueue_ndjson_prints_an_id_per_line_and_stops_at_a_bad_line() {
     );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(err.contains("line 2: jobs[1]: max_attempts"), "{err}");
+    assert!(err.contains("line 2: max_attempts"), "{err}");
+    assert!(!err.contains("jobs["), "lines, not batch indexes: {err}");
     assert!(
         err.contains("0 jobs from the lines before line 1 were accepted"),
         "{err}"
@@ -470,4 +471,42 @@ fn qctl_enqueue_ndjson_refuses_input_without_a_job_line_as_a_single_enqueue_does
     let body: Value = serde_json::from_slice(&out.stdout).expect("a JSON error");
     assert_eq!(body["error"]["code"], "usage", "{body}");
     assert_eq!(depth(&qd, "ext"), 0);
+}
+
+#[test]
+fn qctl_enqueue_ndjson_words_name_lines_and_say_each_thing_once() {
+    let qd = Qd::start(EXTERNAL);
+    let out = ndjson(&qd, false, &format!("{}\n{{oops\n", job("one")));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains("1 job from the lines before line 2 was accepted"),
+        "{err}"
+    );
+    let out = ndjson(&qd, false, &format!("{}\n", job("two")));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains("qctl: enqueued 1 job from stdin"), "{err}");
+
+    // Backpressure: 2 jobs wait, room for 2 more; line 4 holds the batch's third.
+    common::ok(
+        &qd,
+        &["limits", "set", "--tenant", "default", "--max-depth", "4"],
+    );
+    let input = format!("{}\n{}\n\n{}\n", job("a"), job("b"), job("c"));
+    let out = ndjson(&qd, false, &input);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains("at line 4, "), "{err}");
+    assert!(!err.contains("jobs["), "lines, not batch indexes: {err}");
+    assert_eq!(
+        err.matches("nothing of the batch").count(),
+        1,
+        "said once: {err}"
+    );
+    assert!(
+        err.contains("nothing of the batch from line 1 was enqueued"),
+        "{err}"
+    );
+    assert_eq!(depth(&qd, "ext"), 2);
 }
