@@ -479,9 +479,7 @@ pub enum TransitionError {
         event: &'static str,
     },
     /// The token is not the current lease's (a stale worker).
-    #[error(
-        "stale fencing token {given} for job {id} (current lease is {current}, job is {state})"
-    )]
+    #[error("stale fencing token {given} for job {id} ({})", lease_now(.current, .state))]
     StaleToken {
         /// The job.
         id: JobId,
@@ -492,6 +490,16 @@ pub enum TransitionError {
         /// Its current state.
         state: State,
     },
+}
+
+/// What a stale token is told about the job's lease now: the current lease's token
+/// while it is leased, else that the lease ended (its last token is no lease).
+fn lease_now(current: &Token, state: &State) -> String {
+    if *state == State::Leased {
+        format!("current lease is {current}, job is leased")
+    } else {
+        format!("its lease ended; job is {state}")
+    }
 }
 
 impl Event {

@@ -83,10 +83,20 @@ fn a_stale_token_is_refused_and_changes_nothing() {
         },
     )
     .expect("fail");
-    assert!(matches!(
-        step(&failed, Event::Ack { token: 1 }),
-        Err(TransitionError::StaleToken { .. })
-    ));
+    let late = step(&failed, Event::Ack { token: 1 }).expect_err("stale");
+    assert!(matches!(late, TransitionError::StaleToken { .. }));
+    // Its last token is no lease: the message says the lease ended, not that the
+    // late worker's own token is current.
+    let text = late.to_string();
+    assert!(
+        text.ends_with(&format!("(its lease ended; job is {})", failed.state)),
+        "{text}"
+    );
+    assert!(
+        err.to_string()
+            .ends_with("(current lease is 1, job is leased)"),
+        "{err}"
+    );
 }
 
 #[test]
