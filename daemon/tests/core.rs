@@ -346,6 +346,24 @@ fn bad_requests_get_clear_errors_and_change_nothing() {
     );
 }
 
+/// A JSON payload reaches the worker as the producer wrote it (a big integer is not
+/// rounded to a float, keys keep their order), and so a different payload under the
+/// same key is a conflict, not a duplicate.
+#[test]
+fn a_json_payload_is_neither_altered_nor_a_false_duplicate() {
+    let qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\n");
+    let sent = r#"{"order":18446744073709551617,"b":1,"a":2}"#;
+    let body = |payload: &str| format!(r#"{{"payload": {payload}, "idempotency_key": "k"}}"#);
+    let (status, answer) = qd.post_raw("/v1/queues/ext/jobs", body(sent).as_bytes());
+    assert_eq!(status, 202, "{answer}");
+    let job = common::lease_one(&qd, "ext", "w", "5s").expect("a lease");
+    assert_eq!(job["payload"].as_str(), Some(sent), "{job}");
+    let other = r#"{"order":18446744073709551618,"b":1,"a":2}"#;
+    let (status, answer) = qd.post_raw("/v1/queues/ext/jobs", body(other).as_bytes());
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["error"]["code"], "idempotency_conflict", "{answer}");
+}
+
 #[test]
 fn escaped_payloads_count_decoded_bytes_at_the_max_payload_boundary() {
     const MAX: usize = 64 * 1024;

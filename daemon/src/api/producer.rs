@@ -22,6 +22,7 @@ use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::auth::{Caller, Role};
@@ -43,7 +44,7 @@ const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 #[serde(deny_unknown_fields)]
 pub struct JobBody {
     tenant: Option<String>,
-    payload: Option<Value>,
+    payload: Option<Box<RawValue>>,
     payload_b64: Option<String>,
     idempotency_key: Option<String>,
     delay: Option<Value>,
@@ -66,8 +67,7 @@ impl JobBody {
         let payload = match (self.payload, self.payload_b64) {
             (Some(_), Some(_)) => return Err(invalid("give payload or payload_b64, not both")),
             (None, None) => return Err(invalid("payload or payload_b64 is required")),
-            (Some(Value::String(s)), None) => s.into_bytes(),
-            (Some(v), None) => v.to_string().into_bytes(),
+            (Some(raw), None) => payload_bytes(&raw)?,
             (None, Some(b64)) => base64::engine::general_purpose::STANDARD
                 .decode(b64.as_bytes())
                 .map_err(|e| invalid(format!("payload_b64 is not valid base64: {e}")))?,
@@ -85,6 +85,42 @@ impl JobBody {
         broker::validate(&req, max_payload)?;
         Ok(req)
     }
+}
+
+/// A `payload` field's bytes: a JSON string's UTF-8 text, or any other JSON value's
+/// text as sent, with the whitespace between its tokens removed. Numbers and key
+/// order are kept as the producer wrote them (a parsed value would round a big
+/// integer to a float and reorder keys, changing the payload and its idempotency
+/// comparison).
+fn payload_bytes(raw: &RawValue) -> Result<Vec<u8>, BrokerError> {
+    let text = raw.get();
+    if text.starts_with('"') {
+        return serde_json::from_str::<String>(text)
+            .map(String::into_bytes)
+            .map_err(|e| invalid(format!("payload is not a valid JSON string: {e}")));
+    }
+    Ok(compact(text).into_bytes())
+}
+
+/// Valid JSON `text` without the whitespace outside its strings.
+fn compact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in text.chars() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+        } else if !matches!(c, ' ' | '\t' | '\n' | '\r') {
+            in_string = c == '"';
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn invalid(message: impl Into<String>) -> BrokerError {
@@ -368,6 +404,26 @@ mod tests {
 
     fn parse(body: &str) -> Result<EnqueueRequest, ApiError> {
         parse_enqueue("q", body.as_bytes(), &HeaderMap::new(), 16)
+    }
+
+    #[test]
+    fn a_json_payload_keeps_its_numbers_keys_and_strings_as_sent_without_spacing() {
+        let stored = |payload: &str| {
+            let body = format!(r#"{{"payload": {payload}}}"#);
+            let req = parse_enqueue("q", body.as_bytes(), &HeaderMap::new(), 1024).expect(payload);
+            String::from_utf8(req.payload).expect("utf-8")
+        };
+        assert_eq!(
+            stored(r#"{ "order": 18446744073709551617, "b": 1, "a": 2.50 }"#),
+            r#"{"order":18446744073709551617,"b":1,"a":2.50}"#
+        );
+        assert_eq!(
+            stored(r#"[ "a b", "q\" \\", {"k" : "\t x"} ]"#),
+            r#"["a b","q\" \\",{"k":"\t x"}]"#
+        );
+        assert_eq!(stored("\n 1e400 \r\n"), "1e400");
+        assert_eq!(stored("true"), "true");
+        assert_eq!(stored(r#""tab\there \u00e9""#), "tab\there é");
     }
 
     #[test]
