@@ -21,6 +21,16 @@ use rusqlite::Connection;
 /// The WAL file is truncated back to this many bytes after a checkpoint rewinds it.
 pub const JOURNAL_SIZE_LIMIT: i64 = 64 << 20;
 
+/// Makes a new, empty database incremental before its first table exists (SQLite
+/// then needs no rewrite); a file with tables is left to [`adopt`].
+pub fn start_incremental(conn: &Connection) -> rusqlite::Result<()> {
+    let tables: i64 = conn.query_row("SELECT COUNT(*) FROM sqlite_schema", [], |r| r.get(0))?;
+    if tables == 0 {
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+    }
+    Ok(())
+}
+
 /// Sets the WAL limits and converts the file to incremental auto-vacuum if needed.
 /// A failed conversion (e.g. no room for the rewrite) is logged and leaves the file
 /// as it was: qd runs, it only gives no space back until a later open converts it.

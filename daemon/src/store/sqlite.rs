@@ -338,6 +338,8 @@ impl SqliteBackend {
             history: options.history,
             changes_at_begin: 0,
         };
+        // Before WAL mode, which writes the header of a new file with auto-vacuum off.
+        space::start_incremental(&backend.conn).map_err(|e| backend.err(e))?;
         backend.configure(options).map_err(|e| backend.err(e))?;
         backend.migrate()?;
         // After the migrations: `VACUUM` cannot run inside their transactions, and a
