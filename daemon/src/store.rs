@@ -177,8 +177,9 @@ pub trait Backend: Send {
     }
 
     /// [`Backend::claim`] for leases of `lease` (their visibility timeout). A backend
-    /// shared by several nodes stores each lease's deadline, `lease` after the claim
-    /// by the database's clock, after which another node may claim the job; a backend
+    /// shared by several nodes stores each lease's deadline, `lease` (at least the
+    /// node's `node_timeout`, which its heartbeat renews) after the claim by the
+    /// database's clock, after which another node may claim the job; a backend
     /// whose leases live in this process (the default: `claim`) leaves the timing to
     /// the broker, since such a lease dies with the process anyway.
     fn claim_for(
@@ -357,9 +358,9 @@ pub trait SharedStore {
     /// given) that no node holds and whose `ready_at` is at most `next.now`, oldest
     /// first, skipping rows another node is claiming at this moment (`FOR UPDATE
     /// SKIP LOCKED`): each gets the token `lease_seq + 1` and a deadline
-    /// `next.lease` from now by the database's clock. Answers each claimed job's
-    /// leased record with its payload, in claim order. How a node that lost a
-    /// claim to another node takes other work instead.
+    /// `next.lease` (at least `node_timeout`) from now by the database's clock.
+    /// Answers each claimed job's leased record with its payload, in claim order.
+    /// How a node that lost a claim to another node takes other work instead.
     fn claim_next(&mut self, next: &NewClaim<'_>) -> Result<Vec<(Job, Vec<u8>)>, StoreError>;
 
     /// [`Backend::claim_for`] within tenants' concurrency caps across every node:

@@ -18,12 +18,17 @@
 //! # Differences from SQLite (same contract, see [`Backend`])
 //! - **Leases are stored in the row** (`lease_token`, `worker`, `leased_at`,
 //!   `lease_deadline`, `lease_node`), so every node sees them. The deadline is the
-//!   **database's** clock, `now()` (the transaction's start) plus the lease's length,
-//!   never a node's; the holder's heartbeat ([`SharedStore::beat`]) keeps it at least
-//!   `node_timeout` ahead. A claim applies to a ready or delayed job with no lease,
-//!   and only with a token above every token the job had (`lease_seq < token`): a
-//!   node with a stale copy of a job cannot reuse a token another node handed out. A
-//!   claim also stores `lease_seq = token`, so the next token is above it.
+//!   **database's** clock, `now()` (the transaction's start) plus the longer of the
+//!   lease's length and `node_timeout`, never a node's; the holder's heartbeat
+//!   ([`SharedStore::beat`], every `node_timeout / 5`) keeps it at least
+//!   `node_timeout` ahead. So the stored deadline never passes while the holder
+//!   heartbeats, however short the lease: a live node's leases expire by its own
+//!   memory (which keeps the lease's length), and the leader ends only those of a
+//!   node silent for `node_timeout`. A claim applies to a ready or delayed job with
+//!   no lease, and only with a token above every token the job had (`lease_seq <
+//!   token`): a node with a stale copy of a job cannot reuse a token another node
+//!   handed out. A claim also stores `lease_seq = token`, so the next token is above
+//!   it.
 //! - Ending a lease ([`Backend::complete`]) is fenced by the token: a lease past its
 //!   deadline can still be ended by its holder until the leader ended it
 //!   ([`SharedStore::expire`], fenced by the leader's epoch as well).
@@ -605,7 +610,8 @@ impl PgBackend {
             .collect())
     }
 
-    /// Takes leases until `lease` from now by the database clock; see [`Backend::claim`].
+    /// Takes leases stored until `lease` or `node_timeout` from now by the database
+    /// clock, whichever is later (see the module doc); see [`Backend::claim`].
     /// Rows another transaction holds are skipped, not waited for (`FOR UPDATE SKIP
     /// LOCKED`): a claim never waits on another node, so two nodes' batches cannot
     /// deadlock on each other's claims; a skipped job is answered as not claimed.
@@ -638,7 +644,7 @@ impl PgBackend {
             .iter()
             .map(|j| j.leased_at.unwrap_or(j.updated_at))
             .collect();
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
+        let lease_ms = millis(lease.max(self.options.node_timeout));
         let node = self.options.node.clone();
         let rows = self.block(async |c| {
             let stmt = c
@@ -1405,7 +1411,7 @@ impl SharedStore for PgBackend {
     }
 
     fn claim_next(&mut self, next: &NewClaim<'_>) -> Result<Vec<(Job, Vec<u8>)>, StoreError> {
-        let lease_ms = millis(next.lease);
+        let lease_ms = millis(next.lease.max(self.options.node_timeout));
         let limit = match (next.cap, next.tenant) {
             (None, _) => next.limit,
             (Some(cap), Some(tenant)) => next

@@ -271,6 +271,56 @@ fn two_nodes_never_hold_one_job_and_only_the_leader_ends_an_expired_lease() {
     assert_eq!(names, vec![("a", false), ("b", true)]);
 }
 
+/// A lease shorter than the holder's heartbeat period (`node_timeout / 5`) is
+/// stored until `node_timeout` after the claim (both claim statements), so it is
+/// not past its stored deadline before the holder's next heartbeat renews it:
+/// another node (the leader) never ends a lease of a node that heartbeats. Once
+/// the holder is silent for `node_timeout`, the leases are the leader's to end.
+#[test]
+fn a_short_lease_of_a_node_that_heartbeats_is_not_lost_to_another_node() {
+    let Some(db) = database() else { return };
+    let slow = |name| PgOptions {
+        node_timeout: Duration::from_secs(60),
+        ..node(name)
+    };
+    let (a, b) = (open_pg(&db.url, &slow("a")), open_pg(&db.url, &slow("b")));
+    let (first, second) = (job(1, "q", None), job(2, "q", None));
+    for stored in [first.clone(), second.clone()] {
+        block(&a, move |s| insert(s, &stored, b"p")).expect("insert");
+    }
+    let short = Duration::from_secs(1);
+    let claim = leased(&first, 1);
+    assert_eq!(
+        block(&a, move |s| s.claim_for(&[claim], short)),
+        Ok(vec![Some(b"p".to_vec())])
+    );
+    let next = block(&a, move |s| {
+        let next = NewClaim {
+            queue: "q",
+            tenant: None,
+            limit: 1,
+            worker: "w/1",
+            now: 2_000,
+            lease: short,
+            cap: None,
+        };
+        s.shared().expect("shared").claim_next(&next)
+    })
+    .expect("claim_next");
+    assert_eq!(next.len(), 1, "{next:?}");
+    // Well past the lease's length; node a's heartbeat (at its open) is fresh.
+    std::thread::sleep(Duration::from_millis(2_500));
+    let expired = |s: &Store| block(s, |s| s.shared().expect("shared").expired_leases(10));
+    assert_eq!(
+        expired(&b),
+        Ok(Vec::new()),
+        "a lease of a node that heartbeats was lost"
+    );
+    db.psql("UPDATE qd_nodes SET heartbeat_at = now() - interval '61 seconds' WHERE name = 'a'");
+    let lost = expired(&b).expect("expired leases");
+    assert_eq!(lost.len(), 2, "a silent node's leases: {lost:?}");
+}
+
 #[test]
 fn a_live_node_name_is_refused_to_another_node() {
     let Some(db) = database() else { return };
