@@ -361,6 +361,49 @@ fn a_job_running_on_one_node_is_cancelled_from_the_other() {
     assert_eq!(common::outcomes(&job), vec!["cancelled"], "{job}");
 }
 
+/// A node still holds a lease in memory that was ended in the database (as the
+/// leader or an operator on another node does) before the node's next heartbeat
+/// noticed: its worker's ack and batch ack, whose writes the store refuses, are
+/// answered as a lease that is over (409 `stale_token` with the stored state), not
+/// as a store failure (503) the worker would retry. Heartbeats every 12 s and polls
+/// every 30 s leave the node's memory unaware meanwhile.
+#[test]
+fn an_ack_of_a_lease_ended_in_the_database_is_answered_stale() {
+    let Some(db) = pg::database() else { return };
+    let keys = "node_name = \"node-0\"\nnode_timeout = \"60s\"\npoll_interval = \"30s\"\n";
+    let body = "[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"60s\"\n";
+    let mut qd = Qd::configure_node(&db, keys, body);
+    qd.spawn(&[]);
+    let ids = [qd.enqueue("ext", "one"), qd.enqueue("ext", "two")];
+    let mut tokens = Vec::new();
+    for id in &ids {
+        let job = common::lease_one(&qd, "ext", "w", "5s").expect("a lease");
+        assert_eq!(job["id"], id.as_str(), "{job}");
+        tokens.push(job["token"].clone());
+    }
+    db.psql(
+        "UPDATE qd_jobs SET state = 'ready', lease_token = NULL, worker = NULL, \
+           leased_at = NULL, lease_deadline = NULL, lease_node = NULL",
+    );
+    let (status, answer) = qd.post(
+        &format!("/v1/jobs/{}/ack", ids[0]),
+        &json!({"token": tokens[0]}),
+    );
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["error"]["code"], "stale_token", "{answer}");
+    assert_eq!(answer["error"]["state"], "ready", "{answer}");
+    let (status, answer) = qd.post(
+        "/v1/acks",
+        &json!({"acks": [{"id": ids[1], "token": tokens[1]}]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let result = &answer["results"][0];
+    assert_eq!(result["ok"], false, "{answer}");
+    assert_eq!(result["error"], "stale_token", "{answer}");
+    assert_eq!(result["state"], "ready", "{answer}");
+    qd.kill9();
+}
+
 /// The same from the worker's side: a command job running in one node's pool,
 /// cancelled with the other node's qctl, is stopped by its own node at that node's
 /// next heartbeat (the process is gone), and it is not run again.

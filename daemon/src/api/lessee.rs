@@ -4,7 +4,8 @@
 //! jobs go through the same Scheduler (fairness, caps, rate limits), Broker
 //! (fencing tokens, lease deadlines, retries, DLQ) as in-process workers' jobs. A
 //! stale or unknown token gets 409 `stale_token` with the job's current state (also
-//! for a job that has finished and left the Broker's memory: the store answers).
+//! for a job that has finished and left the Broker's memory, or whose lease another
+//! node ended in a shared store: the store answers).
 //! Every endpoint needs the `work` role; for a token limited to some queues, the
 //! per-job endpoints look the job's queue up in the store.
 
@@ -183,8 +184,9 @@ async fn authorize_job(args: &ApiArgs, caller: &Caller, id: JobId) -> Result<(),
 }
 
 /// Sends one lease report (heartbeat, ack, nack) for job `id` to the Broker. A job
-/// the Broker no longer holds but the store does (it finished) gets 409
-/// `stale_token` with its state, as any other stale report does.
+/// the Broker no longer holds but the store does (it finished, or another node ended
+/// the lease and the store refused the report's write) gets 409 `stale_token` with
+/// its state, as any other stale report does.
 async fn report<T: Send + 'static>(
     args: &ApiArgs,
     id: JobId,

@@ -975,8 +975,8 @@ impl BrokerState {
         now: UnixMillis,
     ) {
         match self.plan(id, Event::Ack { token }, now) {
-            Ok(planned) => self.commit(Intent::End, vec![planned], move |r| {
-                let _ = reply.send(r.map_err(BrokerError::from));
+            Ok(planned) => self.commit_each(Intent::End, vec![planned], move |r| {
+                let _ = reply.send(reported(id, r));
             }),
             Err(err) => self.answer(reply, Err(err)),
         }
@@ -984,8 +984,9 @@ impl BrokerState {
 
     /// Acks many leases in one store commit. Each item is answered on its own, in
     /// order: `Ok`, or why it was refused (stale token, unknown job, a second ack of
-    /// the same job in the batch). The whole request fails only if the write fails;
-    /// then nothing was acked.
+    /// the same job in the batch, a lease the store no longer holds: see
+    /// [`reported`]). The whole request fails only if the write fails; then nothing
+    /// was acked.
     pub(super) fn ack_batch(
         &mut self,
         acks: Vec<(JobId, Token)>,
@@ -1003,7 +1004,7 @@ impl BrokerState {
             match self.plan(id, Event::Ack { token }, now) {
                 Ok(p) => {
                     planned.push(p);
-                    slots.push(n);
+                    slots.push((n, id));
                     answers.push(None);
                 }
                 Err(err) => answers.push(Some(Err(err))),
@@ -1011,14 +1012,8 @@ impl BrokerState {
         }
         self.commit_each(Intent::End, planned, move |result| {
             let answer = result.map_err(BrokerError::from).map(|applied| {
-                for (n, applied) in slots.into_iter().zip(applied) {
-                    answers[n] = Some(if applied {
-                        Ok(())
-                    } else {
-                        Err(BrokerError::Store(StoreError::Other(
-                            "the stored job was not leased; nothing written".into(),
-                        )))
-                    });
+                for ((n, id), applied) in slots.into_iter().zip(applied) {
+                    answers[n] = Some(reported(id, Ok(vec![applied])));
                 }
                 answers
                     .into_iter()
@@ -1045,9 +1040,9 @@ impl BrokerState {
             jitter,
         };
         match self.plan(id, event, now) {
-            Ok(planned) => self.commit(Intent::End, vec![planned], move |r| {
+            Ok(planned) => self.commit_each(Intent::End, vec![planned], move |r| {
                 if let Some(reply) = reply {
-                    let _ = reply.send(r.map_err(BrokerError::from));
+                    let _ = reply.send(reported(id, r));
                 }
             }),
             Err(err) => {
@@ -1306,6 +1301,19 @@ fn key_conflict(job: &Job, id: JobId) -> BrokerError {
         queue: job.queue.to_string(),
         key: job.idempotency_key.clone().unwrap_or_default(),
         id,
+    }
+}
+
+/// The answer to a lessee's report (ack, nack) of job `id`, from its one-item write:
+/// a write the store refused means the lease is over there (on a shared store,
+/// another node ended it; memory's copy is dropped as stale), so it is answered as
+/// [`BrokerError::UnknownJob`], as a report of a job the Broker no longer holds:
+/// the API then answers 409 `stale_token` with the stored state, never a 503 the
+/// worker would retry. A failed write is [`BrokerError::Store`].
+fn reported(id: JobId, applied: Result<Vec<bool>, StoreError>) -> Result<(), BrokerError> {
+    match first(applied?) {
+        true => Ok(()),
+        false => Err(BrokerError::UnknownJob(id)),
     }
 }
 
