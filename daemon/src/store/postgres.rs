@@ -28,7 +28,8 @@
 //!   no lease, and only with a token above every token the job had (`lease_seq <
 //!   token`): a node with a stale copy of a job cannot reuse a token another node
 //!   handed out. A claim also stores `lease_seq = token`, so the next token is above
-//!   it.
+//!   it, and no write takes `lease_seq` back (a change planned on a stale copy keeps
+//!   the stored one when it is higher).
 //! - Ending a lease ([`Backend::complete`]) is fenced by the token: a lease past its
 //!   deadline can still be ended by its holder until the leader ended it
 //!   ([`SharedStore::expire`], fenced by the leader's epoch as well).
@@ -678,6 +679,8 @@ impl PgBackend {
     /// Writes each transition whose stored row satisfies `condition` (SQL over `j` =
     /// the row and `t` = the transition, whose `t.lease_seq` is the token), clears
     /// its lease, and appends its history line; answers per item whether it applied.
+    /// The stored `lease_seq` only grows: a change planned on a stale copy (a redrive
+    /// from a node that has not seen a later lease) keeps the higher stored one.
     fn change(&mut self, changes: &[Transition], condition: &str) -> Result<Vec<bool>, StoreError> {
         if changes.is_empty() {
             return Ok(Vec::new());
@@ -700,7 +703,8 @@ impl PgBackend {
         let errors: Vec<Option<&str>> = jobs.iter().map(|j| j.last_error.as_deref()).collect();
         let sql = format!(
             "UPDATE qd_jobs j SET state = t.state, attempts = t.attempts, \
-               budget_start = t.budget_start, lease_seq = t.lease_seq, ready_at = t.ready_at, \
+               budget_start = t.budget_start, \
+               lease_seq = GREATEST(j.lease_seq, t.lease_seq), ready_at = t.ready_at, \
                updated_at = t.updated_at, last_error = t.last_error, lease_token = NULL, \
                worker = NULL, leased_at = NULL, lease_deadline = NULL, lease_node = NULL \
              FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::int8[], $5::int8[], \

@@ -2,8 +2,9 @@
 //! throw-away cluster (`pg.rs`): the engine-generic checks shared with SQLite, the
 //! schema's migration lock and version check, and what only a shared database
 //! has: leases stored with a deadline by the database clock, fenced tokens across
-//! two stores (two nodes) on one database, `claim_next`'s `SKIP LOCKED`, and
-//! tenants' concurrency caps held across two nodes claiming at once.
+//! two stores (two nodes) on one database (a token sequence no stale copy takes
+//! back), `claim_next`'s `SKIP LOCKED`, and tenants' concurrency caps held across
+//! two nodes claiming at once.
 
 use std::str::FromStr;
 
@@ -643,5 +644,83 @@ fn two_nodes_claiming_one_capped_tenant_never_exceed_its_cap_together() {
     assert!(
         most.load(std::sync::atomic::Ordering::SeqCst) >= 2,
         "the two nodes held leases at once at some point"
+    );
+}
+
+/// Two operators redrive the same dead job from two nodes. Node a read the job
+/// (dead, `lease_seq` 1) before node b redrove it, leased it under token 2 and saw
+/// it die again. Node a's redrive, planned on its copy, then applies (the job is
+/// dead and unleased) and must not take `lease_seq` back below 2: a token once
+/// handed out is never handed out again, so the next claim must not get token 2.
+#[test]
+fn a_redrive_from_a_stale_copy_never_takes_the_token_sequence_back() {
+    let Some(db) = database() else { return };
+    let (a, b) = (open_pg(&db.url, &node("a")), open_pg(&db.url, &node("b")));
+    let fresh = job(7, "q", None);
+    let inserted = fresh.clone();
+    block(&b, move |s| insert(s, &inserted, b"p")).expect("insert");
+    let backoff = crate::backoff::Backoff {
+        base: Duration::from_millis(1),
+        max: Duration::from_millis(1),
+        jitter: crate::backoff::Jitter::None,
+    };
+    // The job dies on its first attempt (token 1); both nodes read it dead.
+    let dead_at = |copy: &Job, token: Token| {
+        let leased = leased(copy, token);
+        let fail = crate::job::Event::Fail {
+            token,
+            failure: crate::job::Failure::Permanent {
+                error: "bad".into(),
+            },
+            jitter: 0.0,
+        };
+        crate::job::apply(&leased, fail, &backoff, 2_000).expect("fail")
+    };
+    let claim = leased(&fresh, 1);
+    assert_eq!(
+        block(&b, move |s| s.claim_for(&[claim], Duration::from_secs(60))),
+        Ok(vec![Some(b"p".to_vec())])
+    );
+    let died = dead_at(&fresh, 1);
+    assert_eq!(died.job.state, State::Dead);
+    block(&b, move |s| s.complete(&[died])).expect("die");
+    let id = fresh.id;
+    let stale =
+        block(&a, move |s| s.shared().expect("shared").reload(&[id])).expect("read")[0].clone();
+    assert_eq!((stale.state, stale.lease_seq), (State::Dead, 1));
+    // Node b: redrive, lease under token 2, dead again.
+    let redrive = |copy: &Job| {
+        crate::job::apply(
+            copy,
+            crate::job::Event::Redrive { by: "op".into() },
+            &backoff,
+            3_000,
+        )
+        .expect("redrive")
+    };
+    let on_b = redrive(&stale);
+    let again = on_b.job.clone();
+    assert_eq!(block(&b, move |s| s.redrive(&[on_b])), Ok(vec![true]));
+    let claim = leased(&again, 2);
+    assert_eq!(
+        block(&b, move |s| s.claim_for(&[claim], Duration::from_secs(60))),
+        Ok(vec![Some(b"p".to_vec())])
+    );
+    let died = dead_at(&again, 2);
+    assert_eq!(block(&b, move |s| s.complete(&[died])), Ok(vec![true]));
+    // Node a's redrive from its copy read before all that.
+    let on_a = redrive(&stale);
+    assert_eq!(block(&a, move |s| s.redrive(&[on_a])), Ok(vec![true]));
+    let seq = db.psql(&format!(
+        "SELECT lease_seq FROM qd_jobs WHERE id = '{}'",
+        id.0
+    ));
+    assert_eq!(seq.trim(), "2", "the stored token sequence went back");
+    // So a claim under token 2 (above the stored lease_seq 1) is granted again.
+    let reused = leased(&stale, 2);
+    assert_eq!(
+        block(&a, move |s| s.claim_for(&[reused], Duration::from_secs(60))),
+        Ok(vec![None]),
+        "token 2 was handed out a second time"
     );
 }
