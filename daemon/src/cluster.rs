@@ -8,7 +8,11 @@
 //!   ([`crate::store::SharedStore::beat`]). Then it asks its Broker to check the
 //!   node's leases in the store against its memory and, while this node is the
 //!   leader, to end the leases of dead or silent nodes ([`BrokerMsg::Sweep`], fenced
-//!   by the leader lease's epoch); only the leader prunes ([`ClusterView::prunes`]);
+//!   by the leader lease's epoch); only the leader prunes ([`ClusterView::prunes`]).
+//!   A heartbeat refused because another node took this node's name
+//!   ([`StoreError::Replaced`]: this one was silent longer than `node_timeout`) asks
+//!   for no sweep (the leases under the name are the new node's) and stops the
+//!   daemon ([`SupervisorMsg::Fatal`]), which exits non-zero;
 //! - while this node is the leader it publishes the cluster's depths from the
 //!   database (`qd_cluster_queue_depth`, 0 once it stops being the leader);
 //! - at each heartbeat it reads the runtime overrides (`qctl limits`, pause and
@@ -31,14 +35,15 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::broker::{self, BrokerMsg};
 use crate::config::DatabaseConfig;
 use crate::metrics::DepthState;
 use crate::scheduler::SchedulerMsg;
+use crate::store::StoreError;
 use crate::store::postgres::NOTIFY_CHANNEL;
-use crate::supervisor::Daemon;
+use crate::supervisor::{self, Daemon, SupervisorMsg};
 
 /// The registered name of the Cluster actor.
 pub const NAME: &str = "cluster";
@@ -179,6 +184,16 @@ impl ClusterState {
                     self.daemon.limits_changed();
                 }
                 epoch
+            }
+            Err(StoreError::Replaced(why)) => {
+                // The leases stored under this name are the new node's: no sweep
+                // (it would end them as orphans), and this process stops.
+                let reason = format!("this node must stop: {why}");
+                error!("{reason}");
+                if let Some(root) = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME) {
+                    let _ = root.cast(SupervisorMsg::Fatal(reason));
+                }
+                return;
             }
             Err(err) => {
                 if !std::mem::replace(&mut self.failing, true) {

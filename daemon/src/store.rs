@@ -389,7 +389,7 @@ pub trait SharedStore {
     /// This node's heartbeat, every fifth of its `node_timeout`: records it alive,
     /// renews its stored leases to at least `node_timeout` from now, and takes or
     /// keeps the leader lease (`node_timeout` long). Answers the leader epoch when
-    /// this node is the leader. Errors: [`StoreError::Other`] when this node's row
+    /// this node is the leader. Errors: [`StoreError::Replaced`] when this node's row
     /// names another node id (a node of the same name replaced it).
     fn beat(&mut self) -> Result<Option<u64>, StoreError>;
 
@@ -710,6 +710,12 @@ pub enum StoreError {
     /// was already queued when the writer died, its outcome is unknown.
     #[error("store closed")]
     Closed,
+    /// This node's row in a shared store names another node id: a node of the same
+    /// name took the name over after this one was silent longer than `node_timeout`
+    /// ([`SharedStore::beat`]). Not transient: this process must stop, since the
+    /// leases stored under its name are the new node's.
+    #[error("node replaced: {0}")]
+    Replaced(String),
     /// Anything else: a constraint violation, an unknown job, an I/O error, a
     /// panicking operation.
     #[error("store error: {0}")]

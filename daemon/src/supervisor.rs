@@ -10,7 +10,9 @@
 //! supervisor stops with a failure, the daemon exits non-zero and systemd restarts it.
 //!
 //! Messages ([`SupervisorMsg`]): `Shutdown` and `Reload` (from signals and the admin
-//! socket — the one control path), and its own `Restart` timers. A reload
+//! socket — the one control path), `Fatal` (from the Cluster actor, when another
+//! node took this node's name: it stops at once, as past the restart intensity),
+//! and its own `Restart` timers. A reload
 //! (`supervisor/reload.rs`) validates the whole file first and changes nothing
 //! unless every change can be applied live. Shutdown is ordered and bounded
 //! by `shutdown_grace`: stop intake → stop leasing → let running jobs finish (then
@@ -139,6 +141,9 @@ impl Child {
 pub enum SupervisorMsg {
     /// Graceful, ordered shutdown (SIGTERM, SIGINT, or `qctl shutdown`).
     Shutdown(String),
+    /// A condition no restart cures (the Cluster actor: another node took this
+    /// node's name): stop at once, without draining, and exit non-zero naming it.
+    Fatal(String),
     /// Timer: restart this child.
     Restart(Child),
     /// Re-read the config file and apply it live (SIGHUP, or `qctl reload` with a
@@ -216,6 +221,11 @@ impl Actor for Supervisor {
                 };
                 if let Some(reply) = reply {
                     let _ = reply.send(outcome);
+                }
+            }
+            SupervisorMsg::Fatal(reason) => {
+                if !state.shutting_down {
+                    state.give_up(&myself, reason);
                 }
             }
             SupervisorMsg::Shutdown(reason) => {
@@ -402,16 +412,22 @@ impl SupervisorState {
                 humantime::format_duration(limit.window)
             );
             error!(last = kind, "{reason}");
-            *self
-                .daemon
-                .failure
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(reason.clone());
-            self.shutting_down = true;
-            myself.stop(Some(reason));
+            self.give_up(myself, reason);
             return;
         }
         myself.send_after(RESTART_DELAY, move || SupervisorMsg::Restart(child));
+    }
+
+    /// Stops the tree at once (no drain) and makes the daemon exit non-zero with
+    /// `reason` (the caller logs it).
+    fn give_up(&mut self, myself: &ActorRef<SupervisorMsg>, reason: String) {
+        *self
+            .daemon
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(reason.clone());
+        self.shutting_down = true;
+        myself.stop(Some(reason));
     }
 
     /// The ordered shutdown, bounded by `shutdown_grace`.

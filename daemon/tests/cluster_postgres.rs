@@ -404,6 +404,63 @@ fn an_ack_of_a_lease_ended_in_the_database_is_answered_stale() {
     qd.kill9();
 }
 
+/// A node that was silent longer than `node_timeout` (SIGSTOP standing in for a
+/// long GC/VM pause or a healed partition) has its name taken by a new node (its
+/// own data dir, so another node id), as the README allows. When the old process
+/// wakes up, its heartbeat is refused as replaced: it must exit non-zero, naming
+/// the cause, without touching the new holder's leases: the lease the new node
+/// handed out stays in the store and its worker's ack goes through.
+#[test]
+fn a_node_whose_name_was_taken_over_leaves_the_new_holders_leases_alone() {
+    let Some(db) = pg::database() else { return };
+    let body = "[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"60s\"\n";
+    let keys = node_keys(0, "200ms");
+    let mut old = Qd::configure_node(&db, &keys, body);
+    old.spawn(&[]);
+    common::signal(old.pid(), "STOP");
+    wait_for(
+        "node-0's heartbeat to be older than node_timeout",
+        Duration::from_secs(30),
+        || {
+            let stale = db.psql(
+                "SELECT heartbeat_at < now() - interval '2500 milliseconds' \
+                 FROM qd_nodes WHERE name = 'node-0'",
+            );
+            (stale.trim() == "t").then_some(())
+        },
+    );
+    let mut new = Qd::configure_node(&db, &keys, body);
+    new.spawn(&[]);
+    let id = new.enqueue("ext", "held by the new node-0");
+    let job = common::lease_one(&new, "ext", "w1", "5s").expect("a lease from the new node");
+    assert_eq!(job["id"], id.as_str(), "{job}");
+    let token = job["token"].as_i64().expect("token");
+    // The old process wakes up: its next heartbeat (every 400 ms) is refused.
+    common::signal(old.pid(), "CONT");
+    let status = old.wait_exit(Duration::from_secs(30));
+    assert!(!status.success(), "the replaced node exited with {status}");
+    assert!(
+        old.logs()
+            .contains("was replaced by another node of the same name"),
+        "{}",
+        old.logs()
+    );
+    let stored = db.psql(&format!(
+        "SELECT coalesce(lease_token::text, 'none') || ' ' || state FROM qd_jobs WHERE id = '{id}'"
+    ));
+    let history = db.psql(&format!(
+        "SELECT outcome || ': ' || coalesce(error, '') FROM qd_history WHERE job_id = '{id}' ORDER BY seq"
+    ));
+    assert_eq!(
+        stored.trim(),
+        format!("{token} ready"),
+        "the new node's live lease was ended in the store by the replaced process; history: {history}"
+    );
+    let (status, answer) = new.post(&format!("/v1/jobs/{id}/ack"), &json!({"token": token}));
+    assert_eq!(status, 200, "ack of the new node's live lease: {answer}");
+    new.kill9();
+}
+
 /// The same from the worker's side: a command job running in one node's pool,
 /// cancelled with the other node's qctl, is stopped by its own node at that node's
 /// next heartbeat (the process is gone), and it is not run again.

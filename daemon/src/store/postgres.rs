@@ -35,7 +35,10 @@
 //!   ([`SharedStore::expire`], fenced by the leader's epoch as well).
 //! - A node that opens the store ends the leases its earlier run held (its name in
 //!   `lease_node`), uncharged, as a restart on SQLite does; it may take its name only
-//!   if it is the same node (its id) or the name's holder is silent.
+//!   if it is the same node (its id) or the name's holder is silent. A node whose
+//!   name was taken over claims nothing (every claim applies only while `qd_nodes`
+//!   holds its name with its id), and its heartbeat is refused
+//!   ([`StoreError::Replaced`]).
 //! - Batches are set-based: one `UPDATE ... FROM unnest($1, $2, ...)` per call
 //!   (conditioned per row on state and token, answered per item from `RETURNING`),
 //!   one `INSERT ... ON CONFLICT DO NOTHING` per enqueue batch. A batch naming the same
@@ -646,7 +649,7 @@ impl PgBackend {
             .map(|j| j.leased_at.unwrap_or(j.updated_at))
             .collect();
         let lease_ms = millis(lease.max(self.options.node_timeout));
-        let node = self.options.node.clone();
+        let (node, id) = (self.options.node.clone(), self.options.node_id);
         let rows = self.block(async |c| {
             let stmt = c
                 .prepare_cached(
@@ -657,6 +660,8 @@ impl PgBackend {
                        SELECT j.id FROM qd_jobs j JOIN c ON j.id = c.id \
                        WHERE j.state IN ('ready', 'delayed') \
                          AND j.lease_token IS NULL AND j.lease_seq < c.token \
+                         AND EXISTS (SELECT 1 FROM qd_nodes n \
+                           WHERE n.name = $6 AND n.node_id = $7) \
                        ORDER BY j.id FOR UPDATE OF j SKIP LOCKED), \
                      claimed AS (\
                        UPDATE qd_jobs j SET lease_seq = c.token, lease_token = c.token, \
@@ -668,8 +673,11 @@ impl PgBackend {
                        ON p.job_id = claimed.id",
                 )
                 .await?;
-            c.query(&stmt, &[&uuids, &tokens, &workers, &at, &lease_ms, &node])
-                .await
+            c.query(
+                &stmt,
+                &[&uuids, &tokens, &workers, &at, &lease_ms, &node, &id],
+            )
+            .await
         })?;
         let mut bodies: HashMap<Uuid, Vec<u8>> =
             rows.iter().map(|r| (r.get(0), r.get(1))).collect();
@@ -1431,12 +1439,13 @@ impl SharedStore for PgBackend {
             return Ok(Vec::new());
         }
         let limit = i64::from(limit);
-        let node = self.options.node.clone();
+        let (node, id) = (self.options.node.clone(), self.options.node_id);
         let sql = format!(
             "WITH picked AS (\
                SELECT id FROM qd_jobs \
                WHERE queue = $1 AND state IN ('ready', 'delayed') AND ready_at <= $2 \
                  AND lease_token IS NULL AND ($8::text IS NULL OR tenant = $8) \
+                 AND EXISTS (SELECT 1 FROM qd_nodes n WHERE n.name = $7 AND n.node_id = $9) \
                ORDER BY ready_at, id LIMIT $3 FOR UPDATE SKIP LOCKED), \
              claimed AS (\
                UPDATE qd_jobs j SET lease_seq = j.lease_seq + 1, lease_token = j.lease_seq + 1, \
@@ -1459,6 +1468,7 @@ impl SharedStore for PgBackend {
                     &lease_ms,
                     &node,
                     &next.tenant,
+                    &id,
                 ],
             )
             .await
@@ -1574,7 +1584,7 @@ impl SharedStore for PgBackend {
             Ok((true, Some(epoch.map(|r| r.get::<_, i64>(0)))))
         })?;
         if !alive {
-            return Err(StoreError::Other(format!(
+            return Err(StoreError::Replaced(format!(
                 "{}: node {name:?} was replaced by another node of the same name; \
                  give each node its own daemon.node_name",
                 self.target

@@ -294,8 +294,14 @@ impl Qd {
 
     /// SIGTERM and wait (up to `within`) for the exit status.
     pub fn terminate(&mut self, within: Duration) -> ExitStatus {
+        signal(self.pid(), "TERM");
+        self.wait_exit(within)
+    }
+
+    /// Waits (up to `within`, else kills it and panics) for the daemon to exit; its
+    /// exit status.
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         let mut c = self.child.take().expect("qd running");
-        signal(c.id() as i32, "TERM");
         let start = Instant::now();
         loop {
             if let Some(status) = c.try_wait().expect("wait") {
@@ -303,10 +309,7 @@ impl Qd {
             }
             if start.elapsed() > within {
                 let _ = c.kill();
-                panic!(
-                    "qd did not exit within {within:?} of SIGTERM:\n{}",
-                    self.logs()
-                );
+                panic!("qd did not exit within {within:?}:\n{}", self.logs());
             }
             std::thread::sleep(Duration::from_millis(50));
         }

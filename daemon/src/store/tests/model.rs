@@ -149,6 +149,7 @@ fn kind(err: &StoreError) -> &'static str {
         StoreError::Permission(_) => "permission",
         StoreError::TooNew { .. } => "too new",
         StoreError::Closed => "closed",
+        StoreError::Replaced(_) => "replaced",
         StoreError::Other(_) => "other",
         StoreError::KeyConflict { .. } => "key conflict",
     }

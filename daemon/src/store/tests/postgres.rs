@@ -341,6 +341,46 @@ fn a_live_node_name_is_refused_to_another_node() {
     again.close();
 }
 
+/// A node whose name another node took over (this one was silent longer than
+/// `node_timeout`) claims nothing under that name, by either claim statement, and
+/// its heartbeat is refused as replaced, so it can stop.
+#[test]
+fn a_node_whose_name_was_taken_over_claims_nothing() {
+    let Some(db) = database() else { return };
+    let zombie = open_pg(&db.url, &node("a"));
+    let stored = job(1, "q", None);
+    let inserted = stored.clone();
+    block(&zombie, move |s| insert(s, &inserted, b"p")).expect("insert");
+    db.psql(
+        "UPDATE qd_nodes SET node_id = '00000000-0000-0000-0000-000000000007' WHERE name = 'a'",
+    );
+    let claim = leased(&stored, 1);
+    assert_eq!(
+        block(&zombie, move |s| s
+            .claim_for(&[claim], Duration::from_secs(60))),
+        Ok(vec![None])
+    );
+    let next = block(&zombie, |s| {
+        let next = NewClaim {
+            queue: "q",
+            tenant: None,
+            limit: 1,
+            worker: "w/1",
+            now: 2_000,
+            lease: Duration::from_secs(60),
+            cap: None,
+        };
+        s.shared().expect("shared").claim_next(&next)
+    });
+    assert_eq!(next, Ok(Vec::new()));
+    assert_eq!(
+        db.psql("SELECT count(*) FROM qd_jobs WHERE lease_token IS NOT NULL"),
+        "0"
+    );
+    let beat = block(&zombie, |s| s.shared().expect("shared").beat());
+    assert!(matches!(beat, Err(StoreError::Replaced(_))), "{beat:?}");
+}
+
 #[test]
 fn claim_next_skips_rows_another_node_is_claiming() {
     let Some(db) = database() else { return };
