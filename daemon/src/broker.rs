@@ -12,7 +12,8 @@
 //! socket), lease (from a Scheduler, on behalf of a worker), heartbeat/ack/nack
 //! (from workers), its lease timer's tick, worker-lost (from a WorkerPool), redrive,
 //! cancel and purge (from the Dlq and admin), resync (from derived actors that restarted),
-//! stats, flush, and its own settle/probe messages. Supervised by the Supervisor; on
+//! stats, stop-intake, release-leases and flush (from the Supervisor's shutdown), and
+//! its own settle/probe messages. Supervised by the Supervisor; on
 //! (re)start it reloads from the store (after a daemon start no job is leased: the
 //! leases of an earlier run died with it) and pushes its view to the schedulers,
 //! the reaper and the Dlq, which are rebuilt from it.
@@ -358,6 +359,9 @@ pub enum BrokerMsg {
     DlqStats(RpcReplyPort<HashMap<Arc<str>, DlqStats>>),
     /// Stop taking enqueues (graceful shutdown).
     StopIntake,
+    /// Graceful shutdown, once the pools drained: on a shared store, end every lease
+    /// this node still holds (external workers'), uncharged.
+    ReleaseLeases,
     /// Answer once every write queued so far is durable.
     Flush(RpcReplyPort<()>),
     /// Internal: a store write answered; apply its effect on memory.
@@ -659,6 +663,7 @@ impl BrokerState {
                 state.answer(reply, answer);
             }
             BrokerMsg::StopIntake => state.accepting = false,
+            BrokerMsg::ReleaseLeases => state.release_leases(now),
             BrokerMsg::Flush(reply) => state.write(
                 |_| Ok(()),
                 move |_, _| {

@@ -16,7 +16,8 @@
 //! (`supervisor/reload.rs`) validates the whole file first and changes nothing
 //! unless every change can be applied live. Shutdown is ordered and bounded
 //! by `shutdown_grace`: stop intake → stop leasing → let running jobs finish (then
-//! interrupt them, uncharged) → flush the store → stop.
+//! interrupt them, uncharged) → on a shared store, end the leases left (external
+//! workers'), uncharged → flush the store → stop.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -460,6 +461,8 @@ impl SupervisorState {
             }
             drain_pools(&pools, INTERRUPT_GRACE).await;
         }
+        // Queued before the flush, so the flush waits for these ends too.
+        broker::cast(BrokerMsg::ReleaseLeases);
         if let Err(err) = broker::request(BrokerMsg::Flush, Duration::from_secs(30)).await {
             warn!(error = %err, "Store flush not confirmed.");
         }

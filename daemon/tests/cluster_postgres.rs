@@ -461,6 +461,36 @@ fn a_node_whose_name_was_taken_over_leaves_the_new_holders_leases_alone() {
     new.kill9();
 }
 
+/// A follower is stopped gracefully (SIGTERM: a deploy or a scale-in) while an
+/// external worker holds a lease from it, and does not come back under its name.
+/// "Interrupted attempts (graceful shutdown) ... do not use up the budget": the
+/// job must run again without its attempt being charged as `lease_expired`.
+#[test]
+fn a_node_stopped_gracefully_does_not_get_its_external_leases_charged() {
+    let Some(db) = pg::database() else { return };
+    let body = |_| "[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"60s\"\n".to_owned();
+    let mut nodes = start_cluster(&db, 2, body);
+    let lead = index(&leader(&db));
+    let follower = 1 - lead;
+    let id = nodes[lead].enqueue("ext", "held across a deploy");
+    let job = wait_for("a lease on the follower", Duration::from_secs(20), || {
+        common::lease_one(&nodes[follower], "ext", "w", "1s")
+    });
+    assert_eq!(job["id"], id.as_str(), "{job}");
+    let status = nodes[follower].terminate(Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+    let back = wait_for("the job ready again", Duration::from_secs(30), || {
+        let job = nodes[lead].job(&id);
+        (job["state"] == "ready" || job["state"] == "delayed").then_some(job)
+    });
+    assert_eq!(
+        common::outcomes(&back),
+        vec!["interrupted"],
+        "a graceful stop charged the attempt: {back}"
+    );
+    nodes[lead].kill9();
+}
+
 /// The same from the worker's side: a command job running in one node's pool,
 /// cancelled with the other node's qctl, is stopped by its own node at that node's
 /// next heartbeat (the process is gone), and it is not run again.

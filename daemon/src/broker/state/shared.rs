@@ -29,6 +29,9 @@
 //! - **Leases of dead nodes**: the leader (see `cluster.rs`) asks its Broker to end
 //!   them ([`BrokerMsg::Sweep`]); each is charged as an expired lease through the
 //!   retry policy, in a write fenced by the leader's epoch.
+//! - **Graceful shutdown**: once the pools drained, the leases this node still holds
+//!   (external workers') are ended uncharged ([`BrokerMsg::ReleaseLeases`]), so a
+//!   node that does not come back never gets them charged as expired.
 
 use rand::Rng;
 use tracing::{debug, error, warn};
@@ -566,6 +569,26 @@ impl BrokerState {
             if let Some(pool) = ActorRef::<PoolMsg>::where_is(worker_pool::name(&job.queue)) {
                 let _ = pool.cast(PoolMsg::Revoke(id));
             }
+        }
+    }
+
+    /// At a graceful shutdown, once the pools drained: ends every lease memory holds
+    /// without a write in flight as an interrupted attempt (uncharged, fenced by its
+    /// token), so the leader never charges it as expired once this node is gone.
+    /// Its lessee's next report is refused as stale. A no-op on a store only this
+    /// node writes: its leases die with the process and are never charged.
+    pub(in crate::broker) fn release_leases(&mut self, now: UnixMillis) {
+        if !self.shared() {
+            return;
+        }
+        let held: Vec<(JobId, Token)> = self
+            .deadlines
+            .leases()
+            .filter(|(id, _)| !self.writing.contains(id))
+            .collect();
+        for (id, token) in held {
+            let reason = "its node shut down while the lease was held".to_owned();
+            self.fail(id, token, Failure::Interrupted { reason }, None, now);
         }
     }
 
