@@ -1037,3 +1037,46 @@ fn two_nodes_lose_the_leader_and_the_survivor_finishes_every_job_once() {
 fn three_nodes_lose_a_follower_then_the_leader_and_the_survivor_finishes_every_job_once() {
     chaos(3, 180, &[a_follower, the_leader]);
 }
+
+/// Every job of a queue is enqueued, leased and acked on node 0; node 1 only saw
+/// them (a notification made it adopt them as ready) and has no lessee of its own.
+/// Once the cluster holds no unfinished job, node 1 must stop counting them: its
+/// depth falls to 0, and an enqueue on it is not refused as over `max_depth`.
+#[test]
+fn a_node_forgets_jobs_finished_on_another_node_and_does_not_refuse_enqueues_for_them() {
+    const JOBS: usize = 5;
+    let Some(db) = pg::database() else { return };
+    let body =
+        |_| format!("[queues.ext]\nexecutor = {{ kind = \"external\" }}\nmax_depth = {JOBS}\n");
+    let nodes = start_cluster(&db, 2, body);
+    for i in 0..JOBS {
+        nodes[0].enqueue("ext", &format!("job {i}"));
+    }
+    let depth = |qd: &Qd| {
+        metric(
+            &qd.scrape(),
+            "qd_queue_depth",
+            &[("queue", "ext"), ("state", "ready")],
+        )
+    };
+    wait_for(
+        "node 1 to see node 0's jobs",
+        Duration::from_secs(20),
+        || (depth(&nodes[1]) == JOBS as f64).then_some(()),
+    );
+    for _ in 0..JOBS {
+        let job = common::lease_one(&nodes[0], "ext", "w0", "5s").expect("a job on node 0");
+        common::ack(&nodes[0], &job);
+    }
+    assert_eq!(stored_states(&db).get("succeeded"), Some(&JOBS));
+    wait_for(
+        "node 1 to forget the finished jobs",
+        Duration::from_secs(20),
+        || (depth(&nodes[1]) == 0.0).then_some(()),
+    );
+    let (status, answer) = nodes[1].post("/v1/queues/ext/jobs", &json!({"payload": "one more"}));
+    assert_eq!(
+        status, 202,
+        "an enqueue on node 1 of an empty cluster: {answer}"
+    );
+}

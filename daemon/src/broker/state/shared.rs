@@ -5,7 +5,9 @@
 //! - **Finding work**: jobs other nodes enqueued, redrove or gave back are found by
 //!   a look at the store's claimable jobs ([`BrokerMsg::Refresh`], sent by the
 //!   Cluster actor when a notification arrives or its poll interval passes, and by
-//!   the Broker itself after a look that found something or a lost claim).
+//!   the Broker itself after a look that found something or a lost claim). A look
+//!   that read a queue whole also drops the waiting jobs it no longer offers: other
+//!   nodes leased, finished, cancelled or purged them.
 //! - **Claiming**: a lease is a conditional claim in the store; one that does not
 //!   apply (another node took the job or changed it) drops the job from memory, and
 //!   the lessee gets the next unclaimed job of the same tenant instead, if any
@@ -46,7 +48,7 @@ use crate::broker::{BrokerError, BrokerMsg};
 use crate::job::{self, Event, Failure, Job, JobId, State, Token, UnixMillis};
 use crate::worker_pool::{self, PoolMsg};
 use ractor::{ActorRef, RpcReplyPort};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::store::{Backend, Claim, NewClaim, StoreError, TenantCap};
@@ -280,10 +282,12 @@ impl BrokerState {
     ) {
         self.refreshing = false;
         let found = match result {
-            Ok(jobs) => jobs
-                .into_iter()
-                .filter(|j| self.adopt(j.clone(), now))
-                .count(),
+            Ok(jobs) => {
+                self.forget_gone(&jobs);
+                jobs.into_iter()
+                    .filter(|j| self.adopt(j.clone(), now))
+                    .count()
+            }
             Err(err) => {
                 debug!(error = %err, "Looking for other nodes' jobs failed; the next poll tries again.");
                 0
@@ -291,6 +295,37 @@ impl BrokerState {
         };
         if found > 0 || std::mem::take(&mut self.refresh_again) {
             self.refresh();
+        }
+    }
+
+    /// Drops the ready and delayed jobs memory holds of each queue this look read
+    /// whole (fewer rows than [`REFRESH_WINDOW`]) that the store no longer offers:
+    /// another node leased, finished, cancelled or purged them, which sends no
+    /// notification, and without this memory would count them for `max_depth`
+    /// forever. A job with a write in flight is left to that write; a job this node
+    /// wrote after the look was read cannot be missed by it, since the writer thread
+    /// answers in order and the job enters memory only with its write's answer.
+    fn forget_gone(&mut self, found: &[Job]) {
+        let mut read: HashMap<&str, usize> = HashMap::new();
+        for job in found {
+            *read.entry(&*job.queue).or_default() += 1;
+        }
+        let offered: HashSet<JobId> = found.iter().map(|j| j.id).collect();
+        let whole = |queue: &str| read.get(queue).copied().unwrap_or(0) < REFRESH_WINDOW as usize;
+        let gone: Vec<JobId> = self
+            .config
+            .queues
+            .keys()
+            .filter(|queue| whole(queue))
+            .flat_map(|queue| self.jobs.in_queue(queue))
+            .filter(|b| matches!(b.state, State::Ready | State::Delayed))
+            .map(|b| b.id)
+            .filter(|id| !offered.contains(id) && !self.writing.contains(id))
+            .collect();
+        for id in gone {
+            if let Some(job) = self.jobs.get(id) {
+                self.drop_stale(&job);
+            }
         }
     }
 
@@ -339,6 +374,7 @@ impl BrokerState {
         if let Some(gone) = self.jobs.remove(job.id) {
             self.account(&gone, false);
         }
+        self.hot.forget(job.id);
         events::dropped(&mut self.out, job);
     }
 
