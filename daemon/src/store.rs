@@ -394,7 +394,8 @@ pub trait SharedStore {
     fn beat(&mut self) -> Result<Option<u64>, StoreError>;
 
     /// The leases this node holds in the store, as leased records: what its Broker
-    /// checks against its memory, so no lease of this node outlives its holder.
+    /// checks against its memory, so no lease of this node outlives its holder. None
+    /// once another node took this node's name (those leases are the new holder's).
     fn own_leases(&mut self) -> Result<Vec<Job>, StoreError>;
 
     /// For the leader: at most `limit` leases held by other nodes that ended without

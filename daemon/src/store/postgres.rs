@@ -1597,12 +1597,15 @@ impl SharedStore for PgBackend {
     }
 
     fn own_leases(&mut self) -> Result<Vec<Job>, StoreError> {
+        // Only while the name is still this node's: a node whose name was taken over
+        // must not see (and end as orphans) the leases of the name's new holder.
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM qd_jobs j \
-             WHERE j.lease_node = $1 AND j.lease_token IS NOT NULL"
+             WHERE j.lease_node = $1 AND j.lease_token IS NOT NULL \
+               AND EXISTS (SELECT 1 FROM qd_nodes n WHERE n.name = $1 AND n.node_id = $2)"
         );
-        let node = self.options.node.clone();
-        self.query_jobs(&sql, &[&node])
+        let (node, id) = (self.options.node.clone(), self.options.node_id);
+        self.query_jobs(&sql, &[&node, &id])
     }
 
     fn expired_leases(&mut self, limit: u32) -> Result<Vec<Job>, StoreError> {

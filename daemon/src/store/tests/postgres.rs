@@ -379,6 +379,14 @@ fn a_node_whose_name_was_taken_over_claims_nothing() {
     );
     let beat = block(&zombie, |s| s.shared().expect("shared").beat());
     assert!(matches!(beat, Err(StoreError::Replaced(_))), "{beat:?}");
+    // The name's new holder leases the job: the zombie's sweep must not see that
+    // lease as its own (it would end it as an orphan).
+    db.psql(
+        "UPDATE qd_jobs SET lease_seq = 1, lease_token = 1, worker = 'w/new', \
+           lease_node = 'a', lease_deadline = now() + interval '1 minute'",
+    );
+    let own = block(&zombie, |s| s.shared().expect("shared").own_leases());
+    assert_eq!(own.map(|jobs| jobs.len()), Ok(0));
 }
 
 #[test]
