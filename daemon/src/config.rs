@@ -203,13 +203,16 @@ pub struct ConfigErrors {
 }
 
 impl fmt::Display for ConfigErrors {
-    /// One problem per line: `FILE:LINE:COL: PATH: MESSAGE`.
+    /// One problem per line: `FILE:LINE:COL: PATH: MESSAGE`, or `FILE: PATH: MESSAGE`
+    /// for a problem without a place in the file (a missing section, an unreadable
+    /// file).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, error) in self.errors.iter().enumerate() {
             if i > 0 {
                 writeln!(f)?;
             }
-            write!(f, "{}:{error}", self.source.display())?;
+            let gap = if error.line.is_some() { "" } else { " " };
+            write!(f, "{}:{gap}{error}", self.source.display())?;
         }
         Ok(())
     }

@@ -240,6 +240,14 @@ impl<'a> Diagnostics<'a> {
         self.broken.iter().any(|b| path.starts_with(b))
     }
 
+    /// Whether `path`, a key above it or a key below it is unusable: a check of the
+    /// whole section at `path` would report a problem already reported.
+    pub(crate) fn touches_broken(&self, path: &KeyPath) -> bool {
+        self.broken
+            .iter()
+            .any(|b| path.starts_with(b) || b.starts_with(path))
+    }
+
     /// Deserializes `node` (found at `base`) into `T`. On an error it records it,
     /// removes the offending key and tries again, so every bad key is reported.
     /// `None` if the section as a whole is unusable (wrong type, missing field).

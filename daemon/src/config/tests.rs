@@ -377,6 +377,27 @@ fn a_bad_value_does_not_also_fail_the_checks_that_compare_against_it() {
 }
 
 #[test]
+fn a_webhook_url_that_does_not_parse_is_one_error() {
+    // Checked like `qd check-config`: the machine checks build each executor too,
+    // and must not report the url a second time.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("qd.toml");
+    std::fs::write(
+        &path,
+        "[queues.hook]\nexecutor = { kind = \"http\", url = \"not a url\" }\n",
+    )
+    .expect("write config");
+    let errors = Config::load_checked(&path).expect_err("a bad url").errors;
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        error_at(&errors, "queues.hook.executor.url")
+            .message
+            .starts_with("invalid url \"not a url\""),
+        "{errors:#?}"
+    );
+}
+
+#[test]
 fn a_section_of_the_wrong_shape_is_one_error_in_plain_words() {
     let not_a_table = errors("queues = 5\n");
     assert_eq!(not_a_table.len(), 1, "{not_a_table:#?}");
@@ -508,7 +529,11 @@ fn the_summary_names_queues_tenants_and_limiters_and_a_missing_file_is_an_error(
         "{summary}"
     );
     let err = Config::load(Path::new("/nonexistent/qd.toml")).expect_err("missing file");
-    assert!(err.to_string().contains("cannot read config file"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("/nonexistent/qd.toml: cannot read config file: "),
+        "a problem without a line reads FILE: MESSAGE: {err}"
+    );
 }
 
 /// Lines that are TOML-ish: sections, known keys, odd values, broken syntax.

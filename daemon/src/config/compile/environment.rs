@@ -44,7 +44,7 @@ pub(super) fn check(
     }
     for (name, queue) in queues {
         let path = KeyPath::of(&["queues", name, "executor"]);
-        if diag.is_broken(&path) {
+        if diag.touches_broken(&path) {
             continue;
         }
         match Executor::new(&queue.executor) {

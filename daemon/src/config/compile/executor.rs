@@ -237,7 +237,7 @@ fn http(
                 parsed.scheme()
             ),
         ),
-        Err(e) => diag.error(&path.join(&["url"]), format!("invalid url {url:?}: {e}")),
+        Err(e) => diag.invalid(&path.join(&["url"]), format!("invalid url {url:?}: {e}")),
     }
     let headers = raw.headers.clone().unwrap_or_default();
     for (name, value) in &headers {
