@@ -112,7 +112,7 @@ pub enum JobsCmd {
         #[arg(long, value_parser = JOB_STATES)]
         state: Option<String>,
         /// At most this many jobs.
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         /// Start after this job id: the cursor the previous page printed.
         #[arg(long, value_name = "ID")]
@@ -251,7 +251,7 @@ pub enum DlqCmd {
         #[command(flatten)]
         filter: DlqFilter,
         /// At most this many jobs.
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         /// Start after this job id: the cursor the previous page printed.
         #[arg(long, value_name = "ID")]

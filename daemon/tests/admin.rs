@@ -856,6 +856,26 @@ fn a_redrive_or_purge_with_an_absurd_pace_or_an_empty_error_filter_is_refused_wh
     assert!(!qd.logs().contains("panicked"), "{}", qd.logs());
 }
 
+/// A page of 0 jobs would read as "no jobs": the daemon refuses `limit: 0` and
+/// qctl refuses `--limit 0`.
+#[test]
+fn a_listing_page_of_zero_jobs_is_refused() {
+    let qd = Qd::start(EXTERNAL);
+    qd.enqueue("ext", "x");
+    for op in [
+        json!({"op": "jobs_list", "limit": 0}),
+        json!({"op": "dlq_list", "selection": {}, "limit": 0}),
+    ] {
+        let answer = raw_admin(&qd, &op);
+        assert!(
+            answer.contains("bad_request") && answer.contains("limit"),
+            "{op}: {answer}"
+        );
+    }
+    let out = qd.qctl(&["jobs", "list", "--limit", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
 #[test]
 fn qctl_status_counts_worker_restarts_as_the_metric_does() {
     let work = tempfile::tempdir().expect("tempdir");

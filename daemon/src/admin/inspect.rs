@@ -39,7 +39,7 @@ impl Handler {
             state,
             order: JobOrder::NewestFirst,
             after: after.as_deref().map(parse_id).transpose()?,
-            limit: limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT),
+            limit: page_size(limit, DEFAULT_LIMIT, MAX_LIMIT)?,
             ..JobFilter::default()
         };
         let (jobs, next_after) = self.page(filter).await?;
@@ -56,7 +56,7 @@ impl Handler {
         limit: Option<u32>,
         after: Option<String>,
     ) -> Result<Response, ErrorBody> {
-        let limit = limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
+        let limit = page_size(limit, DEFAULT_LIMIT, MAX_LIMIT)?;
         let filter = self.dead_filter(selection, after, limit)?;
         let (jobs, next_after) = self.page(filter).await?;
         Ok(Response::Jobs {
@@ -83,7 +83,7 @@ impl Handler {
         limit: Option<u32>,
         after: Option<String>,
     ) -> Result<Response, ErrorBody> {
-        let limit = limit.unwrap_or(EXPORT_LIMIT).min(EXPORT_MAX);
+        let limit = page_size(limit, EXPORT_LIMIT, EXPORT_MAX)?;
         let filter = self.dead_filter(selection, after, limit)?;
         let (jobs, next_after) = self.page(filter).await?;
         let ids: Vec<_> = jobs.iter().map(|j| j.id).collect();
@@ -192,5 +192,17 @@ impl Handler {
             None
         };
         Ok((jobs, next))
+    }
+}
+
+/// A listing's page size: `default` when absent, at most `max`. A limit of 0 is a
+/// `bad_request` (an empty page would read as "no jobs").
+fn page_size(limit: Option<u32>, default: u32, max: u32) -> Result<u32, ErrorBody> {
+    match limit {
+        Some(0) => Err(err(
+            ErrorCode::BadRequest,
+            format!("limit must be between 1 and {max}"),
+        )),
+        limit => Ok(limit.unwrap_or(default).min(max)),
     }
 }
