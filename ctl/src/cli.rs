@@ -313,10 +313,11 @@ pub enum LimitsCmd {
         /// Scheduling weight (≥ 1).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         weight: Option<u32>,
-        /// Jobs of this tenant leased at once per queue.
+        /// Jobs of this tenant leased at once per queue; 0 lifts the cap (unlimited).
         #[arg(long, value_name = "N")]
         max_concurrency: Option<u32>,
-        /// Waiting jobs of this tenant per queue before enqueue is refused.
+        /// Waiting jobs of this tenant per queue before enqueue is refused; 0 lifts
+        /// the bound (unlimited).
         #[arg(long, value_name = "N")]
         max_depth: Option<u64>,
     },
