@@ -95,15 +95,18 @@ impl std::fmt::Display for BatchError {
         let Some(index) = self.index else {
             return write!(f, "{}", self.error);
         };
-        match &self.error {
-            BrokerError::QueueFull { .. } | BrokerError::TenantFull { .. } => write!(
-                f,
-                "the batch does not fit: at jobs[{index}], {} (counting the {index} jobs \
-                 before it in this batch); nothing of the batch was enqueued",
-                self.error
-            ),
-            _ => write!(f, "jobs[{index}]: {}", self.error),
-        }
+        let counting = match (&self.error, index) {
+            (BrokerError::QueueFull { .. }, 1) => "the 1 job".to_owned(),
+            (BrokerError::QueueFull { .. }, n) => format!("the {n} jobs"),
+            (BrokerError::TenantFull { .. }, _) => "this tenant's jobs".to_owned(),
+            _ => return write!(f, "jobs[{index}]: {}", self.error),
+        };
+        write!(
+            f,
+            "the batch does not fit: at jobs[{index}], {} (counting {counting} before it \
+             in this batch); nothing of the batch was enqueued",
+            self.error
+        )
     }
 }
 

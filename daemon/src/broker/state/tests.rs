@@ -190,7 +190,8 @@ async fn a_batch_is_admitted_whole_or_not_at_all_and_a_refusal_frees_its_reserva
         "{err}"
     );
     assert!(
-        err.to_string().contains("counting the 2 jobs before it"),
+        err.to_string()
+            .contains("(counting this tenant's jobs before it in this batch)"),
         "{err}"
     );
     assert_eq!(pending(&state), 0);
@@ -201,6 +202,11 @@ async fn a_batch_is_admitted_whole_or_not_at_all_and_a_refusal_frees_its_reserva
     assert_eq!(err.index, Some(4));
     assert!(
         matches!(err.error, BrokerError::QueueFull { depth: 4, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("(counting the 4 jobs before it in this batch)"),
         "{err}"
     );
 
