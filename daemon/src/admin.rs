@@ -440,7 +440,16 @@ async fn dlq_call<T: Send + 'static>(
     }
 }
 
+/// A tenant filter must be a name a tenant can have: one that cannot match any job
+/// is a `bad_request` naming it, not an empty listing or a redrive of nothing.
+fn tenant_filter(tenant: Option<&str>) -> Result<(), ErrorBody> {
+    tenant.map_or(Ok(()), |t| Ok(broker::check_name("tenant", t)?))
+}
+
+/// The DLQ actor's form of a redrive's or purge's selection: ids parsed, each once.
+/// Errors: `bad_request` for a malformed id or a tenant filter no tenant can have.
 fn selection_of(sel: &DlqSelection) -> Result<Selection, ErrorBody> {
+    tenant_filter(sel.tenant.as_deref())?;
     let mut ids: Vec<JobId> = Vec::with_capacity(sel.ids.len());
     for id in &sel.ids {
         let id = parse_id(id)?;

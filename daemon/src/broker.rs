@@ -437,11 +437,7 @@ pub fn check_batch_len(n: usize) -> Result<(), BrokerError> {
 ///
 /// Errors: [`BrokerError::Invalid`] naming `what` and the value.
 pub fn check_name(what: &str, name: &str) -> Result<(), BrokerError> {
-    let ok = (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    if ok {
+    if crate::config::is_valid_name(name) {
         Ok(())
     } else {
         Err(BrokerError::Invalid(format!(

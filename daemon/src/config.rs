@@ -24,6 +24,7 @@ mod database;
 mod diag;
 mod raw;
 mod units;
+pub(crate) use units::is_valid_name;
 
 #[cfg(test)]
 mod tests;

@@ -856,10 +856,10 @@ fn a_redrive_or_purge_with_an_absurd_pace_or_an_empty_error_filter_is_refused_wh
     assert!(!qd.logs().contains("panicked"), "{}", qd.logs());
 }
 
-/// A page of 0 jobs would read as "no jobs": the daemon refuses `limit: 0` and
-/// qctl refuses `--limit 0`.
+/// A page of 0 jobs, or a tenant filter no tenant can have, would read as "no
+/// jobs": the daemon refuses them, and qctl `--limit 0`.
 #[test]
-fn a_listing_page_of_zero_jobs_is_refused() {
+fn a_listing_page_of_zero_jobs_or_of_an_impossible_tenant_is_refused() {
     let qd = Qd::start(EXTERNAL);
     qd.enqueue("ext", "x");
     for op in [
@@ -874,6 +874,20 @@ fn a_listing_page_of_zero_jobs_is_refused() {
     }
     let out = qd.qctl(&["jobs", "list", "--limit", "0"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    // Likewise a tenant filter no tenant can have: refused, not an empty answer.
+    for args in [
+        &["jobs", "list", "--tenant", "bad name!"][..],
+        &["dlq", "list", "--tenant", ""],
+        &["dlq", "redrive", "--tenant", "bad name!"],
+    ] {
+        let out = qd.qctl(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out));
+        assert!(
+            text(&out).contains("must be 1 to 64 characters"),
+            "{args:?}: {}",
+            text(&out)
+        );
+    }
 }
 
 #[test]

@@ -33,6 +33,7 @@ impl Handler {
                     .map_err(|e| err(ErrorCode::BadRequest, e))
             })
             .transpose()?;
+        super::tenant_filter(tenant.as_deref())?;
         let filter = JobFilter {
             queue,
             tenant,
@@ -160,6 +161,7 @@ impl Handler {
             ));
         }
         self.queue_filter(sel.queue.as_deref())?;
+        super::tenant_filter(sel.tenant.as_deref())?;
         Ok(JobFilter {
             queue: sel.queue.clone(),
             tenant: sel.tenant.clone(),
