@@ -1563,7 +1563,19 @@ impl SharedStore for PgBackend {
                 .await?;
             let row = c.query_one(&stmt, &[&name, &id, &timeout_ms]).await?;
             if row.get::<_, i64>(0) == 0 {
-                return Ok((false, None));
+                // No row of this node: taken over only if another node id holds the
+                // name. A row that is simply gone (a restored or failed-over
+                // database, an operator's cleanup) is written again.
+                let stmt = c
+                    .prepare_cached(
+                        "INSERT INTO qd_nodes (name, node_id, started_at, heartbeat_at) \
+                         VALUES ($1, $2, now(), now()) ON CONFLICT (name) DO NOTHING RETURNING 1",
+                    )
+                    .await?;
+                if c.query_opt(&stmt, &[&name, &id]).await?.is_none() {
+                    return Ok((false, None));
+                }
+                tracing::warn!(node = %name, "This node's row in qd_nodes was gone; written again.");
             }
             let stmt = c
                 .prepare_cached("SELECT id FROM qd_leader WHERE id = 1 FOR UPDATE SKIP LOCKED")

@@ -772,3 +772,30 @@ fn a_redrive_from_a_stale_copy_never_takes_the_token_sequence_back() {
         "token 2 was handed out a second time"
     );
 }
+
+/// `beat` answers `Replaced` only when another node id holds this node's name. A
+/// row that is merely gone (a database restored from a backup taken before the node
+/// joined, a failover to a standby that missed the join) names no other node: it is
+/// written again, and the node claims on.
+#[test]
+fn a_missing_node_row_is_written_again_not_taken_for_a_takeover() {
+    let Some(db) = database() else { return };
+    let node_a = open_pg(&db.url, &node("a"));
+    db.psql("DELETE FROM qd_nodes WHERE name = 'a'");
+    let beat = block(&node_a, |s| s.shared().expect("shared").beat());
+    assert!(beat.is_ok(), "no other node holds the name, yet: {beat:?}");
+    assert_eq!(
+        db.psql("SELECT count(*) FROM qd_nodes WHERE name = 'a'"),
+        "1"
+    );
+    let stored = job(1, "q", None);
+    let inserted = stored.clone();
+    block(&node_a, move |s| insert(s, &inserted, b"p")).expect("insert");
+    let claim = leased(&stored, 1);
+    assert_eq!(
+        block(&node_a, move |s| s
+            .claim_for(&[claim], Duration::from_secs(60))),
+        Ok(vec![Some(b"p".to_vec())]),
+        "claims go on under the rewritten row"
+    );
+}
