@@ -14,6 +14,7 @@ use std::path::Path;
 
 use qd_proto::{ErrorBody, MAX_FRAME, Request, Response};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::client::{CliError, Client, over_frame};
 use crate::commands::unexpected;
@@ -91,16 +92,19 @@ pub fn enqueue(
     Ok(())
 }
 
-/// One line as a job object and its size in the frame (bytes, with its comma).
-fn parse_line(line: &str, budget: usize) -> Result<(Value, usize), String> {
-    let job: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
-    if !job.is_object() {
+/// One line as a job object's JSON text, kept as written so that a payload's
+/// numbers and key order reach the worker unchanged (sent as `job_texts`), and its
+/// size in the frame (bytes as a JSON string, with its comma).
+fn parse_line(line: &str, budget: usize) -> Result<(String, usize), String> {
+    let job: Box<RawValue> = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+    if !job.get().starts_with('{') {
         return Err(
             "not a job object: each line must be {\"payload\": ...} with the fields of the HTTP enqueue body"
                 .into(),
         );
     }
-    let size = job.to_string().len() + 1;
+    let job = job.get().to_owned();
+    let size = Value::from(job.as_str()).to_string().len() + 1;
     if size > budget {
         return Err(over_frame("the job", size, budget));
     }
@@ -115,7 +119,7 @@ struct Sender<W: Write> {
     out: W,
     /// Bytes of jobs one frame may carry.
     budget: usize,
-    batch: Vec<Value>,
+    batch: Vec<String>,
     /// The file line of each job of `batch`.
     lines: Vec<usize>,
     bytes: usize,
@@ -156,7 +160,8 @@ impl<W: Write> Sender<W> {
         self.bytes = 0;
         let req = Request::EnqueueBatch {
             queue: self.queue.clone(),
-            jobs,
+            jobs: Vec::new(),
+            job_texts: jobs,
         };
         let resp = match self.client.call(req) {
             Ok(resp) => resp,
@@ -251,8 +256,19 @@ mod tests {
     #[test]
     fn a_line_must_be_a_job_object_that_fits_a_frame() {
         let (job, size) = parse_line(r#"{"payload":"hi"}"#, 100).expect("a job");
-        assert_eq!(job["payload"], "hi");
-        assert_eq!(size, r#"{"payload":"hi"}"#.len() + 1);
+        assert_eq!(job, r#"{"payload":"hi"}"#);
+        assert_eq!(
+            size,
+            r#""{\"payload\":\"hi\"}""#.len() + 1,
+            "as a JSON string"
+        );
+        let written = r#" {"payload": {"n": 18446744073709551617, "b": 1, "a": 2}} "#;
+        let (job, _) = parse_line(written, 200).expect("a job");
+        assert_eq!(
+            job,
+            written.trim(),
+            "sent as written: numbers and key order kept"
+        );
         let bad = parse_line("{oops", 100).expect_err("not JSON");
         assert!(bad.starts_with("not JSON"), "{bad}");
         let bad = parse_line("[1]", 100).expect_err("an array");

@@ -210,7 +210,12 @@ impl AdminHandler for Handler {
                     duplicate: done.duplicate,
                 }))
             }
-            Request::EnqueueBatch { queue, jobs } => {
+            Request::EnqueueBatch {
+                queue,
+                jobs,
+                job_texts,
+            } => {
+                let jobs = batch_jobs(jobs, job_texts)?;
                 self.enqueue_batch(queue, jobs, peer.uid, req_op).await
             }
             Request::DlqList {
@@ -440,6 +445,37 @@ async fn dlq_call<T: Send + 'static>(
     }
 }
 
+/// One job of an `enqueue_batch`: an object, or its JSON text (kept as written).
+enum BatchJob {
+    Object(serde_json::Value),
+    Text(String),
+}
+
+impl BatchJob {
+    /// The job's body, parsed as the HTTP API parses one.
+    fn body(self) -> Result<JobBody, serde_json::Error> {
+        match self {
+            BatchJob::Object(job) => serde_json::from_value(job),
+            BatchJob::Text(text) => serde_json::from_str(&text),
+        }
+    }
+}
+
+/// The jobs of an `enqueue_batch`, from `jobs` or `job_texts` (not both).
+fn batch_jobs(
+    jobs: Vec<serde_json::Value>,
+    texts: Vec<String>,
+) -> Result<Vec<BatchJob>, ErrorBody> {
+    match (jobs.is_empty(), texts.is_empty()) {
+        (false, false) => Err(err(
+            ErrorCode::BadRequest,
+            "give the jobs as jobs or as job_texts, not both",
+        )),
+        (_, true) => Ok(jobs.into_iter().map(BatchJob::Object).collect()),
+        (true, false) => Ok(texts.into_iter().map(BatchJob::Text).collect()),
+    }
+}
+
 /// A tenant filter must be a name a tenant can have: one that cannot match any job
 /// is a `bad_request` naming it, not an empty listing or a redrive of nothing.
 fn tenant_filter(tenant: Option<&str>) -> Result<(), ErrorBody> {
@@ -492,7 +528,7 @@ impl Handler {
     async fn enqueue_batch(
         &self,
         queue: String,
-        jobs: Vec<serde_json::Value>,
+        jobs: Vec<BatchJob>,
         uid: u32,
         op: &str,
     ) -> Result<Response, ErrorBody> {
@@ -501,7 +537,8 @@ impl Handler {
         let max_payload = self.daemon.config().daemon.max_payload;
         let mut reqs = Vec::with_capacity(jobs.len());
         for (index, job) in jobs.into_iter().enumerate() {
-            let req = serde_json::from_value::<JobBody>(job)
+            let req = job
+                .body()
                 .map_err(|e| BrokerError::Invalid(e.to_string()))
                 .and_then(|body| body.into_request(&queue, None, max_payload))
                 .map_err(|error| BatchError {

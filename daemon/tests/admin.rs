@@ -890,6 +890,27 @@ fn a_listing_page_of_zero_jobs_or_of_an_impossible_tenant_is_refused() {
     }
 }
 
+/// An `enqueue_batch` takes its jobs as objects or as JSON texts, not both; a text
+/// keeps a JSON payload as written.
+#[test]
+fn enqueue_batch_takes_jobs_or_job_texts_not_both() {
+    let qd = Qd::start(EXTERNAL);
+    let both = json!({"op": "enqueue_batch", "queue": "ext",
+        "jobs": [{"payload": "a"}], "job_texts": ["{\"payload\": \"b\"}"]});
+    let answer = raw_admin(&qd, &both);
+    assert!(
+        answer.contains("bad_request") && answer.contains("not both"),
+        "{answer}"
+    );
+    assert_eq!(queue_row(&qd, "ext")["ready"], 0, "nothing enqueued");
+    let texts = json!({"op": "enqueue_batch", "queue": "ext",
+        "job_texts": ["{\"payload\": {\"n\": 18446744073709551617, \"b\": 1, \"a\": 2}}"]});
+    let answer = raw_admin(&qd, &texts);
+    assert!(answer.contains("enqueued_batch"), "{answer}");
+    let job = common::lease_one(&qd, "ext", "w", "5s").expect("a lease");
+    assert_eq!(job["payload"], r#"{"n":18446744073709551617,"b":1,"a":2}"#);
+}
+
 #[test]
 fn qctl_status_counts_worker_restarts_as_the_metric_does() {
     let work = tempfile::tempdir().expect("tempdir");

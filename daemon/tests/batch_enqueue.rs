@@ -510,3 +510,16 @@ fn qctl_enqueue_ndjson_words_name_lines_and_say_each_thing_once() {
     );
     assert_eq!(depth(&qd, "ext"), 2);
 }
+
+/// `qctl enqueue --ndjson` keeps a JSON payload as written, as the HTTP enqueue
+/// does (a big integer not rounded to a float, keys not reordered): the same line
+/// sent over HTTP and through qctl stores the same bytes.
+#[test]
+fn qctl_enqueue_ndjson_keeps_a_json_payload_as_written() {
+    let qd = Qd::start(EXTERNAL);
+    let sent = r#"{"order":18446744073709551617,"b":1,"a":2}"#;
+    let out = ndjson(&qd, false, &format!("{{\"payload\": {sent}}}\n"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let job = common::lease_one(&qd, "ext", "w", "5s").expect("a lease");
+    assert_eq!(job["payload"].as_str(), Some(sent), "{job}");
+}

@@ -86,12 +86,21 @@ pub enum Request {
     /// (`{"tenant"?, "payload" | "payload_b64", "idempotency_key"?, "delay"?,
     /// "max_attempts"?}`, see `daemon/docs/http-api.md`). Answered with
     /// [`crate::Response::EnqueuedBatch`]; a refusal names the job in
-    /// [`crate::ErrorBody::index`] and nothing of the batch is enqueued.
+    /// [`crate::ErrorBody::index`] and nothing of the batch is enqueued. The jobs come
+    /// as objects (`jobs`) or, to keep each as written, as JSON texts (`job_texts`);
+    /// one of the two.
     EnqueueBatch {
         /// Target queue (must be configured).
         queue: String,
-        /// The job objects, in order.
+        /// The job objects, in order. A payload given as a JSON value is re-read by
+        /// the frame's parse (big integers round to floats, keys are sorted).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         jobs: Vec<serde_json::Value>,
+        /// The job objects as JSON texts, in order: each is parsed as the HTTP API
+        /// parses a body, so a payload's numbers and key order are kept as written
+        /// (what `qctl enqueue --ndjson` sends).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        job_texts: Vec<String>,
     },
     /// Dead jobs matching the selection, most recently dead first. Answered with
     /// [`crate::Response::Jobs`]; for dead jobs `updated_at` is when the job died.

@@ -31,6 +31,7 @@ fn sample_requests() -> Vec<Request> {
         Request::EnqueueBatch {
             queue: "email".into(),
             jobs: vec![json!({"payload": "hi", "idempotency_key": "k"})],
+            job_texts: Vec::new(),
         },
         Request::DlqList {
             selection: sel.clone(),
@@ -118,6 +119,33 @@ fn every_request_round_trips_and_its_op_is_listed() {
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
         assert_eq!(decode_request(&line), Ok(frame));
     }
+}
+
+#[test]
+fn job_texts_cross_the_wire_as_written() {
+    let text = r#"{"payload": {"n": 18446744073709551617, "b": 1, "a": 2}}"#;
+    let frame = RequestFrame {
+        v: VERSION,
+        id: 1,
+        req: Request::EnqueueBatch {
+            queue: "email".into(),
+            jobs: Vec::new(),
+            job_texts: vec![text.into()],
+        },
+    };
+    let line = encode_request(&frame);
+    assert!(
+        !String::from_utf8_lossy(&line).contains("\"jobs\""),
+        "empty jobs left out"
+    );
+    let Ok(RequestFrame {
+        req: Request::EnqueueBatch { job_texts, .. },
+        ..
+    }) = decode_request(&line)
+    else {
+        panic!("decodes");
+    };
+    assert_eq!(job_texts, [text]);
 }
 
 #[test]
