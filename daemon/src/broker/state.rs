@@ -765,6 +765,14 @@ impl BrokerState {
             self.answer(reply, Vec::new());
             return;
         };
+        if !self.accepting {
+            // Shutting down: no attempt starts. A pick sent before its Scheduler
+            // drained goes back, and no lease can slip in after the shared store's
+            // leases were released.
+            self.hand_back(queue, picks);
+            self.answer(reply, Vec::new());
+            return;
+        }
         if !self.store_writable {
             let queue = queue.clone();
             self.parked.push(Parked {

@@ -547,6 +547,18 @@ async fn every_reply_waits_until_its_message_effects_are_performed() {
     assert!(acks.expect("answered per item")[0].is_err(), "not leased");
 }
 
+#[tokio::test]
+async fn once_intake_stopped_a_lease_hands_its_pick_back_and_starts_nothing() {
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    let id = hot_job(&store, &mut state).await;
+    drive(&mut state, &store, BrokerMsg::StopIntake, false).await;
+    let (tx, answer) = tokio::sync::oneshot::channel();
+    drive(&mut state, &store, lease_of(id, tx), false).await;
+    assert!(answer.await.expect("answered").is_empty(), "nothing leased");
+    assert_eq!(state.jobs.get(id).expect("held").state, State::Ready);
+}
+
 /// A state on a memory store whose one hot job was leased to a lessee already
 /// gone while the disk was full: an uncharged end is left to write.
 async fn abandoned_during_outage() -> (Store, BrokerState, JobId) {
