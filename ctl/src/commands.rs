@@ -246,7 +246,7 @@ fn checked_selection(target: &DlqTarget) -> Result<DlqSelection, CliError> {
     let selection = target.selection();
     if selection.check_mutation().is_err() {
         let problem = if selection.error_contains.as_deref() == Some("") {
-            "--error is empty, which matches every dead job; give the text to look for, or --all for every dead job"
+            "--error is empty, which matches every dead job; give the text to look for, or leave --error out (--all for every dead job)"
         } else {
             "say which dead jobs: job ids, a filter (--queue, --tenant, --error, --since), or --all for every dead job"
         };

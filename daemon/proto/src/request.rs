@@ -404,7 +404,7 @@ impl DlqSelection {
     /// suitable for a `bad_request` message.
     pub fn check_mutation(&self) -> Result<(), String> {
         if self.error_contains.as_deref() == Some("") {
-            return Err("error_contains is empty, which matches every dead job; give the text to look for, or set all".into());
+            return Err("error_contains is empty, which matches every dead job; give the text to look for, or leave it out".into());
         }
         if !self.ids.is_empty() && (self.has_filter() || self.all) {
             return Err("give either job ids or a filter (queue, tenant, error_contains, since_secs, all), not both".into());
