@@ -514,15 +514,20 @@ async fn run_resolves_after_commit_and_closed_after_close() {
     assert_eq!(store.run(|b| b.counts()).await, Err(StoreError::Closed));
 }
 
-/// A memory engine whose commits fail while `fail` is set, to see how a failed batch
-/// is answered.
-struct FailingCommit(memory::MemoryBackend, Arc<AtomicBool>);
+/// A memory engine whose commits fail while the first flag is set, to see how a
+/// failed batch is answered; while the second is set, claims (lease records) fail
+/// as SQLite's SQLITE_FULL does, abandoning the transaction, so the savepoint is
+/// gone too and a rollback to it fails.
+struct FailingCommit(memory::MemoryBackend, Arc<AtomicBool>, Arc<AtomicBool>);
 
 impl Backend for FailingCommit {
     fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
         self.0.enqueue(batch)
     }
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if self.2.load(Ordering::SeqCst) {
+            return Err(StoreError::Full("claim refused".into()));
+        }
         self.0.claim(leased)
     }
     fn leases_are_local(&self) -> bool {
@@ -600,6 +605,9 @@ impl Engine for FailingCommit {
         self.0.release()
     }
     fn rollback_to(&mut self) -> Result<(), StoreError> {
+        if self.2.load(Ordering::SeqCst) {
+            return Err(StoreError::Other("no such savepoint: op".into()));
+        }
         self.0.rollback_to()
     }
     fn commit(&mut self) -> Result<(), StoreError> {
@@ -617,7 +625,11 @@ impl Engine for FailingCommit {
 #[test]
 fn failed_commit_answers_every_op_with_its_error_and_keeps_nothing() {
     let fail = Arc::new(AtomicBool::new(true));
-    let engine = FailingCommit(memory::MemoryBackend::default(), Arc::clone(&fail));
+    let engine = FailingCommit(
+        memory::MemoryBackend::default(),
+        Arc::clone(&fail),
+        Arc::default(),
+    );
     let store = Store::start(engine, None).expect("start writer");
     let release = hold_writer(&store);
     let (tx, rx) = mpsc::channel();
@@ -644,7 +656,11 @@ fn failed_commit_answers_every_op_with_its_error_and_keeps_nothing() {
 #[test]
 fn a_failed_batch_puts_its_lease_records_back_for_the_next_one() {
     let fail = Arc::new(AtomicBool::new(false));
-    let engine = FailingCommit(memory::MemoryBackend::default(), Arc::clone(&fail));
+    let engine = FailingCommit(
+        memory::MemoryBackend::default(),
+        Arc::clone(&fail),
+        Arc::default(),
+    );
     let store = Store::start(engine, None).expect("start writer");
     let one = job(1, "q", None);
     let stored = one.clone();
@@ -657,6 +673,27 @@ fn a_failed_batch_puts_its_lease_records_back_for_the_next_one() {
         block(&store, |b| b.load_unfinished()),
         Ok(vec![leased(&one, 1)]),
         "the lease, still live in memory, is recorded by the next batch"
+    );
+}
+
+#[test]
+fn a_full_disk_while_lease_records_are_written_is_what_the_batch_answers() {
+    let abandon = Arc::new(AtomicBool::new(false));
+    let engine = FailingCommit(
+        memory::MemoryBackend::default(),
+        Arc::default(),
+        Arc::clone(&abandon),
+    );
+    let store = Store::start(engine, None).expect("start writer");
+    let one = job(1, "q", None);
+    let stored = one.clone();
+    block(&store, move |b| insert(b, &stored, b"p")).expect("insert");
+    store.record_leases_later(vec![leased(&one, 1)]);
+    abandon.store(true, Ordering::SeqCst);
+    assert_eq!(
+        block(&store, |b| b.counts()),
+        Err(StoreError::Full("claim refused".into())),
+        "the disk's refusal (a 507 to callers), not the failed rollback (a 503)"
     );
 }
 

@@ -236,7 +236,10 @@ fn record<E: Engine>(engine: &mut E, leases: &[Job]) -> Result<(), StoreError> {
         }
         Err(err) => {
             tracing::warn!(%err, "Local leases were not recorded for readers; they stand.");
-            engine.rollback_to()
+            // As in `run_all`: when SQLite abandoned the transaction (SQLITE_FULL,
+            // IOERR) the savepoint is gone too, and the batch's callers are told the
+            // cause, not the failed rollback.
+            engine.rollback_to().map_err(|_| err)
         }
     }
 }
