@@ -76,6 +76,30 @@ pub fn release(conn: &Connection, keep_free: u32, max_pages: u32) -> rusqlite::R
 mod tests {
     use super::*;
 
+    fn mode(conn: &Connection) -> i64 {
+        conn.pragma_query_value(None, "auto_vacuum", |r| r.get(0))
+            .expect("auto_vacuum")
+    }
+
+    #[test]
+    fn a_new_file_is_incremental_before_wal_mode_and_its_tables_so_adopt_rewrites_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("new.db");
+        let conn = Connection::open(&path).expect("open");
+        start_incremental(&conn).expect("start");
+        // What the backend does next: WAL mode, then the migrations' tables.
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x BLOB);")
+            .expect("tables");
+        assert_eq!(mode(&conn), INCREMENTAL, "no VACUUM needed to get here");
+
+        let old = dir.path().join("old.db");
+        let conn = Connection::open(&old).expect("open old");
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x BLOB);")
+            .expect("tables");
+        start_incremental(&conn).expect("start on a file with tables");
+        assert_eq!(mode(&conn), 0, "a file with tables is left to adopt");
+    }
+
     #[test]
     fn an_existing_file_is_converted_and_gives_pruned_pages_back() {
         let dir = tempfile::tempdir().expect("tempdir");
