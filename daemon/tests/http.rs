@@ -77,9 +77,10 @@ backoff = {{ base = "100ms", max = "200ms" }}
     assert_eq!(times.len(), 3);
     for pair in times.windows(2) {
         let gap = pair[1] - pair[0];
+        let hits: Vec<Duration> = times.iter().map(|t| *t - times[0]).collect();
         assert!(
             gap >= Duration::from_secs(1),
-            "retried after {gap:?}, before Retry-After: 1"
+            "retried after {gap:?}, before Retry-After: 1 (hits at {hits:?}): {job}"
         );
     }
 
