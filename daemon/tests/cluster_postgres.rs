@@ -1080,3 +1080,52 @@ fn a_node_forgets_jobs_finished_on_another_node_and_does_not_refuse_enqueues_for
         "an enqueue on node 1 of an empty cluster: {answer}"
     );
 }
+
+/// Two producers send batches of the same idempotency keys at once, one to each
+/// node and in opposite orders (a producer retrying a batch on another node, or two
+/// producers sharing keys). Each node's insert waits on the other's uncommitted rows
+/// with the same keys; inserted in request order, the two would wait on each other
+/// (PostgreSQL's `deadlock detected`, answered `503`). Every batch must be accepted
+/// and each key must name one job on both nodes.
+#[test]
+fn batches_of_the_same_keys_in_opposite_orders_on_two_nodes_are_all_accepted() {
+    const ROUNDS: usize = 40;
+    const KEYS: usize = 200;
+    let Some(db) = pg::database() else { return };
+    let body = |_| "[queues.ext]\nexecutor = { kind = \"external\" }\n".to_owned();
+    let nodes = Arc::new(start_cluster(&db, 2, body));
+    for round in 0..ROUNDS {
+        let keys: Vec<String> = (0..KEYS).map(|i| format!("r{round}-k{i}")).collect();
+        let sends: Vec<_> = (0..2)
+            .map(|n| {
+                let nodes = nodes.clone();
+                let mut keys = keys.clone();
+                if n == 1 {
+                    keys.reverse();
+                }
+                thread::spawn(move || {
+                    let jobs: Vec<Value> = keys
+                        .iter()
+                        .map(|k| json!({ "payload": k, "idempotency_key": k }))
+                        .collect();
+                    let (status, body) =
+                        nodes[n].post("/v1/queues/ext/jobs/batch", &json!({ "jobs": jobs }));
+                    assert_eq!(status, 202, "round {round}, node {n}: {body}");
+                    keys.into_iter()
+                        .zip(body["jobs"].as_array().expect("jobs"))
+                        .map(|(k, j)| (k, j["id"].as_str().expect("id").to_owned()))
+                        .collect::<HashMap<String, String>>()
+                })
+            })
+            .collect();
+        let answers: Vec<HashMap<String, String>> = sends
+            .into_iter()
+            .map(|s| s.join().expect("a batch refused"))
+            .collect();
+        assert_eq!(
+            answers[0], answers[1],
+            "round {round}: a key names two jobs"
+        );
+    }
+    assert_eq!(stored_states(&db).get("ready"), Some(&(ROUNDS * KEYS)));
+}

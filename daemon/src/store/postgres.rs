@@ -999,6 +999,11 @@ impl Backend for PgBackend {
         let ready: Vec<i64> = jobs.iter().map(|j| j.ready_at).collect();
         let updated: Vec<i64> = jobs.iter().map(|j| j.updated_at).collect();
         let errors: Vec<Option<&str>> = jobs.iter().map(|j| j.last_error.as_deref()).collect();
+        // Rows are inserted in key order, not request order: an insert whose key
+        // another node's open transaction holds waits for it, and two batches of
+        // shared keys in different orders would each hold a key the other waits on
+        // (`deadlock detected`, one of them refused). In one order the second only
+        // waits. Items of one key keep their request order (`ord`), so the first wins.
         let rows = self.block(async |c| {
             let stmt = c
                 .prepare_cached(
@@ -1014,7 +1019,8 @@ impl Backend for PgBackend {
                        AS n(id, queue, tenant, idempotency_key, state, attempts, budget_start, \
                        max_attempts, lease_seq, created_at, ready_at, updated_at, last_error, \
                        ord) \
-                     ORDER BY n.ord ON CONFLICT DO NOTHING RETURNING id",
+                     ORDER BY n.queue COLLATE \"C\", n.idempotency_key COLLATE \"C\", n.ord \
+                     ON CONFLICT DO NOTHING RETURNING id",
                 )
                 .await?;
             c.query(
