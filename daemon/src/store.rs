@@ -91,7 +91,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::job::{HistoryEntry, Job, JobId, State, Transition, UnixMillis};
+use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
 pub mod history;
 pub mod memory;
@@ -199,6 +199,21 @@ pub trait Backend: Send {
     /// [`Store::record_leases_later`] writes the records first in the next batch). A backend
     /// shared by several nodes answers `false`: its claim is the lease.
     fn leases_are_local(&self) -> bool;
+
+    /// How far past its stored `lease_seq` the token of a job loaded at start-up
+    /// must jump (at least 1): a job's next lease then gets a token above every
+    /// token an earlier process handed out for it. Every lease that ended was
+    /// written with its token; what the store cannot know is a lease live at a
+    /// crash, and with leases local ([`Backend::leases_are_local`]) one such lease
+    /// per earlier run whose process wrote nothing about the job (a crash loop).
+    /// A backend with local leases therefore answers a count of its opens that
+    /// grows by at least 1 at every open and is durable before the open returns,
+    /// so the skip of this run exceeds the skip of any earlier run; a backend whose
+    /// claim is written before its lease is handed out (PostgreSQL) and one that
+    /// does not outlive its process answer 1, the default.
+    fn token_skip(&self) -> Token {
+        1
+    }
 
     /// Ends attempts (ack, nack, lease expiry, a lost worker, an operator's cancel of
     /// a running job): each transition's
@@ -782,6 +797,8 @@ struct Shared {
     path: Option<PathBuf>,
     /// [`Backend::leases_are_local`] of the engine, asked once at start.
     leases_are_local: bool,
+    /// [`Backend::token_skip`] of the engine, asked once at start.
+    token_skip: Token,
 }
 
 impl Store {
@@ -824,7 +841,7 @@ impl Store {
             Some(writer),
             counters,
             None,
-            false,
+            (false, 1),
         ))
     }
 
@@ -839,20 +856,20 @@ impl Store {
     pub fn open_memory_with(history: HistoryLimits) -> Store {
         Self::start(memory::MemoryBackend::new(history), None).unwrap_or_else(|err| {
             tracing::error!(%err, "In-memory store has no writer thread; every operation fails.");
-            Self::from_parts(None, None, Arc::default(), None, false)
+            Self::from_parts(None, None, Arc::default(), None, (false, 1))
         })
     }
 
     fn start<E: Engine + 'static>(engine: E, path: Option<PathBuf>) -> Result<Store, StoreError> {
         let counters = Arc::new(WriterState::default());
-        let local = engine.leases_are_local();
+        let leases = (engine.leases_are_local(), engine.token_skip());
         let (sender, writer) = writer::spawn(engine, Arc::clone(&counters))?;
         Ok(Self::from_parts(
             Some(sender),
             Some(writer),
             counters,
             path,
-            local,
+            leases,
         ))
     }
 
@@ -861,7 +878,7 @@ impl Store {
         writer: Option<JoinHandle<()>>,
         counters: Arc<WriterState>,
         path: Option<PathBuf>,
-        leases_are_local: bool,
+        (leases_are_local, token_skip): (bool, Token),
     ) -> Store {
         Store {
             shared: Arc::new(Shared {
@@ -870,6 +887,7 @@ impl Store {
                 counters,
                 path,
                 leases_are_local,
+                token_skip,
             }),
         }
     }
@@ -878,6 +896,12 @@ impl Store {
     /// store without a writer thread).
     pub fn leases_are_local(&self) -> bool {
         self.shared.leases_are_local
+    }
+
+    /// [`Backend::token_skip`] of the engine behind this store (1 for a store
+    /// without a writer thread).
+    pub fn token_skip(&self) -> Token {
+        self.shared.token_skip
     }
 
     /// Records leases of a backend whose leases are local ([`Backend::leases_are_local`])

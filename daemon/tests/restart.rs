@@ -114,3 +114,45 @@ fn after_kill9_every_unfinished_job_of_a_large_store_is_served_exactly_once() {
         "after all: {body}; {empty_polls} empty polls"
     );
 }
+
+/// Fencing across several crashes in a row (a crash loop: every run hands the same
+/// job to a new worker and is killed before anything about it is written). Each
+/// run's lease of the job lives in memory only, so the store keeps the token of the
+/// last lease that ended; a run that only skipped the one token after it would hand
+/// out the previous run's token again, and that run's worker, still busy, could ack
+/// (or nack) over its successor. Every token must be new, and only the live lease's
+/// holder may ack.
+#[test]
+fn after_repeated_kill9_no_lease_token_is_handed_out_twice() {
+    const RUNS: usize = 4;
+    let mut qd = Qd::start(EXTERNAL);
+    let id = qd.enqueue("ext", "crash loop");
+    let mut tokens: Vec<Value> = Vec::new();
+    for run in 0..RUNS {
+        if run > 0 {
+            qd.kill9();
+            qd.spawn(&[]);
+        }
+        let leased = common::lease_one(&qd, "ext", &format!("w{run}"), "10s")
+            .unwrap_or_else(|| panic!("run {run}: the job was not handed out"));
+        assert_eq!(leased["id"], json!(id));
+        let token = leased["token"].clone();
+        assert!(
+            !tokens.contains(&token),
+            "run {run} handed out token {token} again (earlier runs: {tokens:?})"
+        );
+        tokens.push(token);
+    }
+    for (run, token) in tokens.iter().enumerate().take(RUNS - 1) {
+        let (status, body) = qd.post(&format!("/v1/jobs/{id}/ack"), &json!({ "token": token }));
+        assert_eq!(
+            status, 409,
+            "run {run}'s worker acked over the live lease: {body}"
+        );
+    }
+    let (status, body) = qd.post(
+        &format!("/v1/jobs/{id}/ack"),
+        &json!({ "token": tokens[RUNS - 1] }),
+    );
+    assert_eq!(status, 200, "{body}");
+}

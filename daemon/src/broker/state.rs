@@ -94,6 +94,9 @@ pub struct BrokerState {
     /// Whether this process's leases are its own ([`crate::store::Backend::leases_are_local`]):
     /// false on a store shared by several nodes.
     leases_are_local: bool,
+    /// How far a loaded job's token jumps past its stored one
+    /// ([`crate::store::Backend::token_skip`], at least 1).
+    token_skip: Token,
     pub(super) accepting: bool,
     /// The config in force as of the message being handled (see [`Self::follow_config`]).
     config: Arc<Config>,
@@ -152,6 +155,7 @@ impl BrokerState {
         let labels = TenantLabels::new(config.tenants.keys().cloned());
         BrokerState {
             leases_are_local: args.store.leases_are_local(),
+            token_skip: args.store.token_skip().max(1),
             accepting: true,
             config,
             limits: args.limits,
@@ -306,9 +310,13 @@ impl BrokerState {
     /// heartbeats and ack go through and a dead worker's lease expires as usual.
     ///
     /// Fencing across runs: every lease that ended was written with its token, so the
-    /// only token of an earlier run the store does not know is a lease live at the
-    /// crash, `lease_seq + 1`. That token is skipped: the next lease gets
-    /// `lease_seq + 2`, and a late ack from the earlier run's holder is refused.
+    /// only tokens of earlier runs the store does not know are leases live at a
+    /// crash: `lease_seq + 1` after one crash, and one more per run that crashed
+    /// again before writing anything about the job (each handed out the token after
+    /// the skip of its own start). The skip is [`crate::store::Backend::token_skip`],
+    /// the count of the store's opens, which grows at every start: this run's
+    /// first token, `lease_seq + skip + 1`, is above every token of an earlier run,
+    /// and a late ack from any earlier run's holder is refused.
     ///
     /// Takes the store's jobs in pieces (call [`Self::recovered`] after the last);
     /// answers how many leases of this piece were kept.
@@ -336,7 +344,7 @@ impl BrokerState {
             };
             match job.state {
                 State::Ready | State::Delayed => {
-                    job.lease_seq += 1;
+                    job.lease_seq = job.lease_seq.saturating_add(self.token_skip);
                     r.waiting += 1;
                     self.jobs.insert_new(job);
                 }
@@ -348,7 +356,7 @@ impl BrokerState {
                     self.replace(job);
                 }
                 _ => {
-                    job.lease_seq += 1;
+                    job.lease_seq = job.lease_seq.saturating_add(self.token_skip);
                     self.replace(job);
                 }
             }

@@ -299,6 +299,9 @@ pub struct SqliteBackend {
     /// The connection's count of changed rows when the open transaction began: the
     /// same count later means nothing is written but not yet committed.
     changes_at_begin: u64,
+    /// How many times the database was opened, this open included (`meta` row
+    /// `runs`, committed by [`SqliteBackend::open`]): [`Backend::token_skip`].
+    runs: u64,
 }
 
 /// Bytes the database at `path` takes on disk: the file plus its `-wal` (0 if absent).
@@ -313,8 +316,10 @@ pub fn size_on_disk(path: &Path) -> u64 {
 }
 
 impl SqliteBackend {
-    /// Opens or creates the database at `path`, sets the pragmas and migrates the
-    /// schema to [`SCHEMA_VERSION`]. The parent directory must exist.
+    /// Opens or creates the database at `path`, sets the pragmas, migrates the
+    /// schema to [`SCHEMA_VERSION`] and counts this open (one committed write, so
+    /// a disk too full for it refuses the open: see [`Backend::token_skip`]). The
+    /// parent directory must exist.
     ///
     /// Errors name `path`: [`StoreError::Permission`], [`StoreError::Corrupt`],
     /// [`StoreError::TooNew`], [`StoreError::Full`], [`StoreError::Other`].
@@ -337,6 +342,7 @@ impl SqliteBackend {
             path: path.to_path_buf(),
             history: options.history,
             changes_at_begin: 0,
+            runs: 0,
         };
         // Before WAL mode, which writes the header of a new file with auto-vacuum off.
         space::start_incremental(&backend.conn).map_err(|e| backend.err(e))?;
@@ -345,7 +351,22 @@ impl SqliteBackend {
         // After the migrations: `VACUUM` cannot run inside their transactions, and a
         // migrated file is rewritten once, compacted, in its final schema.
         space::adopt(&backend.conn, path).map_err(|e| backend.err(e))?;
+        backend.runs = backend.count_run().map_err(|e| backend.err(e))?;
         Ok(backend)
+    }
+
+    /// Adds this open to the `runs` row of `meta` and answers the new count (1 at
+    /// the first open), committed and fsynced before it returns (autocommit,
+    /// `synchronous=FULL`), so no lease of this run is handed out before it is
+    /// durable ([`Backend::token_skip`]).
+    fn count_run(&self) -> rusqlite::Result<u64> {
+        let runs: i64 = self.conn.query_row(
+            "INSERT INTO meta (key, value) VALUES ('runs', 1) \
+             ON CONFLICT (key) DO UPDATE SET value = value + 1 RETURNING value",
+            [],
+            |r| r.get(0),
+        )?;
+        u64::try_from(runs).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, runs))
     }
 
     fn configure(&self, options: &SqliteOptions) -> rusqlite::Result<()> {
@@ -868,6 +889,10 @@ impl Backend for SqliteBackend {
 
     fn leases_are_local(&self) -> bool {
         true
+    }
+
+    fn token_skip(&self) -> Token {
+        self.runs.max(1)
     }
 
     fn record_leases(&mut self, leased: &[Job]) -> Result<Vec<bool>, StoreError> {
