@@ -107,6 +107,12 @@ pub struct PoolArgs {
 struct Slot {
     id: String,
     actor: Option<ActorRef<WorkerMsg>>,
+    /// Told to stop by a scale-down: it finishes the job it holds (one it is still
+    /// long-polling for included), then terminates. The slot, and with it the
+    /// worker's registered name, stays taken until then, so no new worker is
+    /// started under that name, a cancel still reaches its job and a drain waits
+    /// for it; it no longer counts towards the pool's size.
+    stopping: bool,
     busy: bool,
     /// The job it runs and the token that stops that attempt gracefully.
     running: Option<(JobId, CancellationToken)>,
@@ -169,7 +175,7 @@ impl Actor for WorkerPool {
             PoolMsg::Busy(id, running) => state.set_busy(&id, running),
             PoolMsg::Revoke(job) => state.revoke(job),
             PoolMsg::Tick => state.autoscale(&myself).await?,
-            PoolMsg::Respawn(slot) => state.spawn(&myself, slot).await?,
+            PoolMsg::Respawn(slot) => state.respawn(&myself, slot).await?,
             PoolMsg::LimitsChanged => state.autoscale(&myself).await?,
             PoolMsg::Drain(reply) => {
                 state.draining.cancel();
@@ -255,7 +261,7 @@ impl PoolState {
         let wall = crate::clock::wall_ms();
         let (min, max) = self.bounds();
         let obs = Observation {
-            current: self.slots.len() as u32,
+            current: self.active(),
             ready: stats.ready,
             oldest_ready_age: stats
                 .oldest_ready_at
@@ -263,7 +269,7 @@ impl PoolState {
             longest_idle: self
                 .slots
                 .values()
-                .filter(|s| !s.busy)
+                .filter(|s| !s.busy && !s.stopping)
                 .map(|s| now - s.idle_since)
                 .max()
                 .unwrap_or_default(),
@@ -291,27 +297,59 @@ impl PoolState {
         Ok(())
     }
 
-    /// Starts or stops workers until the pool has `desired` of them.
+    /// Workers that count towards the pool's size: every slot not stopping.
+    fn active(&self) -> u32 {
+        self.slots.values().filter(|s| !s.stopping).count() as u32
+    }
+
+    /// Starts or stops workers until the pool has `desired` of them (not counting
+    /// those already stopping). A new worker takes the lowest slot number not held
+    /// by a live or stopping worker; a stopped one keeps its slot until it has
+    /// terminated (see [`Slot::stopping`]).
     async fn resize(&mut self, myself: &ActorRef<PoolMsg>) -> Result<(), ActorProcessingErr> {
-        while (self.slots.len() as u32) < self.desired {
+        while self.active() < self.desired {
             let slot = (0..).find(|n| !self.slots.contains_key(n)).unwrap_or(0);
             self.spawn(myself, slot).await?;
         }
-        while (self.slots.len() as u32) > self.desired {
-            let idle = self
-                .slots
-                .iter()
+        while self.active() > self.desired {
+            let running = || self.slots.iter().filter(|(_, s)| !s.stopping);
+            let idle = running()
                 .filter(|(_, s)| !s.busy)
                 .max_by_key(|(n, _)| **n)
-                .or_else(|| self.slots.iter().max_by_key(|(n, _)| **n))
+                .or_else(|| running().max_by_key(|(n, _)| **n))
                 .map(|(n, _)| *n);
             let Some(n) = idle else { break };
-            if let Some(actor) = self.slots.remove(&n).and_then(|s| s.actor) {
-                self.by_actor.remove(&actor.get_id());
-                actor.stop(Some("pool scaled down".into()));
+            let Some(slot) = self.slots.get_mut(&n) else {
+                break;
+            };
+            match &slot.actor {
+                Some(actor) => {
+                    slot.stopping = true;
+                    actor.stop(Some("pool scaled down".into()));
+                }
+                // Crashed and waiting for its respawn: nothing runs there.
+                None => {
+                    self.slots.remove(&n);
+                }
             }
         }
         Ok(())
+    }
+
+    /// Restarts the crashed worker of slot `n`, unless a scale-down gave the slot up
+    /// meanwhile.
+    async fn respawn(
+        &mut self,
+        myself: &ActorRef<PoolMsg>,
+        n: u32,
+    ) -> Result<(), ActorProcessingErr> {
+        match self.slots.get(&n) {
+            Some(slot) if slot.actor.is_none() && !slot.stopping => self.spawn(myself, n).await,
+            _ => {
+                self.check_drained();
+                Ok(())
+            }
+        }
     }
 
     async fn spawn(
@@ -344,6 +382,7 @@ impl PoolState {
             Slot {
                 id,
                 actor: Some(actor),
+                stopping: false,
                 busy: false,
                 running: None,
                 idle_since: Instant::now(),
@@ -360,6 +399,15 @@ impl PoolState {
         let Some(slot) = self.slots.get_mut(&n) else {
             return;
         };
+        if slot.stopping {
+            let id = slot.id.clone();
+            self.slots.remove(&n);
+            warn!(queue = %self.args.queue, worker = %id, error, "Stopping worker crashed; its job goes back through the retry policy.");
+            self.args.restarts.record(WORKER);
+            broker::cast(BrokerMsg::WorkerLost(id, error.to_string()));
+            self.check_drained();
+            return;
+        }
         slot.actor = None;
         slot.busy = false;
         slot.running = None;

@@ -4,10 +4,15 @@
 //!   (a `Duration` overflow) or paused the shared rate limiter for centuries;
 //! - `qctl enqueue --delay` skipped the 365-day bound the HTTP API enforces, so a
 //!   typo like `500000000000y` parked a job at the end of time;
+//! - a scale-down followed at once by a scale-up (`qctl workers set` twice) started
+//!   a worker under the name of one still finishing its long poll: the WorkerPool
+//!   crashed, its running job was killed and charged `lease_expired`.
 
 mod common;
 
-use common::{Qd, lease_one};
+use std::time::Duration;
+
+use common::{Qd, lease_one, ok, script, wait_for};
 use serde_json::json;
 
 #[test]
@@ -61,5 +66,42 @@ fn qctl_enqueue_refuses_a_delay_past_a_year_like_the_http_api() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn shrinking_and_regrowing_a_pool_at_once_keeps_its_running_job_and_the_pool() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prog = script(dir.path(), "slow.sh", "cat > /dev/null\nsleep 3\n");
+    // One attempt only: a job charged for the pool's crash would be dead at once.
+    let qd = Qd::start(&format!(
+        "[queues.pool]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\n\
+         workers = {{ min = 2, max = 2 }}\nmax_attempts = 1\nlease = \"4s\"\nheartbeat = \"1s\"\n",
+        prog.display()
+    ));
+    let id = qd.enqueue("pool", "x");
+    wait_for("the job to run", Duration::from_secs(10), || {
+        (qd.job(&id)["state"] == "leased").then_some(())
+    });
+    // The idle worker is in its long poll when told to stop; the new one must not
+    // take its place before it has.
+    ok(&qd, &["workers", "set", "pool", "--min", "1", "--max", "1"]);
+    ok(&qd, &["workers", "set", "pool", "--min", "2", "--max", "2"]);
+    let job = qd.wait_final(&id, Duration::from_secs(30));
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(common::outcomes(&job), ["succeeded"], "{job}");
+    let logs = qd.logs();
+    assert!(!logs.contains("already registered"), "{logs}");
+    let status = ok(&qd, &["status"]);
+    let pool = status
+        .lines()
+        .find(|l| l.starts_with("worker_pool"))
+        .unwrap_or_default();
+    assert!(pool.ends_with(" 0"), "no pool restart: {status}");
+    // The pool works on at its new size.
+    let next = qd.enqueue("pool", "y");
+    assert_eq!(
+        qd.wait_final(&next, Duration::from_secs(30))["state"],
+        "succeeded"
     );
 }
