@@ -234,11 +234,15 @@ impl AdminHandler for Handler {
                     .into_bytes()
                     .map_err(|e| err(ErrorCode::BadRequest, e))?;
                 let summary = store::payload_summary(&payload);
-                broker::request(
+                match broker::request(
                     |tx| BrokerMsg::RedriveWithPayload(id, payload, by, tx),
                     CALL,
                 )
-                .await??;
+                .await?
+                {
+                    Err(BrokerError::UnknownJob(_)) => return Err(self.not_dead(id).await),
+                    other => other?,
+                }
                 let after = format!("ready, payload {summary}");
                 audit::change(peer.uid, req_op, &format!("job {id}"), "dead", &after);
                 let moved = broker::BatchOutcome {
@@ -613,6 +617,19 @@ impl Handler {
             if let Some(pool) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
                 let _ = pool.cast(PoolMsg::Revoke(id));
             }
+        }
+    }
+
+    /// Why a job the Broker does not hold (it only holds unfinished and dead jobs)
+    /// cannot be redriven: `conflict` naming its state if the store has it (a
+    /// succeeded or cancelled job), else `not_found`.
+    async fn not_dead(&self, id: JobId) -> ErrorBody {
+        match self.stored(&id.to_string()).await {
+            Ok(d) => err(
+                ErrorCode::Conflict,
+                format!("job {id} is {}, not dead", d.job.state),
+            ),
+            Err(e) => e,
         }
     }
 

@@ -247,3 +247,37 @@ fn payload_file_takes_exactly_one_id_and_at_most_max_payload_changing_nothing_el
     let ran = std::fs::read_to_string(dir.path().join("ran")).expect("ran");
     assert_eq!(ran.lines().count(), 2, "nothing ran again: {ran}");
 }
+
+#[test]
+fn payload_file_on_a_finished_job_names_its_state_not_an_unknown_job() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let qd = fixable(dir.path(), "");
+    let id = qd.enqueue("fix", "good");
+    assert_eq!(
+        qd.wait_final(&id, Duration::from_secs(30))["state"],
+        "succeeded"
+    );
+    let file = dir.path().join("fix.txt");
+    std::fs::write(&file, "other").expect("write");
+    let file_arg = file.to_str().expect("utf-8 path");
+    let err = fails(&qd, &["dlq", "redrive", &id, "--payload-file", file_arg], 1);
+    assert!(
+        err.contains("(conflict)") && err.contains("is succeeded, not dead"),
+        "{err}"
+    );
+    let unknown = "01a2368a-f59e-700d-9b84-2671e10c7254";
+    let err = fails(
+        &qd,
+        &["dlq", "redrive", unknown, "--payload-file", file_arg],
+        1,
+    );
+    assert!(
+        err.contains("(not_found)") && err.contains("unknown job"),
+        "{err}"
+    );
+    assert_eq!(
+        ok(&qd, &["jobs", "payload", &id]),
+        "good",
+        "nothing changed"
+    );
+}
