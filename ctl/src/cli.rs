@@ -123,7 +123,8 @@ pub enum JobsCmd {
         /// Job id.
         id: String,
     },
-    /// Cancel a ready, delayed or dead job.
+    /// Cancel a ready, delayed, leased (running: its attempt is stopped, not charged)
+    /// or dead job. A succeeded or cancelled job is refused, naming its state.
     Cancel {
         /// Job id.
         id: String,
