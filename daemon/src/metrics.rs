@@ -59,7 +59,9 @@ pub const WORKERS: &str = "qd_workers";
 pub const WORKERS_DESIRED: &str = "qd_workers_desired";
 /// Counter `{actor}`: restarts of a supervised actor.
 pub const ACTOR_RESTARTS: &str = "qd_actor_restarts_total";
-/// Counter `{limiter}`: times a rate limiter made a worker wait.
+/// Counter `{limiter}`: times a throttled result (HTTP 429, 503 with
+/// `Retry-After`, a throttled exit code or nack) paused the limiter; 0 from the
+/// limiter's start. Jobs waiting for the limiter's next token are not counted.
 pub const RATE_LIMITER_THROTTLED: &str = "qd_rate_limiter_throttled_total";
 /// Gauge `{version}`, always 1: which build is running.
 pub const BUILD_INFO: &str = "qd_build_info";
@@ -287,7 +289,7 @@ pub fn describe() {
     describe_counter!(
         RATE_LIMITER_THROTTLED,
         Unit::Count,
-        "Times a rate limiter made a worker wait."
+        "Times a throttled result paused the rate limiter."
     );
     describe_gauge!(
         BUILD_INFO,
@@ -474,10 +476,16 @@ impl Restarts {
     }
 }
 
-/// Rate limiter `limiter` (a configured `[rate_limiters.*]` name) made a worker
-/// wait: `qd_rate_limiter_throttled_total{limiter} += 1`.
+/// A throttled result paused rate limiter `limiter` (a configured
+/// `[rate_limiters.*]` name): `qd_rate_limiter_throttled_total{limiter} += 1`.
 pub fn limiter_throttled(limiter: &str) {
     counter!(RATE_LIMITER_THROTTLED, "limiter" => limiter.to_owned()).increment(1);
+}
+
+/// Creates `qd_rate_limiter_throttled_total{limiter}` at 0 when the limiter is
+/// built, so the first pause is an increase `rate()` sees, not a new series.
+pub fn register_limiter(limiter: &str) {
+    counter!(RATE_LIMITER_THROTTLED, "limiter" => limiter.to_owned()).increment(0);
 }
 
 /// Sets `qd_queue_depth{queue,state}` to `jobs`.

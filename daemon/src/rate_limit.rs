@@ -94,6 +94,7 @@ pub struct RateLimiter {
 impl RateLimiter {
     /// A limiter allowing `per_second` jobs a second on average, `burst` at once.
     pub fn new(name: &str, cfg: &RateLimiterConfig) -> Self {
+        crate::metrics::register_limiter(name);
         RateLimiter {
             name: name.to_string(),
             bucket: RwLock::new(Bucket::new(cfg)),

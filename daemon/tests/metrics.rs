@@ -98,6 +98,32 @@ fn qctl_ok(qd: &Qd, args: &[&str]) -> String {
 }
 
 #[test]
+fn the_limiter_throttle_counter_starts_at_zero_and_counts_each_throttled_pause() {
+    let qd = Qd::start(
+        "[rate_limiters.smtp]\nper_second = 100\nburst = 10\n\n\
+         [queues.ext]\nexecutor = { kind = \"external\" }\nrate_limiter = \"smtp\"\n",
+    );
+    let limiter = [("limiter", "smtp")];
+    let name = "qd_rate_limiter_throttled_total";
+    let scrape = parse(&qd.scrape());
+    assert_eq!(
+        value(&scrape, name, &limiter),
+        Some(0.0),
+        "exported at 0 before the first pause, so rate() sees that pause"
+    );
+    let id = qd.enqueue("ext", "x");
+    let job = common::lease_one(&qd, "ext", "w", "5s").expect("lease");
+    let (status, body) = qd.post(
+        &format!("/v1/jobs/{id}/nack"),
+        &json!({ "token": job["token"], "kind": "throttled", "retry_after": "1s" }),
+    );
+    assert_eq!(status, 200, "nack: {body}");
+    wait_scrape(&qd, "one throttled pause", |s| {
+        value(s, name, &limiter) == Some(1.0)
+    });
+}
+
+#[test]
 fn gauges_counters_and_histograms_follow_the_jobs_across_restart_and_drain() {
     let work = tempfile::tempdir().expect("tempdir");
     let prog = script(work.path(), "work.sh", PROGRAM);
