@@ -114,11 +114,12 @@ async fn refresh(config: &Config) -> bool {
             .as_ref()
             .and_then(|c| c.get(queue.as_str()).copied())
             .unwrap_or_default();
-        metrics::set_queue_depth(queue, DepthState::Ready, sched.ready);
+        metrics::set_queue_depth(queue, DepthState::Ready, sched.ready + c.parked);
         metrics::set_queue_depth(queue, DepthState::Delayed, sched.delayed);
         metrics::set_queue_depth(queue, DepthState::Leased, c.leased);
         metrics::set_queue_depth(queue, DepthState::Dead, c.dead);
-        metrics::set_oldest_ready_age(queue, age(sched.oldest_ready_at, now));
+        let oldest = c.oldest_ready_at(sched.oldest_ready_at);
+        metrics::set_oldest_ready_age(queue, age(oldest, now));
         let d = dead.get(queue.as_str()).copied().unwrap_or_default();
         metrics::set_dlq(queue, d.depth, age(d.oldest_died_at, now));
         if let Some(p) = ask(worker_pool::name(queue), PoolMsg::Stats).await {

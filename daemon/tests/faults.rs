@@ -9,6 +9,8 @@
 //! - a full disk never charges a job: with workers running and jobs ready on a full
 //!   8 MiB tmpfs, acks wait (the lease kept), leasing stops, `qd_store_writable` is 0,
 //!   and once space returns every job succeeds at its first attempt;
+//! - jobs picked for a lease request that waits out a full disk still count as
+//!   ready (`qctl queues`, `qd_queue_depth`, the oldest ready age);
 //! - random request bodies never get a 5xx and never bring qd down.
 
 mod common;
@@ -453,5 +455,76 @@ fn a_full_disk_charges_no_attempt_and_every_job_runs_once_space_returns() {
         logs.contains("keeping the lease and retrying"),
         "the acks met the full disk (else this test proved nothing)"
     );
+    qd.kill9();
+}
+
+fn depth_gauge(qd: &Qd, queue: &str, state: &str) -> f64 {
+    common::metric(
+        &qd.scrape(),
+        "qd_queue_depth",
+        &[("queue", queue), ("state", state)],
+    )
+}
+
+#[test]
+fn jobs_picked_for_a_lease_parked_by_a_full_disk_still_count_as_ready() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let Some(tmpfs) = tmpfs_or_skip(&data, "2m") else {
+        return;
+    };
+    let mut qd = Qd::configure(
+        dir,
+        "[queues.ext]\nexecutor = { kind = \"external\" }\nmax_depth = 100000\n",
+        "5s",
+    );
+    qd.spawn(&[]);
+    let mut accepted: Vec<String> = (0..20).map(|_| qd.enqueue("ext", "job")).collect();
+    // Take every byte left (not even qd's probe write fits), then meet it.
+    let mut filler = std::fs::File::create(data.join("filler")).expect("filler");
+    while std::io::Write::write_all(&mut filler, &[0; 4096]).is_ok() {}
+    let (more, (status, _)) = fill(&qd, "ext", 1024, 1000);
+    assert!(status == 507 || status == 503, "disk full answers {status}");
+    accepted.extend(more);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(store_writable(&qd), Some(0.0), "the store refuses writes");
+
+    // A lessee asks for every job: the Scheduler picks them, the Broker parks the
+    // request until the store takes writes again.
+    let lessee = std::thread::scope(|s| {
+        let lease = s.spawn(|| {
+            qd.post(
+                "/v1/queues/ext/leases",
+                &json!({ "worker_id": "w", "max_jobs": 1000, "wait": "1s" }),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            !lease.is_finished(),
+            "the lease waits for the store: {:?}",
+            lease.is_finished().then(|| store_writable(&qd))
+        );
+        let n = accepted.len() as u64;
+        common::wait_for(
+            "the parked jobs in the ready gauge",
+            Duration::from_secs(10),
+            || (depth_gauge(&qd, "ext", "ready") == n as f64).then_some(()),
+        );
+        let queues = common::json_of(&qd, &["queues"]);
+        let ext = &queues["queues"][0];
+        assert_eq!(ext["ready"], n, "{queues}");
+        let age = ext["oldest_ready_age_secs"].as_f64().unwrap_or(0.0);
+        assert!(age >= 1.5, "the oldest parked job's age: {queues}");
+        let age = common::metric(
+            &qd.scrape(),
+            "qd_queue_oldest_ready_age_seconds",
+            &[("queue", "ext")],
+        );
+        assert!(age >= 1.5, "the oldest ready age gauge: {age}");
+        tmpfs.resize("64m");
+        lease.join().expect("lease thread")
+    });
+    let (status, body) = lessee;
+    assert_eq!(status, 200, "{body}");
     qd.kill9();
 }

@@ -177,12 +177,12 @@ pub fn queue(
     let now = wall_ms();
     QueueInfo {
         name: name.to_string(),
-        ready: sched.ready,
+        ready: sched.ready + counts.parked,
         delayed: sched.delayed,
         leased: counts.leased,
         dead: counts.dead,
-        oldest_ready_age_secs: sched
-            .oldest_ready_at
+        oldest_ready_age_secs: counts
+            .oldest_ready_at(sched.oldest_ready_at)
             .map(|at| (now - at).max(0) as f64 / 1000.0),
         workers_busy: pool.busy,
         workers_total: pool.total,

@@ -61,12 +61,27 @@ pub struct QueueCounts {
     pub dead: u64,
     /// Enqueues whose write is in flight.
     pub pending: u64,
+    /// Ready jobs (among `waiting`) a Scheduler has picked for a lease request
+    /// that waits for the store to take writes again (see
+    /// [`BrokerState::counts`]): no longer in the Scheduler's ready count.
+    pub parked: u64,
+    /// The earliest time one of the `parked` jobs became ready (Unix ms).
+    pub parked_oldest_ready_at: Option<UnixMillis>,
 }
 
 impl QueueCounts {
     /// Jobs that count against `max_depth`: everything not dead.
     pub fn depth(&self) -> u64 {
         self.waiting + self.leased + self.pending
+    }
+
+    /// The earliest ready time (Unix ms) of the queue's ready jobs: the Scheduler's
+    /// (`scheduler`, its `oldest_ready_at`) or a parked pick's, whichever is older.
+    pub fn oldest_ready_at(&self, scheduler: Option<UnixMillis>) -> Option<UnixMillis> {
+        match (scheduler, self.parked_oldest_ready_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn slot(&mut self, state: State) -> Option<&mut u64> {
@@ -1235,8 +1250,24 @@ impl BrokerState {
         }
     }
 
+    /// Per queue; `parked` and `parked_oldest_ready_at` count the jobs picked for
+    /// lease requests parked while the store refuses writes, so the ready count and
+    /// oldest ready age of an outage still include them.
     pub(super) fn counts(&self) -> HashMap<Arc<str>, QueueCounts> {
-        self.counts.clone()
+        let mut counts = self.counts.clone();
+        for parked in &self.parked {
+            let c = counts.entry(parked.queue.clone()).or_default();
+            for (_, id) in &parked.picks {
+                let Some(job) = self.jobs.get(*id) else {
+                    continue;
+                };
+                let since = job.ready_at.max(job.created_at);
+                c.parked += 1;
+                c.parked_oldest_ready_at =
+                    Some(c.parked_oldest_ready_at.map_or(since, |at| at.min(since)));
+            }
+        }
+        counts
     }
 
     /// See [`super::BrokerMsg::TenantCounts`]: one pass over the queue's jobs.
