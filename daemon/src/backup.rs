@@ -47,14 +47,6 @@ pub enum BackupError {
     /// operator's).
     #[error("backup path {0} is not absolute")]
     NotAbsolute(PathBuf),
-    /// The destination names one of the live store's own files in `data_dir` (the
-    /// database, its `-wal`, `-shm` or `-journal`, or the daemon's lock file):
-    /// replacing it under the running daemon would corrupt or unlock the store.
-    #[error(
-        "{0} is a file of the live store; back up to another path (stop qd and copy the \
-         snapshot in to restore)"
-    )]
-    LiveStore(PathBuf),
     /// A file exists at the destination and `force` was not given.
     #[error("{0} exists; pass --force to replace it")]
     Exists(PathBuf),
@@ -87,9 +79,6 @@ pub fn snapshot(db: &Path, dest: &Path, force: bool) -> Result<Snapshot, BackupE
     if !dest.is_absolute() {
         return Err(BackupError::NotAbsolute(dest.to_path_buf()));
     }
-    if is_live_store_file(db, dest) {
-        return Err(BackupError::LiveStore(dest.to_path_buf()));
-    }
     if !force && std::fs::symlink_metadata(dest).is_ok() {
         return Err(BackupError::Exists(dest.to_path_buf()));
     }
@@ -111,41 +100,6 @@ pub fn snapshot(db: &Path, dest: &Path, force: bool) -> Result<Snapshot, BackupE
             Err(e)
         }
     }
-}
-
-/// Whether `dest` is the directory entry of one of the store's own files: `db`
-/// (the live database) or its `-wal`, `-shm` or `-journal` file, or the data
-/// directory's lock file ([`crate::data_lock::LOCK_FILE`]), beside `db`. Directories
-/// are compared after resolving symlinks and `.`/`..`, so another spelling of the
-/// data directory is caught; a directory that cannot be resolved (absent) holds none.
-/// The entry matters, not the inode: the snapshot is renamed over `dest`, which
-/// replaces a symlink or hard link there, never the file it points to.
-fn is_live_store_file(db: &Path, dest: &Path) -> bool {
-    let (Some(db_dir), Some(db_name)) = (db.parent(), db.file_name()) else {
-        return false;
-    };
-    let (Some(dest_dir), Some(dest_name)) = (dest.parent(), dest.file_name()) else {
-        return false;
-    };
-    let same_dir = match (
-        std::fs::canonicalize(db_dir),
-        std::fs::canonicalize(dest_dir),
-    ) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    };
-    if !same_dir {
-        return false;
-    }
-    let db_name = db_name.to_string_lossy();
-    let own = [
-        db_name.to_string(),
-        format!("{db_name}-wal"),
-        format!("{db_name}-shm"),
-        format!("{db_name}-journal"),
-        crate::data_lock::LOCK_FILE.to_string(),
-    ];
-    own.iter().any(|name| dest_name == name.as_str())
 }
 
 /// Writes the snapshot into `tmp` (created 0600) and returns its job counts.

@@ -17,8 +17,7 @@ use crate::supervisor::{self, Daemon, SupervisorMsg};
 const RELOAD_WAIT: Duration = Duration::from_secs(60);
 
 /// `backup`: writes a consistent snapshot of the store to `path` (absolute) while
-/// qd serves. Errors: `bad_request` for a relative path or one naming a file of the
-/// live store (`data_dir/qd.db`, its `-wal`/`-shm`/`-journal`, `qd.lock`), `conflict` for an existing
+/// qd serves. Errors: `bad_request` for a relative path, `conflict` for an existing
 /// file without `force` or a PostgreSQL store (backed up by the database's own
 /// tools), `internal` when the copy fails.
 pub(super) async fn backup(
@@ -64,7 +63,7 @@ pub(super) async fn backup(
         Err(e) => {
             warn!(path, error = %e, by, "Backup failed.");
             let code = match e {
-                BackupError::NotAbsolute(_) | BackupError::LiveStore(_) => ErrorCode::BadRequest,
+                BackupError::NotAbsolute(_) => ErrorCode::BadRequest,
                 BackupError::Exists(_) => ErrorCode::Conflict,
                 BackupError::Io { .. } | BackupError::Sqlite { .. } => ErrorCode::Internal,
             };
