@@ -92,7 +92,8 @@ pub enum Command {
 pub struct BackupArgs {
     /// The snapshot file to write (made absolute against the current directory).
     pub path: PathBuf,
-    /// Replace an existing file.
+    /// Replace an existing file (never the running daemon's own store, WAL, lock or
+    /// admin socket).
     #[arg(long)]
     pub force: bool,
 }

@@ -50,6 +50,13 @@ pub enum BackupError {
     /// A file exists at the destination and `force` was not given.
     #[error("{0} exists; pass --force to replace it")]
     Exists(PathBuf),
+    /// The destination is one of the running daemon's own files (its database, WAL,
+    /// lock or admin socket): replacing it would lose every later commit or break
+    /// the one-daemon lock. Refused with or without `force`.
+    #[error(
+        "{0} is a file of the running qd (its store, lock or admin socket); write the backup elsewhere"
+    )]
+    LiveFile(PathBuf),
     /// A file-system call failed.
     #[error("backup to {path}: cannot {action}: {source}")]
     Io {
@@ -72,12 +79,23 @@ pub enum BackupError {
 }
 
 /// Copies the database at `db` (the live store) to `dest`, replacing an existing
-/// file only when `force`. Blocking: call it from a blocking thread.
+/// file only when `force`; never one of `live` (the daemon's own files: see
+/// [`live_files`]), compared after resolving the directories' symlinks. Blocking:
+/// call it from a blocking thread.
 ///
 /// Errors: see [`BackupError`]; a leftover temporary file is removed.
-pub fn snapshot(db: &Path, dest: &Path, force: bool) -> Result<Snapshot, BackupError> {
+pub fn snapshot(
+    db: &Path,
+    dest: &Path,
+    force: bool,
+    live: &[PathBuf],
+) -> Result<Snapshot, BackupError> {
     if !dest.is_absolute() {
         return Err(BackupError::NotAbsolute(dest.to_path_buf()));
+    }
+    let target = resolved(dest);
+    if live.iter().any(|f| resolved(f) == target) {
+        return Err(BackupError::LiveFile(dest.to_path_buf()));
     }
     if !force && std::fs::symlink_metadata(dest).is_ok() {
         return Err(BackupError::Exists(dest.to_path_buf()));
@@ -99,6 +117,35 @@ pub fn snapshot(db: &Path, dest: &Path, force: bool) -> Result<Snapshot, BackupE
             let _ = std::fs::remove_file(&tmp);
             Err(e)
         }
+    }
+}
+
+/// The files a running daemon with the SQLite store `db` (in `data_dir`) and
+/// `admin_socket` owns: the database, its WAL, shared-memory and journal files, the
+/// data directory's lock file and the admin socket.
+pub fn live_files(db: &Path, data_dir: &Path, admin_socket: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = ["", "-wal", "-shm", "-journal"]
+        .iter()
+        .map(|suffix| {
+            let mut name = db.as_os_str().to_owned();
+            name.push(suffix);
+            PathBuf::from(name)
+        })
+        .collect();
+    files.push(data_dir.join(crate::data_lock::LOCK_FILE));
+    files.push(admin_socket.to_path_buf());
+    files
+}
+
+/// `path` with its directory's symlinks resolved (the last component kept as is:
+/// a rename replaces that entry, not what it points to); as given when the
+/// directory cannot be resolved.
+fn resolved(path: &Path) -> PathBuf {
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+            .map(|d| d.join(name))
+            .unwrap_or_else(|_| path.to_path_buf()),
+        _ => path.to_path_buf(),
     }
 }
 
@@ -205,14 +252,14 @@ mod tests {
         let db = dir.path().join("qd.db");
         let store = Store::open_sqlite(&db).expect("open");
         let dest = dir.path().join("backup.db");
-        let snap = snapshot(&db, &dest, false).expect("snapshot");
+        let snap = snapshot(&db, &dest, false, &[]).expect("snapshot");
         assert!(snap.size_bytes > 0);
         assert!(snap.jobs.iter().all(|(_, n)| *n == 0));
         assert_eq!(snap.jobs.len(), State::ALL.len());
-        let err = snapshot(&db, &dest, false).expect_err("exists");
+        let err = snapshot(&db, &dest, false, &[]).expect_err("exists");
         assert!(matches!(err, BackupError::Exists(_)), "{err}");
-        snapshot(&db, &dest, true).expect("forced");
-        let relative = snapshot(&db, Path::new("b.db"), true).expect_err("relative");
+        snapshot(&db, &dest, true, &[]).expect("forced");
+        let relative = snapshot(&db, Path::new("b.db"), true, &[]).expect_err("relative");
         assert!(matches!(relative, BackupError::NotAbsolute(_)));
         let leftovers = std::fs::read_dir(dir.path())
             .expect("list")

@@ -7,7 +7,8 @@
 //!   changes weights (limits show, dispatch shares), the executor and max_depth live,
 //!   and runtime overrides keep precedence; restart-only changes are refused;
 //! - `qctl backup`: a snapshot taken under load, restored into a fresh `data_dir`,
-//!   holds every job accepted before it;
+//!   holds every job accepted before it; the daemon's own files (store, WAL, lock,
+//!   admin socket) are never a backup's destination, even with `--force`;
 //! - `qd check-config` lists every kind of problem in one run.
 
 mod common;
@@ -513,4 +514,37 @@ fn a_reload_changes_the_executor_and_the_depth_limit_for_what_comes_next() {
         &serde_json::json!({ "payload": "over" }),
     );
     assert_eq!(status, 429, "the reloaded max_depth applies: {body}");
+}
+
+#[test]
+fn a_backup_never_replaces_the_running_daemons_own_files_even_with_force() {
+    let mut qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\n");
+    let before = qd.enqueue("ext", "before");
+    let data = qd.dir.path().join("data");
+    let socket = qd.socket.clone();
+    let targets = [
+        data.join("qd.db"),
+        data.join("qd.db-wal"),
+        data.join("qd.db-shm"),
+        data.join("qd.lock"),
+        data.join(".").join("qd.db"),
+        socket,
+    ];
+    for target in &targets {
+        let target = target.to_str().expect("utf-8");
+        let out = qd.qctl(&["backup", "--force", target]);
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(1), "backup to {target}: {said}");
+        assert!(
+            said.contains("is a file of the running qd"),
+            "backup to {target}: {said}"
+        );
+    }
+    // The store is still the daemon's: a job accepted now survives a restart.
+    let after = qd.enqueue("ext", "after");
+    qd.terminate(LONG);
+    qd.spawn(&[]);
+    for id in [&before, &after] {
+        assert_eq!(qd.job(id)["state"], "ready", "job {id} kept");
+    }
 }

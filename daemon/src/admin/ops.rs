@@ -17,7 +17,8 @@ use crate::supervisor::{self, Daemon, SupervisorMsg};
 const RELOAD_WAIT: Duration = Duration::from_secs(60);
 
 /// `backup`: writes a consistent snapshot of the store to `path` (absolute) while
-/// qd serves. Errors: `bad_request` for a relative path, `conflict` for an existing
+/// qd serves. Errors: `bad_request` for a relative path or one of the running
+/// daemon's own files (store, WAL, lock, admin socket), `conflict` for an existing
 /// file without `force` or a PostgreSQL store (backed up by the database's own
 /// tools), `internal` when the copy fails.
 pub(super) async fn backup(
@@ -36,10 +37,12 @@ pub(super) async fn backup(
             ),
         ));
     }
-    let db = daemon.config().db_path();
+    let config = daemon.config();
+    let db = config.db_path();
+    let live = backup::live_files(&db, &config.daemon.data_dir, &config.daemon.admin_socket);
     let dest = PathBuf::from(&path);
     let taken_at = wall_ms();
-    let done = tokio::task::spawn_blocking(move || backup::snapshot(&db, &dest, force))
+    let done = tokio::task::spawn_blocking(move || backup::snapshot(&db, &dest, force, &live))
         .await
         .map_err(|e| ErrorBody::new(ErrorCode::Internal, format!("backup task failed: {e}")))?;
     match done {
@@ -63,7 +66,7 @@ pub(super) async fn backup(
         Err(e) => {
             warn!(path, error = %e, by, "Backup failed.");
             let code = match e {
-                BackupError::NotAbsolute(_) => ErrorCode::BadRequest,
+                BackupError::NotAbsolute(_) | BackupError::LiveFile(_) => ErrorCode::BadRequest,
                 BackupError::Exists(_) => ErrorCode::Conflict,
                 BackupError::Io { .. } | BackupError::Sqlite { .. } => ErrorCode::Internal,
             };
