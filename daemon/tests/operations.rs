@@ -548,3 +548,53 @@ fn a_backup_never_replaces_the_running_daemons_own_files_even_with_force() {
         assert_eq!(qd.job(id)["state"], "ready", "job {id} kept");
     }
 }
+
+/// `qctl backup --force` naming the live store itself (`data_dir/qd.db`, a path an
+/// operator may well type) or one of its companions (`-wal`, `-shm`, `-journal`,
+/// the lock) must be refused and change nothing: a snapshot renamed over the live
+/// database leaves qd writing to an unlinked file beside a WAL of the old one, and
+/// after the next checkpoint and restart the store is malformed, every job
+/// accepted before and after the backup unreadable.
+#[test]
+fn a_backup_over_the_live_store_is_refused_and_every_job_survives_a_restart() {
+    let body = "[queues.q]\nexecutor = { kind = \"external\" }\n";
+    let mut qd = Qd::start(body);
+    let data = qd.dir.path().join("data");
+    let mut accepted: Vec<String> = (0..20)
+        .map(|n| qd.enqueue("q", &format!("job {n}")))
+        .collect();
+    for name in [
+        "qd.db",
+        "qd.db-wal",
+        "qd.db-shm",
+        "qd.db-journal",
+        "qd.lock",
+    ] {
+        let dest = data.join(name);
+        let out = qd.qctl(&["backup", "--force", dest.to_str().expect("utf-8")]);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "backup to {name}: {}",
+            text(&out)
+        );
+        assert!(
+            text(&out).contains("a file of the running qd"),
+            "backup to {name}: {}",
+            text(&out)
+        );
+    }
+    // The same file through another spelling of its directory.
+    let dest = data.join(".").join("qd.db");
+    let out = qd.qctl(&["backup", "--force", dest.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    // Enough bytes after it for SQLite to checkpoint the WAL (~4 MiB).
+    let big = "x".repeat(100_000);
+    accepted.extend((0..60).map(|_| qd.enqueue("q", &big)));
+    qd.kill9();
+    qd.spawn(&[]);
+    for id in &accepted {
+        let (status, job) = qd.get(&format!("/v1/jobs/{id}"));
+        assert_eq!(status, 200, "job {id} after the restart: {job}");
+    }
+}
