@@ -1,7 +1,9 @@
 //! Commands whose output is data rather than a report: `jobs payload` (the exact
 //! payload bytes) and `dlq export` (one JSON line per dead job, fetched and written
 //! a page at a time so memory stays bounded). Both write to stdout or `--output FILE`;
-//! a reader that goes away (`| head`) ends the output quietly.
+//! a reader that goes away (`| head`) ends the output quietly. An export to a file is
+//! written beside it and renamed over it once complete: a refused or failed export
+//! leaves FILE as it was.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -47,14 +49,55 @@ pub fn payload(
 
 /// `qctl dlq export [filters] [--output FILE]`: every matching dead job as one JSON
 /// line (`ExportedJob`), most recently dead first. Reports the count on stderr when
-/// writing a file.
+/// writing a file. FILE is replaced only by a complete export: the lines go to a
+/// temporary file beside it (`.NAME.qctl-partial-PID`), renamed over FILE at the
+/// end and removed on any error.
 pub fn dlq_export(
     filter: &DlqFilter,
     output: Option<PathBuf>,
     connect: impl FnOnce() -> Result<Client, CliError>,
 ) -> Result<(), CliError> {
     let mut client = connect()?;
-    let mut out = sink(output.as_deref())?;
+    let Some(path) = output else {
+        return export(&mut client, filter, sink(None)?, None).map(|_| ());
+    };
+    let name = path
+        .file_name()
+        .map_or_else(|| "export".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{name}.qctl-partial-{}", std::process::id()));
+    let file = File::create(&tmp)
+        .map_err(|e| CliError::Usage(format!("cannot create {}: {e}", path.display())))?;
+    let written = export(
+        &mut client,
+        filter,
+        Box::new(BufWriter::new(file)),
+        Some(&path),
+    )
+    .and_then(|count| {
+        std::fs::rename(&tmp, &path)
+            .map(|()| count)
+            .map_err(|e| CliError::Protocol(format!("cannot write to {}: {e}", path.display())))
+    });
+    match written {
+        Ok(count) => {
+            eprintln!("qctl: exported {count} dead jobs to {}", path.display());
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Writes every page of the export to `out` and returns how many jobs it wrote;
+/// `output` names the file for error messages (`None`: stdout).
+fn export(
+    client: &mut Client,
+    filter: &DlqFilter,
+    mut out: Box<dyn Write>,
+    output: Option<&Path>,
+) -> Result<usize, CliError> {
     let mut after = None;
     let mut count = 0usize;
     loop {
@@ -71,7 +114,7 @@ pub fn dlq_export(
                 .map_err(io::Error::from)
                 .and_then(|()| out.write_all(b"\n"));
             if let Err(e) = written {
-                return finish(Err(e), output.as_deref());
+                return finish(Err(e), output).map(|()| count);
             }
         }
         count += jobs.len();
@@ -80,11 +123,8 @@ pub fn dlq_export(
             None => break,
         }
     }
-    finish(out.flush(), output.as_deref())?;
-    if let Some(path) = &output {
-        eprintln!("qctl: exported {count} dead jobs to {}", path.display());
-    }
-    Ok(())
+    finish(out.flush(), output)?;
+    Ok(count)
 }
 
 /// Where the data goes: the file (created or truncated) or stdout.

@@ -502,3 +502,35 @@ fn any_payload_up_to_max_payload_goes_through_qctl_and_a_larger_one_is_refused_n
     assert!(out.contains("moved 1 of 1"), "{out}");
     assert_eq!(json_of(&qd, &["jobs", "show", &dead])["payload_bytes"], max);
 }
+
+#[test]
+fn a_refused_dlq_export_leaves_the_output_file_as_it_was() {
+    let qd = Qd::start(EXTERNAL);
+    qd.enqueue("ext", "x");
+    kill_all(&qd, "bad data");
+    let file = qd.dir.path().join("dead.jsonl");
+    std::fs::write(&file, "yesterday's export\n").expect("write");
+    let path = file.to_str().expect("utf-8 path");
+    let err = fails(
+        &qd,
+        &["dlq", "export", "--queue", "dmeo", "--output", path],
+        1,
+    );
+    assert!(err.contains("unknown queue"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        "yesterday's export\n",
+        "a refused export changes nothing"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(qd.dir.path())
+        .expect("list")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().contains("partial"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // A complete export replaces it.
+    ok(&qd, &["dlq", "export", "--queue", "ext", "--output", path]);
+    let lines = std::fs::read_to_string(&file).expect("read");
+    assert_eq!(lines.lines().count(), 1, "{lines}");
+    assert!(lines.contains("bad data"), "{lines}");
+}
