@@ -113,6 +113,8 @@ pub fn resolve_socket(
 pub struct Client {
     reader: BufReader<UnixStream>,
     next_id: u64,
+    /// The socket connected to, named when the connection breaks.
+    path: PathBuf,
 }
 
 impl Client {
@@ -132,6 +134,7 @@ impl Client {
         Ok(Client {
             reader: BufReader::new(stream),
             next_id: 1,
+            path: path.to_path_buf(),
         })
     }
 
@@ -159,15 +162,24 @@ impl Client {
         if size > MAX_FRAME {
             return Err(CliError::TooLarge(over_frame(&what, size, MAX_FRAME)));
         }
-        let broken =
-            |e: io::Error| CliError::Protocol(format!("admin connection failed: {}", reason(&e)));
+        let path = self.path.display().to_string();
+        let broken = |e: io::Error| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => CliError::Protocol(format!(
+                "qd at {path} did not answer: {} (see --timeout)",
+                reason(&e)
+            )),
+            _ => CliError::Protocol(format!(
+                "the admin connection to qd at {path} broke: {} (did qd stop or restart?)",
+                reason(&e)
+            )),
+        };
         self.reader.get_mut().write_all(&line).map_err(broken)?;
         let mut answer = Vec::new();
         let n = self.reader.read_until(b'\n', &mut answer).map_err(broken)?;
         if n == 0 {
-            return Err(CliError::Protocol(
-                "qd closed the connection without answering".into(),
-            ));
+            return Err(CliError::Protocol(format!(
+                "qd at {path} closed the connection without answering (did qd stop or restart?)"
+            )));
         }
         let frame = qd_proto::decode_response(&answer)
             .map_err(|e| CliError::Protocol(format!("unreadable answer from qd: {e}")))?;

@@ -534,3 +534,33 @@ fn a_refused_dlq_export_leaves_the_output_file_as_it_was() {
     assert_eq!(lines.lines().count(), 1, "{lines}");
     assert!(lines.contains("bad data"), "{lines}");
 }
+
+#[test]
+fn a_daemon_that_stops_mid_command_is_named_with_its_socket() {
+    let mut qd = Qd::start(EXTERNAL);
+    for n in 0..4 {
+        qd.enqueue("ext", &format!("job-{n}"));
+    }
+    kill_all(&qd, "bad data");
+    // One job a second: the daemon stops while qctl is still redriving.
+    let redrive = Command::new(common::qctl_bin())
+        .arg("--socket")
+        .arg(&qd.socket)
+        .args([
+            "dlq", "redrive", "--queue", "ext", "--rate", "1/s", "--batch", "1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run qctl");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    qd.terminate(std::time::Duration::from_secs(30));
+    let out = redrive.wait_with_output().expect("qctl ends");
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    let socket = qd.socket.display().to_string();
+    assert!(
+        said.contains(&socket) && said.contains("did qd stop or restart?"),
+        "names the socket and the likely cause: {said}"
+    );
+}
