@@ -9,6 +9,7 @@
 //! - `qctl backup`: a snapshot taken under load, restored into a fresh `data_dir`,
 //!   holds every job accepted before it; the daemon's own files (store, WAL, lock,
 //!   admin socket) are never a backup's destination, even with `--force`;
+//! - a new store and its WAL are 0600 whatever the umask;
 //! - `qd check-config` lists every kind of problem in one run.
 
 mod common;
@@ -596,5 +597,23 @@ fn a_backup_over_the_live_store_is_refused_and_every_job_survives_a_restart() {
     for id in &accepted {
         let (status, job) = qd.get(&format!("/v1/jobs/{id}"));
         assert_eq!(status, 200, "job {id} after the restart: {job}");
+    }
+}
+
+#[test]
+fn a_new_store_and_its_wal_are_readable_by_qds_user_only_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    if common::on_postgres() {
+        return;
+    }
+    let qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\n");
+    qd.enqueue("ext", "a secret payload");
+    let data = qd.dir.path().join("data");
+    for name in ["qd.db", "qd.db-wal", "qd.db-shm"] {
+        let mode = std::fs::metadata(data.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{name} is {mode:o}: payloads for anyone");
     }
 }

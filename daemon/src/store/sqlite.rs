@@ -3,6 +3,7 @@
 //! documented in the parent module; [`MIGRATIONS`] is the one place it changes.
 
 use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -333,6 +334,15 @@ impl SqliteBackend {
                 dir.display()
             )));
         }
+        // A new store holds every payload: create it 0600 whatever the umask (SQLite
+        // would make it 0644), and SQLite gives its -wal and -shm the same mode. An
+        // existing file keeps its mode; a failure here (e.g. a read-only directory)
+        // is reported by the open below, in SQLite's words.
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path);
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
