@@ -165,7 +165,8 @@ impl Limits {
             .or(self.tenant(tenant).max_concurrency)
     }
 
-    /// Every tenant named in the config or in an override.
+    /// Every tenant named in the config or in an override (and "default"), sorted,
+    /// each once.
     pub fn tenant_names(&self) -> Vec<String> {
         let map = self.overrides.read().unwrap_or_else(|e| e.into_inner());
         let mut names: Vec<String> = self.config().tenants.keys().cloned().collect();

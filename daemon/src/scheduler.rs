@@ -253,7 +253,11 @@ impl SchedulerState {
             weight: default.weight,
             max_concurrency: self.limits.tenant_cap(&self.queue, "default"),
         });
-        for tenant in self.limits.tenant_names() {
+        let names = self.limits.tenant_names();
+        // A tenant no longer named (its override reset) falls back to the default.
+        self.fair
+            .retain_limits(|tenant| names.binary_search_by(|n| n.as_str().cmp(tenant)).is_ok());
+        for tenant in names {
             let t = self.limits.tenant(&tenant);
             let cap = self.limits.tenant_cap(&self.queue, &tenant);
             self.fair.set_limits(

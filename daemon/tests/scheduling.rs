@@ -735,3 +735,36 @@ fn a_limiter_retuned_live_applies_at_once_and_an_external_throttle_pauses_it() {
     let shown = String::from_utf8_lossy(&qctl_ok(&qd, &["limits", "show"]).stdout).to_string();
     assert!(shown.contains("l: 1/s burst 1"), "{shown}");
 }
+
+#[test]
+fn a_reset_override_of_a_tenant_not_in_the_config_no_longer_applies() {
+    let _serial = serial();
+    let qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"10m\"\n");
+    qctl_ok(
+        &qd,
+        &[
+            "limits",
+            "set",
+            "--tenant",
+            "ghost",
+            "--max-concurrency",
+            "1",
+        ],
+    );
+    enqueue_many(&qd, "ext", "ghost", "g", 3);
+    assert_eq!(
+        lease(&qd, "ext", 3).len(),
+        1,
+        "the override caps ghost at 1"
+    );
+
+    // Back to the config: [tenants.default] sets no cap, so ghost's other jobs go.
+    qctl_ok(&qd, &["limits", "reset", "--tenant", "ghost"]);
+    let shown = String::from_utf8_lossy(&qctl_ok(&qd, &["limits", "show"]).stdout).to_string();
+    assert!(!shown.contains("ghost"), "{shown}");
+    assert_eq!(
+        lease(&qd, "ext", 3).len(),
+        2,
+        "the reset cap still holds ghost's jobs"
+    );
+}

@@ -205,6 +205,24 @@ impl FairQueue {
         }
     }
 
+    /// Drops the explicit limits of every tenant for which `keep` is false (their
+    /// override was reset, or the tenant left the config): they get the default
+    /// limits again from the next `pop`. O(tenants with explicit limits).
+    pub fn retain_limits(&mut self, keep: impl Fn(&str) -> bool) {
+        let dropped: Vec<Arc<str>> = self
+            .limits
+            .keys()
+            .filter(|name| !keep(name))
+            .cloned()
+            .collect();
+        for name in dropped {
+            self.limits.remove(&name);
+            if let Some(&t) = self.by_name.get(&name) {
+                self.apply_limits(t, self.default_limits);
+            }
+        }
+    }
+
     /// Sets the limits of every tenant without explicit ones (initially weight 1, no
     /// cap). O(tenants).
     pub fn set_default_limits(&mut self, limits: TenantLimits) {

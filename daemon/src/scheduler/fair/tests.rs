@@ -481,6 +481,28 @@ fn default_limits_apply_to_tenants_without_their_own() {
 }
 
 #[test]
+fn dropped_limits_give_way_to_the_defaults_queued_or_not() {
+    let mut queue = FairQueue::new(Fairness::Jobs);
+    queue.set_default_limits(limits(2, None));
+    queue.set_limits("capped", limits(5, Some(1)));
+    queue.set_limits("kept", limits(3, Some(1)));
+    queue.set_limits("absent", limits(7, Some(1)));
+    for n in 1..=3 {
+        queue.push("capped".into(), id(n), 0);
+    }
+    assert!(queue.pop().is_some());
+    assert_eq!(queue.pop(), None, "capped at 1");
+    queue.retain_limits(|name| name == "kept");
+    let stats = queue.tenant_stats();
+    let names: Vec<&str> = stats.iter().map(|s| &*s.tenant).collect();
+    assert_eq!(names, ["capped", "kept"], "absent is forgotten");
+    assert_eq!((stats[0].weight, stats[0].max_concurrency), (2, None));
+    assert_eq!((stats[1].weight, stats[1].max_concurrency), (3, Some(1)));
+    assert!(queue.pop().is_some() && queue.pop().is_some(), "uncapped");
+    assert_eq!(queue.running("capped"), 3);
+}
+
+#[test]
 fn zero_weight_is_read_as_one() {
     let mut queue = FairQueue::new(Fairness::Jobs);
     queue.set_limits("z", limits(0, None));
