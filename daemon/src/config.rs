@@ -20,6 +20,9 @@ use std::time::Duration;
 pub use database::DatabaseConfig;
 
 mod compile;
+/// The tenant of jobs enqueued without one; every tenant without a `[tenants.NAME]`
+/// table inherits its limits.
+pub(crate) use compile::DEFAULT_TENANT;
 mod database;
 mod diag;
 mod raw;

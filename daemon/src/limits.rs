@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use crate::config::{Config, RateLimiterConfig, TenantConfig, WorkersConfig};
+use crate::config::{Config, DEFAULT_TENANT, RateLimiterConfig, WorkersConfig};
 use crate::store::Override;
 
 /// Where a live value comes from (config or a runtime override); the admin protocol
@@ -108,34 +108,40 @@ impl Limits {
         };
     }
 
-    /// The configured limits of `tenant`, or `[tenants.default]`'s.
-    fn configured(&self, tenant: &str) -> TenantConfig {
-        let config = self.config();
-        let tenants = &config.tenants;
-        tenants
-            .get(tenant)
-            .or_else(|| tenants.get("default"))
-            .cloned()
-            .unwrap_or_else(|| config.tenant(tenant))
+    /// Whether `tenant` has no `[tenants.NAME]` table of its own, so it inherits the
+    /// default tenant's limits (config and overrides) where it has no override.
+    fn inherits_default(&self, tenant: &str) -> bool {
+        tenant != DEFAULT_TENANT && !self.config().tenants.contains_key(tenant)
     }
 
-    /// A tenant's effective limits. "0" as an override of a cap or depth means unlimited.
+    /// A tenant's effective limits: its own overrides, then its `[tenants.NAME]`
+    /// table, or for a tenant without one the default tenant's effective limits
+    /// (so an override of `default` reaches every unlisted tenant, as it does in the
+    /// schedulers). "0" as an override of a cap or depth means unlimited.
     pub fn tenant(&self, tenant: &str) -> TenantLimits {
-        let cfg = self.configured(tenant);
-        let opt = |key: &str, configured: Option<u64>| match self.get::<u64>("tenant", tenant, key)
-        {
+        let base = if self.inherits_default(tenant) {
+            self.tenant(DEFAULT_TENANT)
+        } else {
+            let cfg = self.config().tenant(tenant);
+            TenantLimits {
+                weight: cfg.weight,
+                max_concurrency: cfg.max_concurrency,
+                max_depth: cfg.max_depth,
+            }
+        };
+        let opt = |key: &str, inherited: Option<u64>| match self.get::<u64>("tenant", tenant, key) {
             Some(0) => None,
             Some(v) => Some(v),
-            None => configured,
+            None => inherited,
         };
         TenantLimits {
             weight: self
                 .get("tenant", tenant, "weight")
-                .unwrap_or(cfg.weight)
+                .unwrap_or(base.weight)
                 .max(1),
-            max_concurrency: opt("max_concurrency", cfg.max_concurrency.map(u64::from))
+            max_concurrency: opt("max_concurrency", base.max_concurrency.map(u64::from))
                 .map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
-            max_depth: opt("max_depth", cfg.max_depth),
+            max_depth: opt("max_depth", base.max_depth),
         }
     }
 
@@ -153,16 +159,25 @@ impl Limits {
     }
 
     /// A tenant's cap in `queue`: an operator override wins, then the queue's
-    /// `tenants.T.max_concurrency`, then the tenant's own.
+    /// `tenants.T.max_concurrency`, then the tenant's own; a tenant without a
+    /// `[tenants.NAME]` table and without those has the default tenant's cap in
+    /// `queue` (which the queue's `tenants.default` may set).
     pub fn tenant_cap(&self, queue: &str, tenant: &str) -> Option<u32> {
         if self.has("tenant", tenant, "max_concurrency") {
             return self.tenant(tenant).max_concurrency;
         }
-        self.config()
+        if let Some(&cap) = self
+            .config()
             .queues
             .get(queue)
-            .and_then(|q| q.tenant_caps.get(tenant).copied())
-            .or(self.tenant(tenant).max_concurrency)
+            .and_then(|q| q.tenant_caps.get(tenant))
+        {
+            return Some(cap);
+        }
+        if self.inherits_default(tenant) {
+            return self.tenant_cap(queue, DEFAULT_TENANT);
+        }
+        self.tenant(tenant).max_concurrency
     }
 
     /// Every tenant named in the config or in an override (and "default"), sorted,
@@ -275,6 +290,40 @@ max_concurrency = 10
         l.set("tenant", "acme", "weight", None);
         assert_eq!(l.tenant("acme").weight, 3);
         assert_eq!(l.tenant_sources("acme")[0], Source::Config);
+    }
+
+    #[test]
+    fn unlisted_tenants_inherit_the_default_tenants_overrides_and_queue_caps() {
+        let text = "[queues.q]\nexecutor = { kind = \"external\" }\n\
+                    tenants.default = { max_concurrency = 1 }\n\
+                    [queues.r]\nexecutor = { kind = \"external\" }\n\
+                    [tenants.default]\nmax_concurrency = 4\n[tenants.acme]\nweight = 3\n";
+        let config = Config::parse(text, Path::new("/tmp/qd.toml")).expect("config");
+        let l = Limits::new(
+            Arc::new(config),
+            vec![
+                ov("tenant", "default", "max_depth", "7"),
+                ov("tenant", "someone", "weight", "5"),
+            ],
+        );
+        let someone = l.tenant("someone");
+        assert_eq!(
+            (someone.weight, someone.max_concurrency, someone.max_depth),
+            (5, Some(4), Some(7))
+        );
+        assert_eq!(
+            l.tenant_cap("q", "someone"),
+            Some(1),
+            "the queue's default cap"
+        );
+        assert_eq!(l.tenant_cap("r", "someone"), Some(4));
+        // A tenant with its own table inherits nothing.
+        let acme = l.tenant("acme");
+        assert_eq!((acme.max_concurrency, acme.max_depth), (None, None));
+        assert_eq!(l.tenant_cap("q", "acme"), None);
+        // Its own override still wins.
+        l.set("tenant", "someone", "max_concurrency", Some("0".into()));
+        assert_eq!(l.tenant_cap("q", "someone"), None);
     }
 
     #[test]

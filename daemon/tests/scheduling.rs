@@ -768,3 +768,50 @@ fn a_reset_override_of_a_tenant_not_in_the_config_no_longer_applies() {
         "the reset cap still holds ghost's jobs"
     );
 }
+
+#[test]
+fn a_weight_override_keeps_the_cap_an_unlisted_tenant_inherits_in_its_queue() {
+    let _serial = serial();
+    let qd = Qd::start(
+        "[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"10m\"\n\
+         tenants.default = { max_concurrency = 1 }\n",
+    );
+    enqueue_many(&qd, "ext", "x", "x", 3);
+    enqueue_many(&qd, "ext", "y", "y", 3);
+    let mut tenants: Vec<String> = lease(&qd, "ext", 10)
+        .iter()
+        .map(|j| j["tenant"].as_str().expect("tenant").to_string())
+        .collect();
+    tenants.sort();
+    assert_eq!(tenants, ["x", "y"], "one each: the queue's default cap");
+
+    // A weight says nothing about the cap: y is still held at 1 in this queue.
+    qctl_ok(&qd, &["limits", "set", "--tenant", "y", "--weight", "2"]);
+    let leased = lease(&qd, "ext", 10);
+    assert!(
+        leased.is_empty(),
+        "over the cap after a weight change: {leased:?}"
+    );
+}
+
+#[test]
+fn a_depth_override_of_the_default_tenant_bounds_every_unlisted_tenant() {
+    let _serial = serial();
+    let qd = Qd::start(
+        "[queues.ext]\nexecutor = { kind = \"external\" }\n[tenants.listed]\nweight = 1\n",
+    );
+    qctl_ok(
+        &qd,
+        &["limits", "set", "--tenant", "default", "--max-depth", "2"],
+    );
+    enqueue_many(&qd, "ext", "unlisted", "u", 2);
+    let (status, retry, body) = try_enqueue(&qd, "ext", "unlisted");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (429, Some("tenant_full")),
+        "{body}"
+    );
+    assert!(retry.is_some());
+    // A tenant with its own table does not inherit [tenants.default].
+    enqueue_many(&qd, "ext", "listed", "l", 3);
+}
