@@ -128,6 +128,8 @@ pub struct BrokerState {
     dead: HashMap<Arc<str>, BTreeSet<(UnixMillis, JobId)>>,
     tenant_depth: HashMap<(Arc<str>, Arc<str>), u64>,
     names: HashSet<Arc<str>>,
+    /// The size of `names` after its last sweep of names nobody holds.
+    names_swept_at: usize,
     labels: TenantLabels,
     rng: StdRng,
     /// Jobs whose planned change waits for its write (see [`settle`]).
@@ -183,6 +185,7 @@ impl BrokerState {
             dead: HashMap::new(),
             tenant_depth: HashMap::new(),
             names: HashSet::new(),
+            names_swept_at: 0,
             labels,
             rng,
             writing: HashSet::new(),
@@ -211,10 +214,18 @@ impl BrokerState {
         }
     }
 
-    /// Interns a queue or tenant name so every job shares one allocation.
+    /// Interns a queue or tenant name so every job shares one allocation. Names
+    /// nothing else holds any more (every job of a tenant finished) are dropped
+    /// whenever the set has doubled since the last sweep, so a stream of tenants,
+    /// each seen for a while, costs memory for the names in use only: amortized
+    /// O(1) per new name.
     fn intern(&mut self, name: &str) -> Arc<str> {
         if let Some(found) = self.names.get(name) {
             return found.clone();
+        }
+        if self.names.len() >= self.names_swept_at.saturating_mul(2).max(64) {
+            self.names.retain(|n| Arc::strong_count(n) > 1);
+            self.names_swept_at = self.names.len();
         }
         let arc: Arc<str> = Arc::from(name);
         self.names.insert(arc.clone());
@@ -286,7 +297,11 @@ impl BrokerState {
         }
         if matches!(state, State::Ready | State::Delayed | State::Leased) {
             let key = (queue.clone(), tenant.clone());
-            apply(self.tenant_depth.entry(key).or_default());
+            let depth = self.tenant_depth.entry(key).or_default();
+            apply(depth);
+            if *depth == 0 {
+                self.tenant_depth.remove(&(queue.clone(), tenant.clone()));
+            }
         }
     }
 
@@ -586,11 +601,12 @@ impl BrokerState {
     fn unreserve(&mut self, job: &Job) {
         let counts = self.counts.entry(job.queue.clone()).or_default();
         counts.pending = counts.pending.saturating_sub(1);
-        if let Some(n) = self
-            .tenant_depth
-            .get_mut(&(job.queue.clone(), job.tenant.clone()))
-        {
+        let key = (job.queue.clone(), job.tenant.clone());
+        if let Some(n) = self.tenant_depth.get_mut(&key) {
             *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.tenant_depth.remove(&key);
+            }
         }
     }
 

@@ -33,7 +33,15 @@ pub(super) struct JobTable {
     slots: Vec<Option<Record>>,
     /// Vacant slab positions, reused before the slab grows.
     free: Vec<u32>,
+    /// Queue and tenant names by index; a vacant index holds `vacant`.
     names: Vec<Arc<str>>,
+    /// How many records name each index; an index no record names is vacant.
+    name_refs: Vec<u32>,
+    /// Vacant name indexes, reused before `names` grows, so the table holds the
+    /// names of unfinished jobs only, however many tenants came and went.
+    free_names: Vec<u32>,
+    /// What a vacant index of `names` holds (the empty string).
+    vacant: Arc<str>,
     name_ids: HashMap<Arc<str>, u32>,
     /// The names found last (indexes into `names`), checked by address before
     /// `name_ids` is hashed: a job's queue and tenant mostly repeat the last ones.
@@ -92,7 +100,9 @@ impl JobTable {
         let record = self.record_of(job);
         if let Some(at) = self.position(record.id) {
             let old = self.job_at(at);
-            self.slots[at as usize] = Some(record);
+            if let Some(replaced) = self.slots[at as usize].replace(record) {
+                self.release(&replaced);
+            }
             return Some(old);
         }
         self.file(record);
@@ -137,7 +147,9 @@ impl JobTable {
             .ok()?;
         let (at, _) = entry.remove();
         let job = self.job_at(at);
-        self.slots[at as usize] = None;
+        if let Some(removed) = self.slots[at as usize].take() {
+            self.release(&removed);
+        }
         self.free.push(at);
         Some(job)
     }
@@ -174,23 +186,62 @@ impl JobTable {
         id_in(&self.slots, at)
     }
 
+    /// The index of `name` for one more record that names it.
     fn name(&mut self, name: &Arc<str>) -> u32 {
         let names = &self.names;
         let seen = |n: &u32| Arc::ptr_eq(&names[*n as usize], name);
         if let Some(n) = self.recent.iter().flatten().copied().find(seen) {
+            self.name_refs[n as usize] += 1;
             return n;
         }
         let n = match self.name_ids.get(name) {
             Some(&n) => n,
             None => {
-                let n = u32::try_from(names.len()).expect("invariant: fewer than 2^32 names");
-                self.names.push(name.clone());
+                let n = match self.free_names.pop() {
+                    Some(n) => {
+                        self.names[n as usize] = name.clone();
+                        n
+                    }
+                    None => {
+                        let n =
+                            u32::try_from(names.len()).expect("invariant: fewer than 2^32 names");
+                        self.names.push(name.clone());
+                        self.name_refs.push(0);
+                        n
+                    }
+                };
                 self.name_ids.insert(name.clone(), n);
                 n
             }
         };
+        self.name_refs[n as usize] += 1;
         self.recent = [Some(n), self.recent[0]];
         n
+    }
+
+    /// `record` left the table: its queue and tenant are named by one record less,
+    /// and a name no record holds any more is let go.
+    fn release(&mut self, record: &Record) {
+        for n in [record.queue, record.tenant] {
+            let refs = &mut self.name_refs[n as usize];
+            *refs -= 1;
+            if *refs == 0 {
+                let name = std::mem::replace(&mut self.names[n as usize], self.vacant.clone());
+                self.name_ids.remove(&name);
+                self.free_names.push(n);
+                for recent in &mut self.recent {
+                    if *recent == Some(n) {
+                        *recent = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Names held (for tests: vacant indexes are not counted).
+    #[cfg(test)]
+    pub(super) fn names_held(&self) -> usize {
+        self.name_ids.len()
     }
 
     fn record_of(&mut self, job: Job) -> Record {
@@ -322,6 +373,9 @@ mod tests {
                     _ => {}
                 }
                 prop_assert_eq!(table.len(), model.len());
+                let named: std::collections::HashSet<&str> =
+                    model.values().flat_map(|j| [&*j.queue, &*j.tenant]).collect();
+                prop_assert_eq!(table.names_held(), named.len(), "the names of held jobs only");
             }
             for id in &ids {
                 prop_assert_eq!(table.get(*id), model.get(id).cloned());

@@ -720,3 +720,30 @@ async fn a_parked_lease_served_when_a_cancel_commits_does_not_hand_out_the_cance
         handed.iter().map(|l| l.id).collect::<Vec<_>>()
     );
 }
+
+#[tokio::test]
+async fn tenants_whose_jobs_all_finished_cost_no_memory() {
+    let mut state = state("q");
+    let queue = state.intern("q");
+    for n in 0..10_000 {
+        let tenant = state.intern(&format!("t{n}"));
+        state.tally(&queue, &tenant, State::Ready, 1);
+        state.tally(&queue, &tenant, State::Ready, -1);
+    }
+    assert!(state.tenant_depth.is_empty(), "no depth of 0 is kept");
+    assert!(
+        state.names.len() <= 128,
+        "{} names kept for 1 queue and no job",
+        state.names.len()
+    );
+    let held = state.intern("held");
+    state.tally(&queue, &held, State::Leased, 1);
+    for n in 0..1_000 {
+        state.intern(&format!("u{n}"));
+    }
+    assert!(
+        Arc::ptr_eq(&held, &state.intern("held")),
+        "a name in use stays"
+    );
+    assert_eq!(state.tenant_depth.len(), 1);
+}
