@@ -145,9 +145,18 @@ impl Limits {
         }
     }
 
-    /// Where each of a tenant's values comes from: (weight, max_concurrency, max_depth).
+    /// Where each of a tenant's values comes from: (weight, max_concurrency,
+    /// max_depth). A value a tenant without its own table inherits from an override
+    /// of `default` is an override too.
     pub fn tenant_sources(&self, tenant: &str) -> [Source; 3] {
-        ["weight", "max_concurrency", "max_depth"].map(|k| self.source("tenant", tenant, k))
+        let inherits = self.inherits_default(tenant);
+        ["weight", "max_concurrency", "max_depth"].map(|k| {
+            if inherits && !self.has("tenant", tenant, k) {
+                self.source("tenant", DEFAULT_TENANT, k)
+            } else {
+                self.source("tenant", tenant, k)
+            }
+        })
     }
 
     fn source(&self, scope: &str, name: &str, key: &str) -> Source {
@@ -315,6 +324,11 @@ max_concurrency = 10
             l.tenant_cap("q", "someone"),
             Some(1),
             "the queue's default cap"
+        );
+        assert_eq!(
+            l.tenant_sources("someone"),
+            [Source::Override, Source::Config, Source::Override],
+            "weight its own, max_depth default's override"
         );
         assert_eq!(l.tenant_cap("r", "someone"), Some(4));
         // A tenant with its own table inherits nothing.
