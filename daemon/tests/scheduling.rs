@@ -815,3 +815,27 @@ fn a_depth_override_of_the_default_tenant_bounds_every_unlisted_tenant() {
     // A tenant with its own table does not inherit [tenants.default].
     enqueue_many(&qd, "ext", "listed", "l", 3);
 }
+
+#[test]
+fn a_weight_lowered_live_applies_to_the_next_dispatch_not_after_the_old_turn() {
+    let _serial = serial();
+    let qd = Qd::start(
+        "[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"10m\"\n\
+         [tenants.heavy]\nweight = 1000\n[tenants.light]\nweight = 1\n",
+    );
+    enqueue_many(&qd, "ext", "heavy", "h", 300);
+    enqueue_many(&qd, "ext", "light", "l", 100);
+    // heavy's turn starts: 1,000 jobs of credit at weight 1000.
+    assert_eq!(dispatch_order(&qd, "ext", 1), ["heavy"]);
+    qctl_ok(
+        &qd,
+        &["limits", "set", "--tenant", "heavy", "--weight", "1"],
+    );
+    let order = dispatch_order(&qd, "ext", 100);
+    let light = share(&order, "light");
+    println!(
+        "weight 1000 -> 1 mid-turn: light {:.0}% of the next 100",
+        light * 100.0
+    );
+    assert!((light - 0.5).abs() <= 0.05, "light share {light:.2}");
+}

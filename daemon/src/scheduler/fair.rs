@@ -607,6 +607,20 @@ impl FairQueue {
             tenant.held = false;
         }
         tenant.limits = limits;
+        let per_round = self.quantum().saturating_mul(limits.weight.max(1).into());
+        let round = self.round;
+        let tenant = &mut self.tenants[t as usize];
+        let this_round = match tenant.place {
+            Place::Turn((at, _)) => at <= round,
+            Place::Parked => true,
+            Place::Idle => false,
+        };
+        if this_round && tenant.weight() < old_weight && tenant.deficit > per_round {
+            // A lowered weight applies from the next pop: the credit left of the
+            // turn under way (or kept while parked) beyond one turn at the new
+            // weight is taken back.
+            tenant.deficit = per_round;
+        }
         let tenant = &self.tenants[t as usize];
         match tenant.place {
             Place::Turn((round, _)) if round > self.round && tenant.weight() != old_weight => {

@@ -463,6 +463,29 @@ fn weight_change_applies_from_the_next_turn() {
 }
 
 #[test]
+fn a_weight_lowered_in_the_middle_of_a_turn_applies_from_the_next_pop() {
+    for parked in [true, false] {
+        let mut queue = FairQueue::new(Fairness::Jobs);
+        queue.set_limits("a", limits(1_000, None));
+        for n in 0..2_000 {
+            queue.push("a".into(), id(n), 0);
+            queue.push("b".into(), id(10_000 + n), 0);
+        }
+        assert_eq!(queue.pop().map(|(t, _)| t), Some("a".into()));
+        if parked {
+            // At its cap while its credit lasts: it keeps the credit, parked.
+            queue.set_limits("a", limits(1_000, Some(1)));
+            assert_eq!(queue.pop().map(|(t, _)| t), Some("b".into()));
+            queue.finish("b", Duration::ZERO);
+        }
+        queue.set_limits("a", limits(1, None));
+        queue.finish("a", Duration::ZERO);
+        let counts = pop_counts(&mut queue, 100);
+        assert!(counts["a"].abs_diff(50) <= 2, "parked {parked}: {counts:?}");
+    }
+}
+
+#[test]
 fn default_limits_apply_to_tenants_without_their_own() {
     let mut queue = FairQueue::new(Fairness::Jobs);
     queue.set_limits("own", limits(1, None));
