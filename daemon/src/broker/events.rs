@@ -30,6 +30,18 @@ fn to_scheduler(queue: &str, msg: SchedulerMsg) {
 pub struct Outbox(Vec<(Arc<str>, SchedulerMsg)>);
 
 impl Outbox {
+    /// The limiter pauses asked for so far, in order (for tests).
+    #[cfg(test)]
+    pub(crate) fn throttle_pauses(&self) -> Vec<Duration> {
+        self.0
+            .iter()
+            .filter_map(|(_, msg)| match msg {
+                SchedulerMsg::Throttled(pause) => Some(*pause),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn push(&mut self, queue: &Arc<str>, msg: SchedulerMsg) {
         self.0.push((queue.clone(), msg));
     }
@@ -83,7 +95,8 @@ fn remove(out: &mut Outbox, job: &Job) {
 
 /// After a throttled result, pauses the queue's shared rate limiter (through its
 /// Scheduler) until the job's retry time: at least `retry_after` from now, plus the
-/// job's jitter (see [`crate::job::Failure::Throttled`]).
+/// job's jitter (see [`crate::job::Failure::Throttled`]). Sent when the result is
+/// planned, before its write: the Scheduler has it before the lessee's answer.
 pub fn throttled(out: &mut Outbox, t: &Transition, now: UnixMillis) {
     if t.entry.as_ref().map(|e| e.outcome) == Some(Outcome::Throttled) {
         let pause = until(t.job.ready_at, now);

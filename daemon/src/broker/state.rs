@@ -149,6 +149,10 @@ pub struct BrokerState {
     /// Scheduler messages of the Broker message being handled, returned with its
     /// other effects.
     pub(super) out: Outbox,
+    /// Scheduler notifications sent before this message's store effects are handed
+    /// over (a limiter pause, which must be in force before a write it comes with
+    /// can answer its caller).
+    out_ahead: Outbox,
     /// Store effects of the Broker message being handled, in order.
     store_effects: Vec<StoreEffect>,
     /// Replies of the Broker message being handled, sent after its store effects.
@@ -194,6 +198,7 @@ impl BrokerState {
             uncharged_ends: Vec::new(),
             hot: HotPayloads::new(HOT_PAYLOAD_BYTES),
             out: Outbox::default(),
+            out_ahead: Outbox::default(),
             store_effects: Vec::new(),
             replies: Vec::new(),
             refreshing: false,
@@ -507,6 +512,7 @@ impl BrokerState {
         Effects {
             store: std::mem::take(&mut self.store_effects),
             replies: std::mem::take(&mut self.replies),
+            ahead: std::mem::take(&mut self.out_ahead),
             notify: std::mem::take(&mut self.out),
             timer: self.arm_at.take(),
         }
@@ -1087,11 +1093,18 @@ impl BrokerState {
             jitter,
         };
         match self.plan(id, event, now) {
-            Ok(planned) => self.commit_each(Intent::End, vec![planned], move |r| {
-                if let Some(reply) = reply {
-                    let _ = reply.send(reported(id, r));
-                }
-            }),
+            Ok(planned) => {
+                // The downstream said "slow down" whatever the store makes of the
+                // result: the Scheduler is told before the write is handed over, so
+                // the pause is in force before the lessee hears its nack's answer
+                // and asks for more.
+                events::throttled(&mut self.out_ahead, &planned.1, now);
+                self.commit_each(Intent::End, vec![planned], move |r| {
+                    if let Some(reply) = reply {
+                        let _ = reply.send(reported(id, r));
+                    }
+                })
+            }
             Err(err) => {
                 if let Some(reply) = reply {
                     self.answer(reply, Err(err));

@@ -207,7 +207,6 @@ impl BrokerState {
         } else {
             events::changed(&mut self.out, &old, &t.job, now);
         }
-        events::throttled(&mut self.out, &t, now);
         match intent {
             Intent::End | Intent::Expire(_) | Intent::Orphan | Intent::CancelElsewhere => {
                 record_end(&self.labels, &old, &t, now);

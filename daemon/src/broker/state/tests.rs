@@ -747,3 +747,46 @@ async fn tenants_whose_jobs_all_finished_cost_no_memory() {
     );
     assert_eq!(state.tenant_depth.len(), 1);
 }
+
+#[tokio::test]
+async fn a_throttled_nack_pauses_the_limiter_before_its_write_is_answered() {
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    let id = hot_job(&store, &mut state).await;
+    let (tx, answer) = tokio::sync::oneshot::channel();
+    let back: Back = Arc::new(|_| {});
+    state
+        .take(lease_of(id, tx), 2_000, Instant::now())
+        .perform(&store, &back);
+    let token = answer.await.expect("leased")[0].token;
+
+    let (tx, _nacked) = tokio::sync::oneshot::channel();
+    let failure = Failure::Throttled {
+        retry_after: Duration::from_secs(2),
+        error: "429".into(),
+    };
+    let effects = state.take(
+        BrokerMsg::Nack(id, token, failure, tx.into()),
+        3_000,
+        Instant::now(),
+    );
+    // The nack's answer comes from its write's completion: the Scheduler is told
+    // before that write is handed over.
+    assert!(effects.notify.throttle_pauses().is_empty());
+    let pauses = effects.ahead.throttle_pauses();
+    assert_eq!(pauses.len(), 1, "{pauses:?}");
+    assert!(pauses[0] >= Duration::from_secs(2), "{pauses:?}");
+    let (back, rx) = channel_back();
+    effects.perform(&store, &back);
+    store.run(|_| Ok(())).await.expect("store barrier");
+    for msg in rx.try_iter().collect::<Vec<_>>() {
+        let effects = state.take(msg, 3_100, Instant::now());
+        let later = [&effects.ahead, &effects.notify].map(|o| o.throttle_pauses());
+        assert!(
+            later.iter().all(Vec::is_empty),
+            "paused once, not again when the write settles"
+        );
+        effects.perform(&store, &back);
+    }
+    assert_eq!(state.jobs.get(id).expect("kept").attempts, 0, "not charged");
+}
