@@ -140,12 +140,15 @@ impl RateLimiter {
         true
     }
 
+    /// When a pause in force at `now` ends (see [`Self::pause`]), or `None`.
+    pub fn paused_until(&self, now: Instant) -> Option<Instant> {
+        let paused = *self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
+        paused.filter(|until| *until > now)
+    }
+
     /// Takes one token, or returns the instant at which to try again.
     pub fn try_acquire(&self, now: Instant) -> Result<(), Instant> {
-        let paused = *self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(until) = paused
-            && until > now
-        {
+        if let Some(until) = self.paused_until(now) {
             return Err(until);
         }
         if let Some(shared) = &self.shared {

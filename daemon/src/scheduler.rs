@@ -151,7 +151,8 @@ pub struct SchedulerState {
     waiters: VecDeque<Waiter>,
     limits: Arc<Limits>,
     limiter: Option<Arc<RateLimiter>>,
-    /// A rate-limiter token taken when every backlogged tenant was capped.
+    /// A rate-limiter token taken when every backlogged tenant was capped, spent on
+    /// the next pick (once a pause of the limiter ended).
     prepaid: bool,
     limiter_retry: Option<Instant>,
     paused: bool,
@@ -374,6 +375,12 @@ impl SchedulerState {
             return true;
         };
         if self.prepaid {
+            // A token taken before a pause waits for its end: the downstream said
+            // "slow down" since.
+            if let Some(until) = limiter.paused_until(now) {
+                self.limiter_retry = Some(until);
+                return false;
+            }
             return true;
         }
         match limiter.try_acquire(now) {

@@ -839,3 +839,26 @@ fn a_weight_lowered_live_applies_to_the_next_dispatch_not_after_the_old_turn() {
     );
     assert!((light - 0.5).abs() <= 0.05, "light share {light:.2}");
 }
+
+#[test]
+fn a_throttled_nack_of_a_capped_tenant_lets_no_job_through_the_pause() {
+    let _serial = serial();
+    let qd = Qd::start(
+        "[queues.lim]\nexecutor = { kind = \"external\" }\nlease = \"10m\"\n\
+         rate_limiter = \"l\"\n[rate_limiters.l]\nper_second = 1000\nburst = 50\n\
+         [tenants.capped]\nmax_concurrency = 1\n",
+    );
+    enqueue_many(&qd, "lim", "capped", "c", 5);
+    // One job: the tenant is then at its cap, so the rest of the request stops there.
+    let jobs = lease_within(&qd, "lim", 5);
+    assert_eq!(jobs.len(), 1, "capped at 1");
+    let job = &jobs[0];
+    let (status, body) = qd.post(
+        &format!("/v1/jobs/{}/nack", job["id"].as_str().expect("id")),
+        &json!({ "token": job["token"], "kind": "throttled", "retry_after": "5s" }),
+    );
+    assert_eq!(status, 200, "{body}");
+    // The cap's slot is free again, but the limiter is paused for 5 s.
+    let leased = lease(&qd, "lim", 5);
+    assert!(leased.is_empty(), "a job through the pause: {leased:?}");
+}
