@@ -175,6 +175,12 @@ impl Outcome {
         }
     }
 
+    /// Whether an attempt can end with this outcome: all but [`Outcome::Redriven`],
+    /// which only ever names an operator's event in the history.
+    pub fn ends_attempts(self) -> bool {
+        self != Outcome::Redriven
+    }
+
     /// Whether an attempt with this outcome uses up one unit of the retry budget.
     pub fn is_charged(self) -> bool {
         matches!(

@@ -537,7 +537,7 @@ pub fn set_prune_backlog_age(queue: &str, age: Duration) {
 /// Why: Prometheus' `rate()`/`increase()` see nothing for a series whose first sample
 /// is already 1, so without this the first failure after a restart is invisible.
 pub fn register_queue(queue: &str) {
-    for outcome in Outcome::ALL {
+    for outcome in Outcome::ALL.into_iter().filter(|o| o.ends_attempts()) {
         counter!(JOB_ATTEMPTS, "queue" => queue.to_owned(), "outcome" => outcome.as_str())
             .increment(0);
     }
