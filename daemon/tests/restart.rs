@@ -156,3 +156,60 @@ fn after_repeated_kill9_no_lease_token_is_handed_out_twice() {
     );
     assert_eq!(status, 200, "{body}");
 }
+
+/// Sets the `runs` row of the stopped daemon's store: `None` removes it, leaving the
+/// store as the version before the count of opens left it (same schema, no such
+/// row); `Some(0)` makes the next start count 1 open and skip one token, as that
+/// version did at every start.
+fn set_runs(qd: &Qd, runs: Option<i64>) {
+    let db = qd.dir.path().join("data/qd.db");
+    let conn = rusqlite::Connection::open(&db).expect("open the stopped daemon's store");
+    match runs {
+        None => conn.execute("DELETE FROM meta WHERE key = 'runs'", []),
+        Some(n) => conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('runs', ?1) \
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            [n],
+        ),
+    }
+    .expect("set the runs row");
+}
+
+/// Fencing across an upgrade: the version before the count of opens skipped one
+/// token per start, so its run after a crash (or a stop with a lease out) handed
+/// out `lease_seq + 2`. The first start of this version on that store must not hand
+/// `lease_seq + 2` out again: the old run's worker, still busy, could ack over its
+/// successor's lease.
+#[test]
+fn after_an_upgrade_from_a_store_without_a_run_count_no_token_is_reused() {
+    let mut qd = Qd::start(EXTERNAL);
+    let id = qd.enqueue("ext", "upgrade");
+    qd.kill9();
+    // A run of the earlier version: one token skipped, no count of opens left.
+    set_runs(&qd, Some(0));
+    qd.spawn(&[]);
+    let old = common::lease_one(&qd, "ext", "old", "10s").expect("the old run leases the job");
+    qd.kill9();
+    set_runs(&qd, None);
+    // The upgrade.
+    qd.spawn(&[]);
+    let new = common::lease_one(&qd, "ext", "new", "10s").expect("the new run leases the job");
+    assert_eq!(new["id"], json!(id));
+    assert_ne!(
+        new["token"], old["token"],
+        "the upgraded run handed out the earlier version's token again"
+    );
+    let (status, body) = qd.post(
+        &format!("/v1/jobs/{id}/ack"),
+        &json!({ "token": old["token"] }),
+    );
+    assert_eq!(
+        status, 409,
+        "the earlier version's worker acked over the live lease: {body}"
+    );
+    let (status, body) = qd.post(
+        &format!("/v1/jobs/{id}/ack"),
+        &json!({ "token": new["token"] }),
+    );
+    assert_eq!(status, 200, "{body}");
+}

@@ -300,8 +300,9 @@ pub struct SqliteBackend {
     /// The connection's count of changed rows when the open transaction began: the
     /// same count later means nothing is written but not yet committed.
     changes_at_begin: u64,
-    /// How many times the database was opened, this open included (`meta` row
-    /// `runs`, committed by [`SqliteBackend::open`]): [`Backend::token_skip`].
+    /// The count of the database's opens, this open included, plus one for the
+    /// runs before opens were counted (`meta` row `runs`, committed by
+    /// [`SqliteBackend::open`]): [`Backend::token_skip`].
     runs: u64,
 }
 
@@ -365,13 +366,19 @@ impl SqliteBackend {
         Ok(backend)
     }
 
-    /// Adds this open to the `runs` row of `meta` and answers the new count (1 at
-    /// the first open), committed and fsynced before it returns (autocommit,
-    /// `synchronous=FULL`), so no lease of this run is handed out before it is
-    /// durable ([`Backend::token_skip`]).
+    /// Adds this open to the `runs` row of `meta` and answers the new count,
+    /// committed and fsynced before it returns (autocommit, `synchronous=FULL`), so
+    /// no lease of this run is handed out before it is durable
+    /// ([`Backend::token_skip`]).
+    ///
+    /// A missing row starts at 2, not 1: a store without it may come from a version
+    /// that did not count its opens and skipped one token at every start, so any
+    /// number of its runs handed out tokens up to `lease_seq + 2` without writing
+    /// them. The first counted run must skip past that too (on a new store there is
+    /// nothing to skip, and the extra one costs nothing).
     fn count_run(&self) -> rusqlite::Result<u64> {
         let runs: i64 = self.conn.query_row(
-            "INSERT INTO meta (key, value) VALUES ('runs', 1) \
+            "INSERT INTO meta (key, value) VALUES ('runs', 2) \
              ON CONFLICT (key) DO UPDATE SET value = value + 1 RETURNING value",
             [],
             |r| r.get(0),
