@@ -1,9 +1,9 @@
 //! Commands whose output is data rather than a report: `jobs payload` (the exact
 //! payload bytes) and `dlq export` (one JSON line per dead job, fetched and written
 //! a page at a time so memory stays bounded). Both write to stdout or `--output FILE`;
-//! a reader that goes away (`| head`) ends the output quietly. An export to a file is
-//! written beside it and renamed over it once complete: a refused or failed export
-//! leaves FILE as it was.
+//! a reader that goes away (`| head`) ends the output quietly. An export to a regular
+//! file is written beside it and renamed over it once complete: a refused or failed
+//! export leaves FILE as it was.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -49,38 +49,62 @@ pub fn payload(
 
 /// `qctl dlq export [filters] [--output FILE]`: every matching dead job as one JSON
 /// line (`ExportedJob`), most recently dead first. Reports the count on stderr when
-/// writing a file. FILE is replaced only by a complete export: the lines go to a
-/// temporary file beside it (`.NAME.qctl-partial-PID`), renamed over FILE at the
-/// end and removed on any error.
+/// writing a file. A regular FILE is replaced only by a complete export: the lines
+/// go to a temporary file beside it (`.NAME.qctl-partial-PID`, beside the target of
+/// a symlink), given FILE's mode and owner, renamed over FILE at the end and
+/// removed on any error. Anything else FILE names (a FIFO, a device such as
+/// `/dev/stdout`) is written to directly: renaming over it would replace it.
 pub fn dlq_export(
     filter: &DlqFilter,
     output: Option<PathBuf>,
     connect: impl FnOnce() -> Result<Client, CliError>,
 ) -> Result<(), CliError> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let mut client = connect()?;
-    let Some(path) = output else {
+    let Some(shown) = output else {
         return export(&mut client, filter, sink(None)?, None).map(|_| ());
     };
+    // What FILE names: a symlink's target is replaced, not the link.
+    let path = std::fs::canonicalize(&shown).unwrap_or_else(|_| shown.clone());
+    let existing = std::fs::metadata(&path).ok();
+    if existing.as_ref().is_some_and(|m| !m.is_file()) {
+        let count = export(&mut client, filter, sink(Some(&shown))?, Some(&shown))?;
+        eprintln!("qctl: exported {count} dead jobs to {}", shown.display());
+        return Ok(());
+    }
     let name = path
         .file_name()
         .map_or_else(|| "export".into(), |n| n.to_string_lossy().into_owned());
     let tmp = path.with_file_name(format!(".{name}.qctl-partial-{}", std::process::id()));
-    let file = File::create(&tmp)
-        .map_err(|e| CliError::Usage(format!("cannot create {}: {e}", path.display())))?;
+    // Never through a planted symlink; private until it has FILE's mode.
+    let cannot_create =
+        |e: io::Error| CliError::Usage(format!("cannot create {}: {e}", shown.display()));
+    let mut options = File::options();
+    options.write(true).create_new(true);
+    options.mode(if existing.is_some() { 0o600 } else { 0o666 });
+    let file = options.open(&tmp).map_err(cannot_create)?;
+    if let Some(meta) = &existing {
+        // Best effort for the owner (only root may give a file away).
+        let _ = std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid()));
+        if let Err(e) = file.set_permissions(meta.permissions()) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(cannot_create(e));
+        }
+    }
     let written = export(
         &mut client,
         filter,
         Box::new(BufWriter::new(file)),
-        Some(&path),
+        Some(&shown),
     )
     .and_then(|count| {
         std::fs::rename(&tmp, &path)
             .map(|()| count)
-            .map_err(|e| CliError::Protocol(format!("cannot write to {}: {e}", path.display())))
+            .map_err(|e| CliError::Protocol(format!("cannot write to {}: {e}", shown.display())))
     });
     match written {
         Ok(count) => {
-            eprintln!("qctl: exported {count} dead jobs to {}", path.display());
+            eprintln!("qctl: exported {count} dead jobs to {}", shown.display());
             Ok(())
         }
         Err(e) => {

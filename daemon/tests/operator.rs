@@ -564,3 +564,80 @@ fn a_daemon_that_stops_mid_command_is_named_with_its_socket() {
         "names the socket and the likely cause: {said}"
     );
 }
+
+/// `--output` names what to write, not a directory entry to replace: an existing
+/// file keeps its mode (an export holds every payload; an operator who made the
+/// file 0600 must not find it 0644), a symlink stays a symlink and its target gets
+/// the export, and a FIFO (a pipe to `gzip`, `/dev/stdout`) gets the lines.
+#[test]
+fn dlq_export_over_an_existing_file_keeps_its_mode_its_symlink_and_its_fifo() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let qd = Qd::start(EXTERNAL);
+    qd.enqueue("ext", "x");
+    kill_all(&qd, "bad data");
+    let dir = qd.dir.path();
+    let export = |file: &std::path::Path| {
+        ok(
+            &qd,
+            &[
+                "dlq",
+                "export",
+                "--queue",
+                "ext",
+                "--output",
+                file.to_str().expect("utf-8"),
+            ],
+        );
+    };
+
+    let private = dir.join("private.jsonl");
+    std::fs::write(&private, "yesterday's export\n").expect("write");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    export(&private);
+    let meta = std::fs::metadata(&private).expect("stat");
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o600,
+        "the file's mode changed"
+    );
+    assert!(
+        std::fs::read_to_string(&private)
+            .expect("read")
+            .contains("bad data")
+    );
+
+    let target = dir.join("target.jsonl");
+    std::fs::write(&target, "").expect("write");
+    let link = dir.join("link.jsonl");
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    export(&link);
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .expect("lstat")
+            .file_type()
+            .is_symlink(),
+        "the symlink was replaced by a file"
+    );
+    assert!(
+        std::fs::read_to_string(&target)
+            .expect("read")
+            .contains("bad data")
+    );
+
+    let fifo = dir.join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).expect("read the fifo"))
+    };
+    export(&fifo);
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .expect("lstat")
+            .file_type()
+            .is_fifo(),
+        "the FIFO was replaced by a file"
+    );
+    assert!(reader.join().expect("reader").contains("bad data"));
+}
