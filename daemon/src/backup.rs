@@ -80,7 +80,8 @@ pub enum BackupError {
 
 /// Copies the database at `db` (the live store) to `dest`, replacing an existing
 /// file only when `force`; never one of `live` (the daemon's own files: see
-/// [`live_files`]), compared after resolving the directories' symlinks. Blocking:
+/// [`live_files`]), compared after resolving the directories' symlinks and by the
+/// directory's identity (a bind mount of `data_dir` is the same directory). Blocking:
 /// call it from a blocking thread.
 ///
 /// Errors: see [`BackupError`]; a leftover temporary file is removed.
@@ -94,7 +95,11 @@ pub fn snapshot(
         return Err(BackupError::NotAbsolute(dest.to_path_buf()));
     }
     let target = resolved(dest);
-    if live.iter().any(|f| resolved(f) == target) {
+    let entry = dir_entry(dest);
+    if live
+        .iter()
+        .any(|f| resolved(f) == target || entry.is_some() && dir_entry(f) == entry)
+    {
         return Err(BackupError::LiveFile(dest.to_path_buf()));
     }
     if !force && std::fs::symlink_metadata(dest).is_ok() {
@@ -147,6 +152,16 @@ fn resolved(path: &Path) -> PathBuf {
             .unwrap_or_else(|_| path.to_path_buf()),
         _ => path.to_path_buf(),
     }
+}
+
+/// The directory entry `path` names, as its directory's device and inode and its
+/// own name: the same for every path to that directory, a bind mount's included,
+/// which no resolution of symlinks sees. `None` if the directory cannot be read.
+fn dir_entry(path: &Path) -> Option<(u64, u64, std::ffi::OsString)> {
+    use std::os::unix::fs::MetadataExt;
+    let name = path.file_name()?;
+    let dir = std::fs::metadata(path.parent()?).ok()?;
+    Some((dir.dev(), dir.ino(), name.to_owned()))
 }
 
 /// Writes the snapshot into `tmp` (created 0600) and returns its job counts.

@@ -617,3 +617,54 @@ fn a_new_store_and_its_wal_are_readable_by_qds_user_only_whatever_the_umask() {
         assert_eq!(mode & 0o077, 0, "{name} is {mode:o}: payloads for anyone");
     }
 }
+
+/// Unmounts a bind mount when dropped (a failed assertion included).
+struct BindMount(std::path::PathBuf);
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The data directory seen through another path that no symlink leads to (a bind
+/// mount: a container volume mounted twice, systemd's `BindPaths=`) is still the
+/// data directory: a backup naming `qd.db` there must be refused like one naming it
+/// directly, or the snapshot is renamed over the live store. Needs permission to
+/// bind-mount (root with CAP_SYS_ADMIN); says so and passes where there is none.
+#[test]
+fn a_backup_over_the_live_store_through_a_bind_mount_is_refused() {
+    let mut qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\n");
+    let before = qd.enqueue("ext", "before");
+    let data = qd.dir.path().join("data");
+    let alias = qd.dir.path().join("alias");
+    std::fs::create_dir(&alias).expect("mkdir");
+    let mounted = std::process::Command::new("mount")
+        .arg("--bind")
+        .arg(&data)
+        .arg(&alias)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: no permission to bind-mount here");
+        return;
+    }
+    let _unmount = BindMount(alias.clone());
+    let target = alias.join("qd.db");
+    let out = qd.qctl(&["backup", "--force", target.to_str().expect("utf-8")]);
+    let said = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "backup to {}: {said}",
+        target.display()
+    );
+    assert!(said.contains("is a file of the running qd"), "{said}");
+    let after = qd.enqueue("ext", "after");
+    qd.terminate(LONG);
+    qd.spawn(&[]);
+    for id in [&before, &after] {
+        assert_eq!(qd.job(id)["state"], "ready", "job {id} kept");
+    }
+}
