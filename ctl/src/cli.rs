@@ -155,8 +155,8 @@ pub struct EnqueueArgs {
     /// Delay before the job becomes ready (e.g. 10s, 5m).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub delay: Option<Duration>,
-    /// Retry budget for this job (default: the queue's max_attempts).
-    #[arg(long, value_name = "N")]
+    /// Retry budget for this job, 1 to 1000 (default: the queue's max_attempts).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_attempts: Option<u32>,
     /// Payload text; without it the payload is read from stdin.
     #[arg(long)]
@@ -359,11 +359,11 @@ pub enum WorkersCmd {
     Set {
         /// Queue.
         queue: String,
-        /// Fewest workers.
-        #[arg(long)]
+        /// Fewest workers (0 to --max).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(0..=1024))]
         min: u32,
-        /// Most workers.
-        #[arg(long)]
+        /// Most workers (1 to 1024).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
         max: u32,
     },
 }
@@ -445,6 +445,10 @@ mod tests {
             &["limits", "set", "--tenant", "acme"],
             &["limits", "reset"],
             &["dlq", "purge", "--all", "--batch", "0"],
+            &["enqueue", "q", "--max-attempts", "0"],
+            &["enqueue", "q", "--max-attempts", "1001"],
+            &["workers", "set", "q", "--min", "1", "--max", "0"],
+            &["workers", "set", "q", "--min", "1", "--max", "1025"],
         ] {
             let err = parse(args).expect_err("usage error");
             assert_eq!(err.exit_code(), 2, "{args:?}");

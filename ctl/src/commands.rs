@@ -64,6 +64,9 @@ pub fn run(
         | Command::Dlq(DlqCmd::Export { .. }) => Err(CliError::Usage(
             "this command writes its own output; run it through main".into(),
         )),
+        Command::Workers(WorkersCmd::Set { min, max, .. }) if min > max => Err(CliError::Usage(
+            format!("--min {min} is more than --max {max}; need min <= max"),
+        )),
         other => simple(&mut connect()?, request_for(other)),
     }
 }

@@ -956,3 +956,31 @@ fn qctl_status_counts_worker_restarts_as_the_metric_does() {
         "{human}"
     );
 }
+
+/// Bad flag values are usage errors (exit 2), refused by qctl before it asks the
+/// daemon: a `--max-attempts` outside 1..=1000 and `workers set` with `--min` over
+/// `--max` used to reach qd and come back as its `bad_request`, exit 1.
+#[test]
+fn out_of_range_enqueue_and_workers_flags_are_usage_errors() {
+    let qd = Qd::start(EXTERNAL);
+    for args in [
+        &["enqueue", "ext", "--payload", "x", "--max-attempts", "0"][..],
+        &["enqueue", "ext", "--payload", "x", "--max-attempts", "1001"],
+        &["workers", "set", "ext", "--min", "4", "--max", "3"],
+        &["workers", "set", "ext", "--min", "0", "--max", "0"],
+    ] {
+        let out = qd.qctl(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+    }
+    let out = qd.qctl(&["workers", "set", "ext", "--min", "4", "--max", "3"]);
+    assert!(
+        text(&out).contains("--min 4 is more than --max 3"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        qd.qctl(&["queues", "--json"]).status.code(),
+        Some(0),
+        "the daemon still serves"
+    );
+}
