@@ -38,12 +38,18 @@ pub fn status(s: &StatusInfo) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "version  {}", s.version);
     let _ = writeln!(out, "uptime   {}", age(s.uptime_secs));
-    let _ = writeln!(
-        out,
-        "store    {} ({})\n",
-        s.store_path,
-        bytes(s.store_bytes)
-    );
+    // On PostgreSQL (the only store with a `cluster` actor) qd has no file to
+    // measure and answers 0 bytes: print no size rather than a misleading "0 B".
+    if s.actors.iter().any(|a| a.name == "cluster") {
+        let _ = writeln!(out, "store    {}\n", s.store_path);
+    } else {
+        let _ = writeln!(
+            out,
+            "store    {} ({})\n",
+            s.store_path,
+            bytes(s.store_bytes)
+        );
+    }
     let mut t = table(&["ACTOR", "RESTARTS"]);
     for a in &s.actors {
         t.add_row(vec![a.name.clone(), a.restarts.to_string()]);
@@ -384,7 +390,7 @@ pub fn reloaded(r: &ReloadInfo) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use qd_proto::{Source, TenantLimits};
+    use qd_proto::{ActorInfo, Source, TenantLimits};
 
     fn summary(id: &str, err: Option<&str>) -> JobSummary {
         JobSummary {
@@ -400,6 +406,31 @@ mod tests {
             ready_at: None,
             last_error: err.map(Into::into),
         }
+    }
+
+    #[test]
+    fn status_on_postgresql_prints_no_store_size() {
+        let mut s = StatusInfo {
+            version: "0.1.0".into(),
+            uptime_secs: 3.0,
+            store_path: "PostgreSQL database \"qd\" on /tmp:5432 as \"qd\"".into(),
+            store_bytes: 0,
+            actors: vec![ActorInfo {
+                name: "cluster".into(),
+                restarts: 0,
+            }],
+            nodes: Vec::new(),
+        };
+        let text = status(&s);
+        assert!(text.contains("as \"qd\"\n"), "{text}");
+        assert!(!text.contains("0 B"), "{text}");
+        s.actors[0].name = "broker".into();
+        s.store_path = "/var/lib/qd/qd.db".into();
+        assert!(
+            status(&s).contains("/var/lib/qd/qd.db (0 B)"),
+            "{}",
+            status(&s)
+        );
     }
 
     #[test]
