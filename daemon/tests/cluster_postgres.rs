@@ -1129,3 +1129,40 @@ fn batches_of_the_same_keys_in_opposite_orders_on_two_nodes_are_all_accepted() {
     }
     assert_eq!(stored_states(&db).get("ready"), Some(&(ROUNDS * KEYS)));
 }
+
+/// An external worker that sends its heartbeat or ack to a node other than the one
+/// it leased the job from is told so, with the job `leased`: that node used to
+/// answer with its own view, "its lease ended; job is ready" (or "this lease is
+/// over"), so the worker dropped a job whose lease was live on the other node.
+#[test]
+fn a_report_sent_to_the_wrong_node_names_the_cluster_and_the_lease_stays_live() {
+    let Some(db) = pg::database() else { return };
+    let body =
+        |_| "[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"60s\"\n".to_string();
+    let nodes = start_cluster(&db, 2, body);
+    let id = nodes[0].enqueue("ext", "one");
+    let job = common::lease_one(&nodes[1], "ext", "w", "5s").expect("a lease on node 1");
+    assert_eq!(job["id"], id.as_str(), "{job}");
+    let token = job["token"].clone();
+    for op in ["heartbeat", "ack"] {
+        let (status, answer) =
+            nodes[0].post(&format!("/v1/jobs/{id}/{op}"), &json!({"token": token}));
+        assert_eq!(status, 409, "{op}: {answer}");
+        assert_eq!(answer["error"]["code"], "stale_token", "{op}: {answer}");
+        assert_eq!(answer["error"]["state"], "leased", "{op}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("another node of the cluster"),
+            "{op}: {answer}"
+        );
+    }
+    let (status, answer) =
+        nodes[0].post("/v1/acks", &json!({"acks": [{"id": id, "token": token}]}));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["results"][0]["state"], "leased", "{answer}");
+    let (status, answer) = nodes[1].post(&format!("/v1/jobs/{id}/ack"), &json!({"token": token}));
+    assert_eq!(status, 200, "the lease was live on node 1: {answer}");
+    for mut qd in nodes {
+        qd.kill9();
+    }
+}
