@@ -399,13 +399,22 @@ fn runtime_limits_take_effect_at_once_and_survive_restarts_until_reset() {
         limits["queues"][0]["workers_max"],
         json!({"value": 4, "source": "config"})
     );
+    // qctl refuses min > max itself (exit 2); the daemon refuses the frame as well.
     assert!(
         fails(
             &qd,
             &["workers", "set", "run", "--min", "3", "--max", "2"],
-            1
+            2
         )
-        .contains("min")
+        .contains("--min 3 is more than --max 2")
+    );
+    let answer = raw_admin(
+        &qd,
+        &json!({"op": "workers_set", "queue": "run", "min": 3, "max": 2}),
+    );
+    assert!(
+        answer.contains("bad_request") && answer.contains("min"),
+        "{answer}"
     );
     assert!(fails(&qd, &["queue", "pause", "nope"], 1).contains("nope"));
 }
