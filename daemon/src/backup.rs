@@ -57,6 +57,12 @@ pub enum BackupError {
         "{0} is a file of the running qd (its store, lock or admin socket); write the backup elsewhere"
     )]
     LiveFile(PathBuf),
+    /// The destination's directory does not exist (or is not a directory) as the
+    /// daemon sees it.
+    #[error(
+        "{0} is not a directory qd can write in; create it first (qd writes the backup itself, as its own user)"
+    )]
+    NoDirectory(PathBuf),
     /// A file-system call failed.
     #[error("backup to {path}: cannot {action}: {source}")]
     Io {
@@ -106,6 +112,9 @@ pub fn snapshot(
         return Err(BackupError::Exists(dest.to_path_buf()));
     }
     let dir = dest.parent().unwrap_or(Path::new("/"));
+    if !dir.is_dir() {
+        return Err(BackupError::NoDirectory(dir.to_path_buf()));
+    }
     let name = dest
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -276,6 +285,10 @@ mod tests {
         snapshot(&db, &dest, true, &[]).expect("forced");
         let relative = snapshot(&db, Path::new("b.db"), true, &[]).expect_err("relative");
         assert!(matches!(relative, BackupError::NotAbsolute(_)));
+        let nowhere = dir.path().join("missing").join("b.db");
+        let missing = snapshot(&db, &nowhere, false, &[]).expect_err("no directory");
+        assert!(matches!(missing, BackupError::NoDirectory(_)), "{missing}");
+        assert!(missing.to_string().contains("missing"), "{missing}");
         let leftovers = std::fs::read_dir(dir.path())
             .expect("list")
             .filter_map(Result::ok)

@@ -17,8 +17,9 @@ use crate::supervisor::{self, Daemon, SupervisorMsg};
 const RELOAD_WAIT: Duration = Duration::from_secs(60);
 
 /// `backup`: writes a consistent snapshot of the store to `path` (absolute) while
-/// qd serves. Errors: `bad_request` for a relative path or one of the running
-/// daemon's own files (store, WAL, lock, admin socket), `conflict` for an existing
+/// qd serves. Errors: `bad_request` for a relative path, a directory that does not
+/// exist or one of the running daemon's own files (store, WAL, lock, admin socket),
+/// `conflict` for an existing
 /// file without `force` or a PostgreSQL store (backed up by the database's own
 /// tools), `internal` when the copy fails.
 pub(super) async fn backup(
@@ -66,7 +67,9 @@ pub(super) async fn backup(
         Err(e) => {
             warn!(path, error = %e, by, "Backup failed.");
             let code = match e {
-                BackupError::NotAbsolute(_) | BackupError::LiveFile(_) => ErrorCode::BadRequest,
+                BackupError::NotAbsolute(_)
+                | BackupError::LiveFile(_)
+                | BackupError::NoDirectory(_) => ErrorCode::BadRequest,
                 BackupError::Exists(_) => ErrorCode::Conflict,
                 BackupError::Io { .. } | BackupError::Sqlite { .. } => ErrorCode::Internal,
             };
