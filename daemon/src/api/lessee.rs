@@ -368,7 +368,7 @@ async fn explain(
     token: Token,
     err: BrokerError,
 ) -> Result<ApiError, ApiError> {
-    let shared = args.config().daemon.database.is_some();
+    let shared = !args.store.leases_are_local();
     let stale = matches!(
         err,
         BrokerError::Transition(crate::job::TransitionError::StaleToken { .. })
