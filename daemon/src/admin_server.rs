@@ -53,7 +53,7 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How the admin socket is set up (from `[daemon] admin_socket`, `admin_socket_mode`,
 /// `admin_group`).
 pub struct AdminServerArgs<H> {
-    /// Socket path.
+    /// Where the socket file is bound (`[daemon] admin_socket`).
     pub socket_path: PathBuf,
     /// File mode bits of the socket, e.g. `0o660`.
     pub socket_mode: u32,

@@ -1,4 +1,5 @@
-//! The Broker actor: the owner of job state and the only writer to the [`Store`].
+//! The Broker actor: the owner of job state; every change of an unfinished job
+//! reaches the [`Store`] through it.
 //!
 //! It keeps every unfinished job (delayed, ready, leased, dead) in memory *without
 //! its payload*, plans life-cycle events through [`job::apply`], writes them to the
@@ -15,8 +16,8 @@
 //! stats, stop-intake, release-leases and flush (from the Supervisor's shutdown), and
 //! its own settle/probe messages. Supervised by the Supervisor; on
 //! (re)start it reloads from the store (after a daemon start no job is leased: the
-//! leases of an earlier run died with it) and pushes its view to the schedulers,
-//! the reaper and the Dlq, which are rebuilt from it.
+//! leases of an earlier run died with it) and pushes its view to the Schedulers,
+//! which are rebuilt from it ([`SchedulerMsg::Restore`](crate::scheduler::SchedulerMsg::Restore)).
 //!
 //! The broker never awaits the store inside `handle`: its state ([`BrokerState`])
 //! returns each message's store operations, with their completions, as effects
@@ -120,11 +121,11 @@ impl BatchError {
 /// A job handed to a worker under a lease.
 #[derive(Clone, Debug)]
 pub struct LeasedJob {
-    /// The job.
+    /// The job's id.
     pub id: JobId,
-    /// Its queue.
+    /// Its queue (interned).
     pub queue: Arc<str>,
-    /// Its tenant.
+    /// Its tenant (interned), `QD_TENANT` for a command.
     pub tenant: Arc<str>,
     /// The attempt number this lease runs (1-based).
     pub attempt: u32,
@@ -159,7 +160,7 @@ pub enum BrokerError {
     /// The queue holds `max_depth` unfinished jobs (backpressure).
     #[error("queue {queue:?} is full ({depth} jobs, max_depth {max}); retry later")]
     QueueFull {
-        /// Queue.
+        /// The queue that is full.
         queue: String,
         /// Current depth.
         depth: u64,
@@ -171,9 +172,9 @@ pub enum BrokerError {
         "tenant {tenant:?} is full in queue {queue:?} ({depth} jobs, max_depth {max}); retry later"
     )]
     TenantFull {
-        /// Queue.
+        /// The queue the tenant is full in.
         queue: String,
-        /// Tenant.
+        /// The tenant that is full.
         tenant: String,
         /// Current depth.
         depth: u64,
@@ -185,9 +186,9 @@ pub enum BrokerError {
         "idempotency key {key:?} already used in queue {queue:?} by job {id} with a different payload"
     )]
     KeyConflict {
-        /// Queue.
+        /// The queue the key is unique in.
         queue: String,
-        /// The key.
+        /// The idempotency key the producer gave.
         key: String,
         /// The job holding it.
         id: JobId,
@@ -198,7 +199,7 @@ pub enum BrokerError {
         "idempotency key {key:?} is also given to jobs[{earlier}] of this batch, with a different payload"
     )]
     KeyConflictInBatch {
-        /// The key.
+        /// The idempotency key both items give.
         key: String,
         /// The index of the earlier item giving it.
         earlier: usize,
@@ -276,13 +277,13 @@ pub enum BrokerMsg {
     /// payloads (nothing is written to disk; while the store refuses writes the
     /// request waits).
     Lease {
-        /// Queue.
+        /// The queue of the Scheduler that picked.
         queue: Arc<str>,
         /// Jobs picked by the scheduler, with the tenant it counted each one against
         /// (released back to it if the job turns out not to be leasable, e.g. it was
         /// cancelled in between).
         picks: Vec<(Arc<str>, JobId)>,
-        /// Lessee id.
+        /// The lessee, recorded as the lease holder (`QUEUE/N` or an external worker's id).
         worker: String,
         /// Where the leased jobs go.
         reply: RpcReplyPort<Vec<LeasedJob>>,

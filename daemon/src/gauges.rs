@@ -1,7 +1,8 @@
 //! The Gauges actor: keeps state gauges right and feeds the systemd watchdog.
 //!
-//! Every second (or half the watchdog timeout, if shorter) it asks the Broker (leased/dead counts), each Scheduler (ready,
-//! delayed, oldest ready job), the Dlq (depth, oldest death) and each WorkerPool
+//! Every second (or half the watchdog timeout, if shorter) it asks the Broker (leased
+//! and dead counts, DLQ depth and oldest death), each Scheduler (ready, delayed,
+//! oldest ready job) and each WorkerPool
 //! (busy/idle/desired), and sets `qd_queue_depth`, `qd_queue_oldest_ready_age_seconds`,
 //! `qd_dlq_depth`, `qd_dlq_oldest_age_seconds` and `qd_workers*`. Because the values
 //! are derived from the actors' state, they are right after a restart and return to
@@ -40,7 +41,7 @@ pub struct GaugesArgs {
 
 /// Messages the gauges actor takes.
 pub enum GaugesMsg {
-    /// Timer.
+    /// Its timer: refresh every gauge, then ping the watchdog if all answered.
     Tick,
 }
 

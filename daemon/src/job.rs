@@ -284,9 +284,9 @@ pub struct Job {
 /// What the producer asked for when enqueueing.
 #[derive(Clone, Debug)]
 pub struct NewJob {
-    /// Target queue.
+    /// The queue it is enqueued in (configured).
     pub queue: Arc<str>,
-    /// Tenant.
+    /// Whose job it is, for fairness, caps and depths (`default` when not given).
     pub tenant: Arc<str>,
     /// Optional idempotency key.
     pub idempotency_key: Option<String>,
@@ -352,7 +352,8 @@ impl Job {
     }
 }
 
-/// Why an attempt failed, as reported by a worker, the reaper or the supervisor.
+/// Why an attempt failed, as reported by a worker, or by the Broker for a lease that
+/// expired, a worker that crashed or a lessee that went away.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Failure {
     /// Retry with backoff. `retry_after` is a delay the executor asked for (Retry-After).
@@ -377,7 +378,7 @@ pub enum Failure {
         /// Why (e.g. "no heartbeat", "daemon restarted").
         reason: String,
     },
-    /// The worker crashed.
+    /// The worker running it crashed (panicked); charged.
     WorkerCrashed {
         /// The panic message or reason.
         error: String,
@@ -440,7 +441,8 @@ pub enum Event {
         /// The lease's fencing token.
         token: Token,
     },
-    /// The lease holder, the reaper or the supervisor reports a failed attempt.
+    /// The lease holder, or the Broker on its behalf (an expired lease, a crashed
+    /// worker, an interrupted attempt), reports a failed attempt.
     Fail {
         /// The lease's fencing token.
         token: Token,
@@ -477,7 +479,7 @@ pub enum TransitionError {
     /// The event does not apply to the job's state (e.g. ack of a ready job).
     #[error("job {id} is {state}; cannot {event}")]
     IllegalState {
-        /// The job.
+        /// The job the event was for.
         id: JobId,
         /// Its current state.
         state: State,
@@ -487,7 +489,7 @@ pub enum TransitionError {
     /// The token is not the current lease's (a stale worker).
     #[error("stale fencing token {given} for job {id} ({})", lease_now(.current, .state))]
     StaleToken {
-        /// The job.
+        /// The job the token was presented for.
         id: JobId,
         /// The token presented.
         given: Token,

@@ -103,7 +103,7 @@ pub enum SchedulerMsg {
     /// Several of the Broker's messages at once (the changes of one Broker message,
     /// in order), applied before one dispatch.
     Batch(Vec<SchedulerMsg>),
-    /// Timer.
+    /// Its one timer: the soonest delayed job, waiter deadline or limiter token.
     Tick,
 }
 
@@ -124,7 +124,7 @@ pub struct Snapshot {
 
 /// What a scheduler is started with.
 pub struct SchedulerArgs {
-    /// Its queue.
+    /// The queue whose ready jobs it orders.
     pub queue: Arc<str>,
     /// Jobs or run time.
     pub fairness: Fairness,

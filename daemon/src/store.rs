@@ -450,7 +450,7 @@ pub trait SharedStore {
 /// What [`SharedStore::claim_next`] claims.
 #[derive(Clone, Copy, Debug)]
 pub struct NewClaim<'a> {
-    /// The queue.
+    /// The queue to claim from.
     pub queue: &'a str,
     /// Only this tenant's jobs, if given.
     pub tenant: Option<&'a str>,
@@ -473,9 +473,9 @@ pub struct NewClaim<'a> {
 /// One tenant's concurrency cap in one queue, for [`SharedStore::claim_capped`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TenantCap {
-    /// The queue.
+    /// The queue the cap applies in.
     pub queue: Arc<str>,
-    /// The tenant.
+    /// The capped tenant.
     pub tenant: Arc<str>,
     /// The most of its jobs of this queue leased at once across every node (0
     /// holds them all).

@@ -101,19 +101,19 @@ impl Daemon {
 /// A child of the supervisor, by role.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Child {
-    /// The Broker.
+    /// The Broker: job state and leases.
     Broker,
     /// The Cluster (a shared store only).
     Cluster,
     /// A queue's Scheduler.
     Scheduler(Arc<str>),
-    /// The Dlq.
+    /// The Dlq: operators' redrives and purges.
     Dlq,
     /// A queue's WorkerPool.
     Pool(Arc<str>),
-    /// The Pruner.
+    /// The Pruner: retention of finished jobs.
     Pruner,
-    /// The Gauges.
+    /// The Gauges: state gauges and the watchdog.
     Gauges,
     /// The HTTP Api.
     Api,

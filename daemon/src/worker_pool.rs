@@ -91,7 +91,7 @@ pub enum PoolMsg {
 
 /// What a pool is started with.
 pub struct PoolArgs {
-    /// Its queue.
+    /// The queue whose jobs its workers run.
     pub queue: Arc<str>,
     /// Every queue's executor (looked up per attempt by the workers).
     pub executors: Arc<Executors>,

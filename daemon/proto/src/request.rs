@@ -155,7 +155,7 @@ pub enum Request {
     /// Sets runtime overrides for one tenant; absent fields are left alone. Stored, so
     /// they survive restarts until reset. Answered with [`crate::Response::Limits`].
     LimitsSet {
-        /// The tenant.
+        /// The tenant whose overrides to set (any valid name, configured or not).
         tenant: String,
         /// Scheduling weight (≥ 1).
         #[serde(default)]
@@ -198,7 +198,7 @@ pub enum Request {
     /// Overrides a queue's worker pool bounds (`min ≤ max`). Answered with
     /// [`crate::Response::Limits`].
     WorkersSet {
-        /// The queue.
+        /// A configured queue with an in-process pool.
         queue: String,
         /// Fewest workers kept running.
         min: u32,
@@ -207,12 +207,12 @@ pub enum Request {
     },
     /// Stops leasing from a queue (enqueue still works). Answered with [`crate::Response::Limits`].
     QueuePause {
-        /// The queue.
+        /// A configured queue.
         queue: String,
     },
     /// Resumes leasing from a paused queue. Answered with [`crate::Response::Limits`].
     QueueResume {
-        /// The queue.
+        /// A configured queue.
         queue: String,
     },
     /// The whole payload of any retained job, as base64. Answered with

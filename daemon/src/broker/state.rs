@@ -55,7 +55,7 @@ const HOT_PAYLOAD_BYTES: usize = 16 << 20;
 pub struct QueueCounts {
     /// Ready or delayed (the Scheduler knows which).
     pub waiting: u64,
-    /// Leased.
+    /// Leased (running under a lease).
     pub leased: u64,
     /// Dead (in the DLQ).
     pub dead: u64,

@@ -10,9 +10,9 @@
 //! from a one-connection `deadpool_postgres` pool, taken at the start of each batch:
 //! the pool keeps the statement cache and replaces a connection it finds closed, so a
 //! database that went away and came back is reconnected at the next batch. The
-//! synchronous `postgres` crate would wrap the same client in its own runtime; it was
-//! not chosen because deadpool (reconnects, statement cache) and the later multi-node
-//! work (LISTEN/NOTIFY, a leader lease on the daemon's runtime) build on
+//! synchronous `postgres` crate would wrap the same client in its own runtime;
+//! deadpool (reconnects, statement cache) and the cluster's parts on the daemon's
+//! runtime (LISTEN/NOTIFY, the node heartbeat in `cluster.rs`) build on
 //! `tokio-postgres` directly, so one client library serves both.
 //!
 //! # Differences from SQLite (same contract, see [`Backend`])

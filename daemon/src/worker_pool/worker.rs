@@ -41,7 +41,7 @@ const REPORT_RETRY: Duration = Duration::from_secs(1);
 pub struct WorkerArgs {
     /// Its id, `"QUEUE/N"`; recorded as the lease holder.
     pub id: String,
-    /// Its queue.
+    /// The queue whose Scheduler it leases from.
     pub queue: Arc<str>,
     /// Every queue's executor; this worker looks its queue's up for each attempt, so
     /// a reload applies to the next attempt.

@@ -1,6 +1,6 @@
 //! The last compile step: checks against the machine, run in the same pass as every
-//! other check so `qd check-config` lists all problems at once (these used to be
-//! found only after the file itself was clean, one kind per run). It reads the API
+//! other check so `qd check-config` lists all problems at once, not one kind per
+//! run after the file itself is clean. It reads the API
 //! token file (exists, owner-only mode, valid, names only configured queues),
 //! checks the database password file (exists, owner-only mode), resolves
 //! `admin_group`, and builds each queue's executor (header names, env
