@@ -801,19 +801,7 @@ impl BrokerState {
             }
             Err(StoreError::QueueFull { queue, depth, max }) => {
                 self.store_accepted(now, mono);
-                // The first item past the limit, counting the items before it.
-                let index = usize::try_from(max.saturating_sub(depth))
-                    .unwrap_or(usize::MAX)
-                    .min(jobs.len().saturating_sub(1));
-                let error = BrokerError::QueueFull {
-                    queue,
-                    depth: depth + index as u64,
-                    max,
-                };
-                BatchError {
-                    index: Some(index),
-                    error,
-                }
+                batch_past_depth(queue, depth, max, jobs.len())
             }
             Err(err @ StoreError::Busy(_)) => {
                 self.store_accepted(now, mono);
@@ -1440,6 +1428,23 @@ fn refusal(err: StoreError) -> BrokerError {
         StoreError::QueueFull { queue, depth, max } => BrokerError::QueueFull { queue, depth, max },
         StoreError::Busy(why) => BrokerError::Unavailable(why),
         other => BrokerError::Store(other),
+    }
+}
+
+/// The refusal of a batch of `len` jobs the shared store found would take `queue`
+/// (at `depth` across the cluster) past `max`: it names the first item past the
+/// limit, with the depth counting the items before it, as a batch refused by
+/// memory's count does.
+fn batch_past_depth(queue: String, depth: u64, max: u64, len: usize) -> BatchError {
+    let room = usize::try_from(max.saturating_sub(depth)).unwrap_or(usize::MAX);
+    let index = room.min(len.saturating_sub(1));
+    BatchError {
+        index: Some(index),
+        error: BrokerError::QueueFull {
+            queue,
+            depth: depth.saturating_add(index as u64),
+            max,
+        },
     }
 }
 

@@ -24,7 +24,11 @@
 //!   `node_timeout` ahead. So the stored deadline never passes while the holder
 //!   heartbeats, however short the lease: a live node's leases expire by its own
 //!   memory (which keeps the lease's length), and the leader ends only those of a
-//!   node silent for `node_timeout`. A claim applies to a ready or delayed job with
+//!   node silent for `node_timeout`. An external worker's lease also stores its
+//!   own end (`lease_end`), which its heartbeats on any node move
+//!   ([`SharedStore::extend_lease`]): its node ends it only once that end passed
+//!   ([`SharedStore::end_if_due`]), and the leader ends it for a silent node
+//!   only then too, since the worker may report to any other node. A claim applies to a ready or delayed job with
 //!   no lease, and only with a token above every token the job had (`lease_seq <
 //!   token`): a node with a stale copy of a job cannot reuse a token another node
 //!   handed out. A claim also stores `lease_seq = token`, so the next token is above
@@ -58,7 +62,12 @@
 //!   claim committed before the lock was free) and claims at most what the cap
 //!   leaves. Claims of tenants without a cap take no lock and no extra statement.
 //!
-//! # Schema (version 4, in `qd_migrations`)
+//! - **`max_depth` counts every node's jobs**: triggers keep each queue's depth in
+//!   `qd_queue_depths` (one row per queue and writing node), and an enqueue takes
+//!   the queue's depth lock and sums the rows in its own transaction
+//!   ([`SharedStore::queue_depth`]).
+//!
+//! # Schema (version 6, in `qd_migrations`)
 //! ```text
 //! qd_jobs(id uuid PK, queue, tenant, idempotency_key NULL, state text COLLATE "C"
 //!         in (delayed ready succeeded dead cancelled), attempts, budget_start,
@@ -84,6 +93,11 @@
 //!                  burst float8)      -- settings changed: the bucket starts full
 //! -- version 4: tenants' caps across nodes
 //!   INDEX (queue, tenant) WHERE lease_token IS NOT NULL  -- a tenant's live leases
+//! -- version 5: external leases outlive their node
+//! qd_jobs.lease_end timestamptz NULL          -- an external lease's own end
+//! -- version 6: queue depths across the cluster
+//! qd_queue_depths(queue, shard, depth bigint) PK (queue, shard)
+//!   -- statement triggers on qd_jobs keep sum(depth) = its ready/delayed rows
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so

@@ -20,6 +20,9 @@
 //!   not stale: it returns to its record before the lease, uncharged, and to its
 //!   Scheduler, which holds the tenant at its cap until one of its leases ends here
 //!   or the Cluster actor's next poll or heartbeat ([`BrokerMsg::AtCap`]).
+//! - **Lessees' reports** (heartbeat, ack, nack, batch acks) of a lease memory does
+//!   not hold are read from the store first, as operators' changes are, and
+//!   applied to the stored lease, fenced by its token (`state/elsewhere.rs`).
 //! - **Operators' changes** (redrive, purge, cancel) of jobs another node may have
 //!   changed run on the store's current records: the jobs are read first
 //!   ([`BrokerMsg::Reloaded`]). A cancel of a job another node runs ends its
