@@ -600,7 +600,7 @@ impl BrokerState {
             "effects of an earlier call were not taken"
         );
         self.follow_config();
-        match operator_targets(&msg) {
+        match operator_targets(&msg).or_else(|| self.report_targets(&msg)) {
             Some(ids) if self.shared() => self.reload_then(ids, msg),
             _ => self.dispatch(msg, now, mono),
         }
@@ -633,11 +633,10 @@ impl BrokerState {
             BrokerMsg::Substituted(replaced, taken) => state.substituted(replaced, taken, mono),
             BrokerMsg::Abandoned(leases) => state.abandoned(leases, now),
             BrokerMsg::Heartbeat(id, token, extend, reply) => {
-                let answer = state.heartbeat(id, token, extend, now, mono);
-                state.answer(reply, answer);
+                state.heartbeat_any((id, token), extend, &[], reply, now, mono)
             }
-            BrokerMsg::Ack(id, token, reply) => state.ack(id, token, reply, now),
-            BrokerMsg::AckBatch(acks, reply) => state.ack_batch(acks, reply, now),
+            BrokerMsg::Ack(id, token, reply) => state.ack(id, token, &[], reply, now),
+            BrokerMsg::AckBatch(acks, reply) => state.ack_batch(acks, &[], reply, now),
             BrokerMsg::Nack(id, token, failure, reply) => {
                 state.fail(id, token, failure, Some(reply), now)
             }

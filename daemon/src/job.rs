@@ -487,24 +487,26 @@ pub enum TransitionError {
         event: &'static str,
     },
     /// The token is not the current lease's (a stale worker).
-    #[error("stale fencing token {given} for job {id} ({})", lease_now(.current, .state))]
+    #[error("stale fencing token {given} for job {id} ({})", lease_now(.state))]
     StaleToken {
         /// The job the token was presented for.
         id: JobId,
         /// The token presented.
         given: Token,
-        /// The job's current lease token.
+        /// The job's current lease token (for logs and tests; never shown to the
+        /// lessee).
         current: Token,
         /// Its current state.
         state: State,
     },
 }
 
-/// What a stale token is told about the job's lease now: the current lease's token
-/// while it is leased, else that the lease ended (its last token is no lease).
-fn lease_now(current: &Token, state: &State) -> String {
+/// What a stale token is told about the job's lease now: that a newer lease holds
+/// it (never that lease's token, which would let a stale worker report for it),
+/// else that the lease ended.
+fn lease_now(state: &State) -> String {
     if *state == State::Leased {
-        format!("current lease is {current}, job is leased")
+        "a newer lease holds it, job is leased".to_owned()
     } else {
         format!("its lease ended; job is {state}")
     }

@@ -376,7 +376,9 @@ pub trait SharedStore {
     /// `next.lease` (at least `node_timeout`) from now by the database's clock.
     /// Answers each claimed job's leased record with its payload, in claim order.
     /// How a node that lost a claim to another node takes other work instead.
-    fn claim_next(&mut self, next: &NewClaim<'_>) -> Result<Vec<(Job, Vec<u8>)>, StoreError>;
+    fn claim_next(&mut self, next: &NewClaim<'_>) -> Result<Vec<(Job, Vec<u8>)>, StoreError> {
+        self.claim_next_as(next, LeaseKind::InProcess)
+    }
 
     /// [`Backend::claim_for`] within tenants' concurrency caps across every node:
     /// while any node's claim of a capped tenant is in flight, and once its
@@ -394,7 +396,57 @@ pub trait SharedStore {
         leased: &[Job],
         lease: Duration,
         caps: &[TenantCap],
+    ) -> Result<Vec<Claim>, StoreError> {
+        self.claim_capped_as(leased, lease, caps, LeaseKind::InProcess)
+    }
+
+    /// [`SharedStore::claim_capped`] for leases of `kind`: an
+    /// [`LeaseKind::External`] lease also stores its own end (`lease` from now by
+    /// the database's clock), which heartbeats on any node move and by which the
+    /// lease expires (see [`SharedStore::extend_lease`], [`SharedStore::end_if_due`]).
+    fn claim_capped_as(
+        &mut self,
+        leased: &[Job],
+        lease: Duration,
+        caps: &[TenantCap],
+        kind: LeaseKind,
     ) -> Result<Vec<Claim>, StoreError>;
+
+    /// [`SharedStore::claim_next`] for leases of `kind` (see
+    /// [`SharedStore::claim_capped_as`]).
+    fn claim_next_as(
+        &mut self,
+        next: &NewClaim<'_>,
+        kind: LeaseKind,
+    ) -> Result<Vec<(Job, Vec<u8>)>, StoreError>;
+
+    /// A heartbeat of an external lease, on any node: the stored lease of job `id`
+    /// with token `token` ends `extend` from now (database clock) instead, and
+    /// outlives its node by as much. Answers the new end (Unix ms, database
+    /// clock), or `None` when the job holds no lease with that token (it ended, or
+    /// a newer lease holds it): nothing was changed then.
+    fn extend_lease(
+        &mut self,
+        id: JobId,
+        token: Token,
+        extend: Duration,
+    ) -> Result<Option<UnixMillis>, StoreError>;
+
+    /// Ends external leases whose stored end passed, each as [`Backend::complete`]
+    /// would, fenced by its token in the same statement: what the node holding a
+    /// lease does when its own timer fires, since heartbeats may have reached
+    /// other nodes. Answers per item: ended, still live (a heartbeat elsewhere
+    /// moved its end: for how much longer) or gone (acked, nacked, cancelled or
+    /// ended elsewhere, or a newer lease holds the job).
+    fn end_if_due(&mut self, ends: &[Transition]) -> Result<Vec<LeaseCheck>, StoreError>;
+
+    /// How many jobs of `queue` count against its `max_depth` across every node
+    /// (ready, delayed and leased), once no other node is deciding an enqueue to
+    /// it: takes the queue's transaction-scoped depth lock, so the count and the
+    /// caller's insert are one step for every other node's enqueue. `None` when
+    /// the lock stayed held by another node for too long to wait inside a group
+    /// commit (the enqueue is refused as unavailable; retry).
+    fn queue_depth(&mut self, queue: &str) -> Result<Option<u64>, StoreError>;
 
     /// The stored records of `ids` (unknown ids are absent), a lease showing as
     /// state leased with its token: what a node reads before an operator's change
@@ -480,6 +532,28 @@ pub struct TenantCap {
     /// The most of its jobs of this queue leased at once across every node (0
     /// holds them all).
     pub max: u32,
+}
+
+/// Whose lease a claim takes on a shared store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LeaseKind {
+    /// A worker of this node's pool: the lease lives and dies with its node.
+    #[default]
+    InProcess,
+    /// An external worker over HTTP, which may report to any node: the lease has
+    /// its own stored end.
+    External,
+}
+
+/// What [`SharedStore::end_if_due`] found of one lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseCheck {
+    /// Its end passed: the transition was written.
+    Ended,
+    /// A heartbeat (on any node) moved its end: it has this much left.
+    Live(Duration),
+    /// The store holds no lease with that token any more.
+    Gone,
 }
 
 /// The answer of [`SharedStore::claim_capped`] for one job.
@@ -726,6 +800,23 @@ pub enum StoreError {
     /// was already queued when the writer died, its outcome is unknown.
     #[error("store closed")]
     Closed,
+    /// An enqueue would take `queue` past its `max_depth` counted across every
+    /// node of a shared store ([`SharedStore::queue_depth`]): nothing was written;
+    /// the store itself is fine.
+    #[error("queue {queue:?} is full ({depth} jobs, max_depth {max})")]
+    QueueFull {
+        /// The queue.
+        queue: String,
+        /// Its depth across the cluster.
+        depth: u64,
+        /// Its limit.
+        max: u64,
+    },
+    /// Another node held a queue's depth lock longer than an enqueue may wait
+    /// inside a group commit ([`SharedStore::queue_depth`]): nothing was written;
+    /// retry.
+    #[error("busy: {0}")]
+    Busy(String),
     /// This node's row in a shared store names another node id: a node of the same
     /// name took the name over after this one was silent longer than `node_timeout`
     /// ([`SharedStore::beat`]). Not transient: this process must stop, since the

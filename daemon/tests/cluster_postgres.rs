@@ -1131,11 +1131,10 @@ fn batches_of_the_same_keys_in_opposite_orders_on_two_nodes_are_all_accepted() {
 }
 
 /// An external worker that sends its heartbeat or ack to a node other than the one
-/// it leased the job from is told so, with the job `leased`: that node used to
-/// answer with its own view, "its lease ended; job is ready" (or "this lease is
-/// over"), so the worker dropped a job whose lease was live on the other node.
+/// it leased the job from is answered there: any node answers any lease, fenced by
+/// its token (`cluster_any_node.rs` tests the rest).
 #[test]
-fn a_report_sent_to_the_wrong_node_names_the_cluster_and_the_lease_stays_live() {
+fn a_report_sent_to_another_node_applies_there_and_the_leasing_node_is_then_late() {
     let Some(db) = pg::database() else { return };
     let body =
         |_| "[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"60s\"\n".to_string();
@@ -1147,21 +1146,11 @@ fn a_report_sent_to_the_wrong_node_names_the_cluster_and_the_lease_stays_live() 
     for op in ["heartbeat", "ack"] {
         let (status, answer) =
             nodes[0].post(&format!("/v1/jobs/{id}/{op}"), &json!({"token": token}));
-        assert_eq!(status, 409, "{op}: {answer}");
-        assert_eq!(answer["error"]["code"], "stale_token", "{op}: {answer}");
-        assert_eq!(answer["error"]["state"], "leased", "{op}: {answer}");
-        let message = answer["error"]["message"].as_str().unwrap_or_default();
-        assert!(
-            message.contains("another node of the cluster"),
-            "{op}: {answer}"
-        );
+        assert_eq!(status, 200, "{op}: {answer}");
     }
-    let (status, answer) =
-        nodes[0].post("/v1/acks", &json!({"acks": [{"id": id, "token": token}]}));
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(answer["results"][0]["state"], "leased", "{answer}");
     let (status, answer) = nodes[1].post(&format!("/v1/jobs/{id}/ack"), &json!({"token": token}));
-    assert_eq!(status, 200, "the lease was live on node 1: {answer}");
+    assert_eq!(status, 409, "acked on node 0 already: {answer}");
+    assert_eq!(answer["error"]["state"], "succeeded", "{answer}");
     for mut qd in nodes {
         qd.kill9();
     }

@@ -5,7 +5,8 @@
 //! (fencing tokens, lease deadlines, retries, DLQ) as in-process workers' jobs. A
 //! stale or unknown token gets 409 `stale_token` with the job's current state (also
 //! for a job that has finished and left the Broker's memory, or whose lease another
-//! node ended in a shared store: the store answers).
+//! node ended in a shared store: the store answers). On a shared store any node
+//! answers a report for any lease (see `broker/state/elsewhere.rs`).
 //! Every endpoint needs the `work` role; for a token limited to some queues, the
 //! per-job endpoints look the job's queue up in the store.
 
@@ -29,7 +30,7 @@ use crate::broker::{self, BrokerError, BrokerMsg, LeasedJob};
 use crate::executor::ExecutorSpec;
 use crate::executor::OUTPUT_LIMIT;
 use crate::executor::http::MAX_RETRY_AFTER;
-use crate::job::{Failure, JobId, State as JobState, Token};
+use crate::job::{Failure, JobId, Token};
 use crate::scheduler::{self, LeaseRequest, MAX_WAIT, SchedulerMsg};
 
 /// The most jobs one lease request may take.
@@ -190,12 +191,11 @@ async fn authorize_job(args: &ApiArgs, caller: &Caller, id: JobId) -> Result<(),
 async fn report<T: Send + 'static>(
     args: &ApiArgs,
     id: JobId,
-    token: Token,
     build: impl FnOnce(ractor::RpcReplyPort<Result<T, BrokerError>>) -> BrokerMsg,
 ) -> Result<T, ApiError> {
     match broker::request(build, REPORT_TIMEOUT).await.and_then(|r| r) {
         Ok(v) => Ok(v),
-        Err(err) => Err(explain(args, id, token, err).await?),
+        Err(err) => Err(explain(args, id, err).await?),
     }
 }
 
@@ -240,7 +240,7 @@ pub async fn heartbeat(
         None | Some(Value::Null) => None,
         v => Some(parse_extend(v)?),
     };
-    let info = report(&args, id, body.token, |tx| {
+    let info = report(&args, id, |tx| {
         BrokerMsg::Heartbeat(id, body.token, extend, tx)
     })
     .await?;
@@ -262,10 +262,7 @@ pub async fn ack(
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
     authorize_job(&args, &caller, id).await?;
-    report(&args, id, body.token, |tx| {
-        BrokerMsg::Ack(id, body.token, tx)
-    })
-    .await?;
+    report(&args, id, |tx| BrokerMsg::Ack(id, body.token, tx)).await?;
     Ok(Json(json!({ "id": id, "state": "succeeded" })))
 }
 
@@ -307,10 +304,10 @@ pub async fn acks(
     for (id, _) in &acks {
         authorize_job(&args, &caller, *id).await?;
     }
-    let ids: Vec<(JobId, Token)> = acks.clone();
+    let ids: Vec<JobId> = acks.iter().map(|(id, _)| *id).collect();
     let answers = broker::request(|tx| BrokerMsg::AckBatch(acks, tx), REPORT_TIMEOUT).await??;
     let mut results = Vec::with_capacity(ids.len());
-    for ((id, token), answer) in ids.into_iter().zip(answers) {
+    for (id, answer) in ids.into_iter().zip(answers) {
         results.push(match answer {
             Ok(()) => AckResult {
                 id,
@@ -320,7 +317,7 @@ pub async fn acks(
                 state: None,
             },
             Err(err) => {
-                let err = explain(&args, id, token, err).await?;
+                let err = explain(&args, id, err).await?;
                 AckResult {
                     id,
                     ok: false,
@@ -356,43 +353,20 @@ struct AckResult {
     state: Option<crate::job::State>,
 }
 
-/// The API error of a refused report for job `id` with `token`: a job the Broker no
-/// longer holds but the store does (it finished) is `stale_token` with its state.
-/// On a store shared by several nodes, a token this node refuses that is the
-/// stored lease's is another node's live lease: the answer says to report there,
-/// instead of this node's view ("its lease ended; job is ready"), which would
-/// make the worker drop a job it still holds.
-async fn explain(
-    args: &ApiArgs,
-    id: JobId,
-    token: Token,
-    err: BrokerError,
-) -> Result<ApiError, ApiError> {
-    let shared = !args.store.leases_are_local();
-    let stale = matches!(
-        err,
-        BrokerError::Transition(crate::job::TransitionError::StaleToken { .. })
-    );
-    let unknown = matches!(err, BrokerError::UnknownJob(_));
-    if !(unknown || (shared && stale)) {
+/// The API error of a refused report for job `id`: a job the Broker no longer
+/// holds but the store does (it finished, or another node ended the lease and the
+/// store refused the report's write) is `stale_token` with its stored state.
+async fn explain(args: &ApiArgs, id: JobId, err: BrokerError) -> Result<ApiError, ApiError> {
+    if !matches!(err, BrokerError::UnknownJob(_)) {
         return Ok(err.into());
     }
     let stored = args
         .store
-        .run(move |b| Ok(b.job(id)?.map(|d| (d.job.state, d.job.lease_seq))))
+        .run(move |b| Ok(b.job(id)?.map(|d| d.job.state)))
         .await?;
     Ok(match stored {
-        Some((JobState::Leased, seq)) if shared && seq == token => ApiError::stale(
-            format!(
-                "job {id} is leased with token {token} by another node of the cluster; \
-                 send its heartbeats, ack and nack to the node that leased it"
-            ),
-            JobState::Leased,
-        ),
-        Some((state, _)) if unknown => {
-            ApiError::stale(format!("job {id} is {state}; this lease is over"), state)
-        }
-        _ => err.into(),
+        Some(state) => ApiError::stale(format!("job {id} is {state}; this lease is over"), state),
+        None => err.into(),
     })
 }
 
@@ -439,9 +413,6 @@ pub async fn nack(
             error,
         },
     };
-    report(&args, id, body.token, |tx| {
-        BrokerMsg::Nack(id, body.token, failure, tx)
-    })
-    .await?;
+    report(&args, id, |tx| BrokerMsg::Nack(id, body.token, failure, tx)).await?;
     Ok(Json(json!({ "id": id, "nacked": true })))
 }

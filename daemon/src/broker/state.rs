@@ -20,6 +20,7 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+mod elsewhere;
 mod settle;
 mod shared;
 
@@ -41,7 +42,7 @@ use crate::job::{
 use crate::limits::Limits;
 use crate::metrics::{self, Completion, RejectReason, TenantLabels};
 use crate::scheduler::{Snapshot, Waiting};
-use crate::store::{Backend, Inserted, NewRecord, StoreError};
+use crate::store::{Backend, Inserted, LeaseKind, NewRecord, StoreError};
 pub(crate) use settle::PROBE_EVERY;
 pub use settle::Settle;
 use settle::{Intent, Parked};
@@ -530,8 +531,12 @@ impl BrokerState {
             Ok(new) => {
                 let record = self.reserve(new, req.payload, now);
                 let job = record.job.clone();
+                let depth = self.depth_check(&job.queue);
                 self.write(
                     move |b| {
+                        if let Some((queue, max)) = &depth {
+                            shared::within_depth(b, queue, 1, *max)?;
+                        }
                         let inserted = b.enqueue(std::slice::from_ref(&record)).map(first)?;
                         Ok((inserted, record.payload))
                     },
@@ -558,7 +563,9 @@ impl BrokerState {
         let queue = self.intern(&req.queue);
         let tenant = self.intern(req.tenant.as_deref().unwrap_or("default"));
         let depth = self.counts.get(&queue).map(QueueCounts::depth).unwrap_or(0);
-        if depth >= max_depth {
+        // On a shared store the store decides, counting every node's jobs, in the
+        // enqueue's own transaction (`shared::within_depth`).
+        if depth >= max_depth && !self.shared() {
             return Err(BrokerError::QueueFull {
                 queue: req.queue.clone(),
                 depth,
@@ -626,7 +633,9 @@ impl BrokerState {
     ) {
         self.unreserve(&job);
         match &result {
-            Ok(_) => self.store_accepted(now, mono),
+            Ok(_) | Err(StoreError::QueueFull { .. } | StoreError::Busy(_)) => {
+                self.store_accepted(now, mono)
+            }
             Err(err) => self.store_refused(err),
         }
         let answer = self.accept(job, result);
@@ -666,6 +675,7 @@ impl BrokerState {
                 duplicate: true,
             }),
             Ok((Inserted::Duplicate { id, .. }, _)) => Err(key_conflict(&job, id)),
+            Err(err @ (StoreError::QueueFull { .. } | StoreError::Busy(_))) => Err(refusal(err)),
             Err(err) => {
                 warn!(queue = %job.queue, error = %err, "Enqueue failed in the store; nothing was accepted.");
                 Err(BrokerError::Store(err))
@@ -690,9 +700,13 @@ impl BrokerState {
         let queue = reqs.first().map(|r| r.queue.clone()).unwrap_or_default();
         match self.admit_all(reqs, now) {
             Ok(records) => {
-                let jobs = records.iter().map(|r| r.job.clone()).collect();
+                let jobs: Vec<Job> = records.iter().map(|r| r.job.clone()).collect();
+                let depth = jobs.first().and_then(|j| self.depth_check(&j.queue));
                 self.write(
                     move |b| {
+                        if let Some((queue, max)) = &depth {
+                            shared::within_depth(b, queue, records.len() as u64, *max)?;
+                        }
                         let answers = b.enqueue_all(&records)?;
                         let payloads = records.into_iter().map(|r| r.payload);
                         Ok(answers.into_iter().zip(payloads).collect())
@@ -785,6 +799,14 @@ impl BrokerState {
                     error,
                 }
             }
+            Err(StoreError::QueueFull { queue, depth, max }) => {
+                self.store_accepted(now, mono);
+                batch_past_depth(queue, depth, max, jobs.len())
+            }
+            Err(err @ StoreError::Busy(_)) => {
+                self.store_accepted(now, mono);
+                BatchError::whole(refusal(err))
+            }
             Err(err) => {
                 self.store_refused(&err);
                 warn!(queue = ?queue, error = %err, "Batch enqueue failed in the store; nothing was accepted.");
@@ -866,6 +888,11 @@ impl BrokerState {
             worker: worker.clone(),
             now,
             lease,
+            kind: if self.external(queue) {
+                LeaseKind::External
+            } else {
+                LeaseKind::InProcess
+            },
         });
         let planned = jobs.clone();
         self.write(
@@ -1020,14 +1047,17 @@ impl BrokerState {
         })
     }
 
+    /// An ack of job `id`'s lease with `token`: of memory's lease, or of a lease
+    /// read from the shared store among `stored` (see `state/elsewhere.rs`).
     pub(super) fn ack(
         &mut self,
         id: JobId,
         token: Token,
+        stored: &[Job],
         reply: RpcReplyPort<Result<(), BrokerError>>,
         now: UnixMillis,
     ) {
-        match self.plan(id, Event::Ack { token }, now) {
+        match self.plan_report(id, token, Event::Ack { token }, stored, now) {
             Ok(planned) => self.commit_each(Intent::End, vec![planned], move |r| {
                 let _ = reply.send(reported(id, r));
             }),
@@ -1043,6 +1073,7 @@ impl BrokerState {
     pub(super) fn ack_batch(
         &mut self,
         acks: Vec<(JobId, Token)>,
+        stored: &[Job],
         reply: RpcReplyPort<Result<Vec<Result<(), BrokerError>>, BrokerError>>,
         now: UnixMillis,
     ) {
@@ -1054,7 +1085,7 @@ impl BrokerState {
                 answers.push(Some(Err(BrokerError::Invalid(dup))));
                 continue;
             }
-            match self.plan(id, Event::Ack { token }, now) {
+            match self.plan_report(id, token, Event::Ack { token }, stored, now) {
                 Ok(p) => {
                     planned.push(p);
                     slots.push((n, id));
@@ -1086,13 +1117,27 @@ impl BrokerState {
         reply: Option<RpcReplyPort<Result<(), BrokerError>>>,
         now: UnixMillis,
     ) {
+        self.fail_on(id, token, failure, &[], reply, now);
+    }
+
+    /// [`Self::fail`] of memory's lease, or of a lease read from the shared store
+    /// among `stored` (see `state/elsewhere.rs`).
+    pub(super) fn fail_on(
+        &mut self,
+        id: JobId,
+        token: Token,
+        failure: Failure,
+        stored: &[Job],
+        reply: Option<RpcReplyPort<Result<(), BrokerError>>>,
+        now: UnixMillis,
+    ) {
         let jitter = self.rng.random::<f64>();
         let event = Event::Fail {
             token,
             failure,
             jitter,
         };
-        match self.plan(id, event, now) {
+        match self.plan_report(id, token, event, stored, now) {
             Ok(planned) => {
                 // The downstream said "slow down" whatever the store makes of the
                 // result: the Scheduler is told before the write is handed over, so
@@ -1129,6 +1174,11 @@ impl BrokerState {
         if !self.store_writable || self.writing.contains(&id) {
             // Never charge a job for qd's own store: the lease waits for the store.
             self.rearm(id, token, mono);
+            return;
+        }
+        if self.shared() && self.jobs.get(id).is_some_and(|j| self.external(&j.queue)) {
+            // Heartbeats may have reached other nodes: the store's lease end decides.
+            self.expire_stored(id, token, now);
             return;
         }
         let reason = "lease expired without an ack or heartbeat".to_string();
@@ -1368,6 +1418,33 @@ fn reject_reason(err: &BrokerError) -> RejectReason {
         BrokerError::Store(_) => RejectReason::StoreError,
         BrokerError::PayloadTooLarge { .. } => RejectReason::PayloadTooLarge,
         _ => RejectReason::BadRequest,
+    }
+}
+
+/// The Broker's answer to an enqueue the shared store refused for the queue's
+/// depth across the cluster ([`StoreError::QueueFull`], [`StoreError::Busy`]).
+fn refusal(err: StoreError) -> BrokerError {
+    match err {
+        StoreError::QueueFull { queue, depth, max } => BrokerError::QueueFull { queue, depth, max },
+        StoreError::Busy(why) => BrokerError::Unavailable(why),
+        other => BrokerError::Store(other),
+    }
+}
+
+/// The refusal of a batch of `len` jobs the shared store found would take `queue`
+/// (at `depth` across the cluster) past `max`: it names the first item past the
+/// limit, with the depth counting the items before it, as a batch refused by
+/// memory's count does.
+fn batch_past_depth(queue: String, depth: u64, max: u64, len: usize) -> BatchError {
+    let room = usize::try_from(max.saturating_sub(depth)).unwrap_or(usize::MAX);
+    let index = room.min(len.saturating_sub(1));
+    BatchError {
+        index: Some(index),
+        error: BrokerError::QueueFull {
+            queue,
+            depth: depth.saturating_add(index as u64),
+            max,
+        },
     }
 }
 

@@ -94,7 +94,7 @@ fn a_stale_token_is_refused_and_changes_nothing() {
     );
     assert!(
         err.to_string()
-            .ends_with("(current lease is 1, job is leased)"),
+            .ends_with("(a newer lease holds it, job is leased)"),
         "{err}"
     );
 }

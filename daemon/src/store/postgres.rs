@@ -24,7 +24,11 @@
 //!   `node_timeout` ahead. So the stored deadline never passes while the holder
 //!   heartbeats, however short the lease: a live node's leases expire by its own
 //!   memory (which keeps the lease's length), and the leader ends only those of a
-//!   node silent for `node_timeout`. A claim applies to a ready or delayed job with
+//!   node silent for `node_timeout`. An external worker's lease also stores its
+//!   own end (`lease_end`), which its heartbeats on any node move
+//!   ([`SharedStore::extend_lease`]): its node ends it only once that end passed
+//!   ([`SharedStore::end_if_due`]), and the leader ends it for a silent node
+//!   only then too, since the worker may report to any other node. A claim applies to a ready or delayed job with
 //!   no lease, and only with a token above every token the job had (`lease_seq <
 //!   token`): a node with a stale copy of a job cannot reuse a token another node
 //!   handed out. A claim also stores `lease_seq = token`, so the next token is above
@@ -58,7 +62,12 @@
 //!   claim committed before the lock was free) and claims at most what the cap
 //!   leaves. Claims of tenants without a cap take no lock and no extra statement.
 //!
-//! # Schema (version 4, in `qd_migrations`)
+//! - **`max_depth` counts every node's jobs**: triggers keep each queue's depth in
+//!   `qd_queue_depths` (one row per queue and writing node), and an enqueue takes
+//!   the queue's depth lock and sums the rows in its own transaction
+//!   ([`SharedStore::queue_depth`]).
+//!
+//! # Schema (version 6, in `qd_migrations`)
 //! ```text
 //! qd_jobs(id uuid PK, queue, tenant, idempotency_key NULL, state text COLLATE "C"
 //!         in (delayed ready succeeded dead cancelled), attempts, budget_start,
@@ -84,6 +93,11 @@
 //!                  burst float8)      -- settings changed: the bucket starts full
 //! -- version 4: tenants' caps across nodes
 //!   INDEX (queue, tenant) WHERE lease_token IS NOT NULL  -- a tenant's live leases
+//! -- version 5: external leases outlive their node
+//! qd_jobs.lease_end timestamptz NULL          -- an external lease's own end
+//! -- version 6: queue depths across the cluster
+//! qd_queue_depths(queue, shard, depth bigint) PK (queue, shard)
+//!   -- statement triggers on qd_jobs keep sum(depth) = its ready/delayed rows
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -107,14 +121,15 @@ use uuid::Uuid;
 
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
-    Backend, Claim, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewClaim, NewRecord,
-    NodeInfo, Override, PruneScope, SharedStore, StoreError, TenantCap, history, sort_counts,
+    Backend, Claim, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, LeaseCheck, LeaseKind,
+    NewClaim, NewRecord, NodeInfo, Override, PruneScope, SharedStore, StoreError, TenantCap,
+    history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from version
 /// `i` to `i + 1` (recorded as a row of `qd_migrations`). Append only.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, LEASE_END, QUEUE_DEPTHS];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
 const V1: &str = r#"
@@ -217,6 +232,73 @@ CREATE TABLE qd_rate_limiters (
 const V4: &str = r#"
 CREATE INDEX qd_jobs_tenant_leases ON qd_jobs (queue, tenant) WHERE lease_token IS NOT NULL;
 "#;
+
+/// An external worker's lease has its own stored end (`lease_end`, the database's
+/// clock), set at its claim and moved by its heartbeats on any node; a lease of a
+/// node's own worker leaves it NULL (it lives and dies with its node).
+const LEASE_END: &str = r#"
+ALTER TABLE qd_jobs ADD COLUMN lease_end timestamptz;
+"#;
+
+/// Each queue's depth (its ready, delayed and leased jobs) kept by the database
+/// itself, so an enqueue on any node counts every node's jobs without a scan: one
+/// row per queue and writing session (`qd.node`, set by each node's writer), so two
+/// nodes never wait on each other's counter; the depth is the sum of a queue's
+/// rows. Statement triggers add what each INSERT, UPDATE and DELETE of `qd_jobs`
+/// changed, from its transition tables, whatever wrote it.
+const QUEUE_DEPTHS: &str = r#"
+CREATE TABLE qd_queue_depths (
+    queue text   COLLATE "C" NOT NULL,
+    shard text   COLLATE "C" NOT NULL,
+    depth bigint NOT NULL,
+    PRIMARY KEY (queue, shard)
+);
+INSERT INTO qd_queue_depths (queue, shard, depth)
+    SELECT queue, '', count(*) FROM qd_jobs WHERE state IN ('ready', 'delayed') GROUP BY queue;
+CREATE FUNCTION qd_count_depths() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO qd_queue_depths AS d (queue, shard, depth)
+        SELECT n.queue, COALESCE(current_setting('qd.node', true), ''), count(*)
+        FROM qd_new_rows n WHERE n.state IN ('ready', 'delayed') GROUP BY n.queue
+        ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO qd_queue_depths AS d (queue, shard, depth)
+        SELECT x.queue, COALESCE(current_setting('qd.node', true), ''), sum(x.delta)
+        FROM (SELECT n.queue, 1 AS delta FROM qd_new_rows n
+                WHERE n.state IN ('ready', 'delayed')
+              UNION ALL
+              SELECT o.queue, -1 FROM qd_old_rows o WHERE o.state IN ('ready', 'delayed')) x
+        GROUP BY x.queue HAVING sum(x.delta) <> 0
+        ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
+    ELSE
+        INSERT INTO qd_queue_depths AS d (queue, shard, depth)
+        SELECT o.queue, COALESCE(current_setting('qd.node', true), ''), -count(*)
+        FROM qd_old_rows o WHERE o.state IN ('ready', 'delayed') GROUP BY o.queue
+        ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
+    END IF;
+    RETURN NULL;
+END
+$f$;
+CREATE TRIGGER qd_jobs_depth_insert AFTER INSERT ON qd_jobs
+    REFERENCING NEW TABLE AS qd_new_rows FOR EACH STATEMENT EXECUTE FUNCTION qd_count_depths();
+CREATE TRIGGER qd_jobs_depth_update AFTER UPDATE ON qd_jobs
+    REFERENCING OLD TABLE AS qd_old_rows NEW TABLE AS qd_new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION qd_count_depths();
+CREATE TRIGGER qd_jobs_depth_delete AFTER DELETE ON qd_jobs
+    REFERENCING OLD TABLE AS qd_old_rows FOR EACH STATEMENT EXECUTE FUNCTION qd_count_depths();
+"#;
+
+/// The seed of a queue's depth lock key (`hashtextextended(queue, DEPTH_LOCK_SEED)`,
+/// "qddepth" in ASCII), taken by every enqueue to the queue until its transaction
+/// ends ([`SharedStore::queue_depth`]).
+const DEPTH_LOCK_SEED: i64 = 0x0071_6464_6570_7468;
+
+/// How many times an enqueue tries a queue's depth lock (about 2 ms apart) before
+/// it is refused as unavailable. The lock is tried, never waited for: the group
+/// commit may hold row locks another node's transaction waits on, and a wait here
+/// could close a cycle PostgreSQL would break by failing a statement.
+const DEPTH_LOCK_TRIES: u32 = 100;
 
 /// How often at most one queue's new jobs are announced to idle nodes
 /// (`NOTIFY qd_jobs`); jobs enqueued in between are found by the notified nodes'
@@ -410,6 +492,11 @@ impl PgBackend {
                 .block_on(client.batch_execute("SET synchronous_commit = on"))
                 .map_err(|e| map_err(&self.target, &e))?;
         }
+        // The writer's session names its depth counter rows (see QUEUE_DEPTHS);
+        // the name is checked by the config (no quote can occur in it).
+        self.rt
+            .block_on(client.batch_execute(&format!("SET qd.node = '{}'", self.options.node)))
+            .map_err(|e| map_err(&self.target, &e))?;
         self.client = Some(client);
         Ok(())
     }
@@ -492,7 +579,7 @@ impl PgBackend {
             let released = c
                 .execute(
                     "UPDATE qd_jobs SET lease_token = NULL, worker = NULL, leased_at = NULL, \
-                       lease_deadline = NULL, lease_node = NULL \
+                       lease_deadline = NULL, lease_node = NULL, lease_end = NULL \
                      WHERE lease_node = $1 AND lease_token IS NOT NULL",
                     &[&name],
                 )
@@ -546,9 +633,10 @@ impl PgBackend {
     fn lease_lost(&self) -> String {
         format!(
             "j.lease_token IS NOT NULL AND j.lease_node IS DISTINCT FROM '{node}' \
-             AND (j.lease_deadline <= now() OR NOT EXISTS (SELECT 1 FROM qd_nodes n \
+             AND (j.lease_deadline <= now() OR (NOT EXISTS (SELECT 1 FROM qd_nodes n \
                WHERE n.name = j.lease_node \
-                 AND n.heartbeat_at > now() - {timeout}::int8 * interval '1 millisecond'))",
+                 AND n.heartbeat_at > now() - {timeout}::int8 * interval '1 millisecond') \
+               AND (j.lease_end IS NULL OR j.lease_end <= now())))",
             node = self.options.node,
             timeout = millis(self.options.node_timeout),
         )
@@ -623,6 +711,7 @@ impl PgBackend {
         &mut self,
         leased: &[Job],
         lease: Duration,
+        kind: LeaseKind,
     ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         if leased.is_empty() {
             return Ok(Vec::new());
@@ -633,7 +722,7 @@ impl PgBackend {
                 .iter()
                 .map(|job| {
                     Ok(self
-                        .claim_until(std::slice::from_ref(job), lease)?
+                        .claim_until(std::slice::from_ref(job), lease, kind)?
                         .remove(0))
                 })
                 .collect();
@@ -649,6 +738,7 @@ impl PgBackend {
             .map(|j| j.leased_at.unwrap_or(j.updated_at))
             .collect();
         let lease_ms = millis(lease.max(self.options.node_timeout));
+        let end_ms = (kind == LeaseKind::External).then(|| millis(lease));
         let (node, id) = (self.options.node.clone(), self.options.node_id);
         let rows = self.block(async |c| {
             let stmt = c
@@ -666,7 +756,8 @@ impl PgBackend {
                      claimed AS (\
                        UPDATE qd_jobs j SET lease_seq = c.token, lease_token = c.token, \
                          worker = c.worker, leased_at = c.leased_at, lease_node = $6, \
-                         lease_deadline = now() + $5::int8 * interval '1 millisecond' \
+                         lease_deadline = now() + $5::int8 * interval '1 millisecond', \
+                         lease_end = now() + $8::int8 * interval '1 millisecond' \
                        FROM c WHERE j.id = c.id AND j.id IN (SELECT id FROM locked) \
                        RETURNING j.id) \
                      SELECT p.job_id, p.body FROM claimed JOIN qd_payloads p \
@@ -675,7 +766,9 @@ impl PgBackend {
                 .await?;
             c.query(
                 &stmt,
-                &[&uuids, &tokens, &workers, &at, &lease_ms, &node, &id],
+                &[
+                    &uuids, &tokens, &workers, &at, &lease_ms, &node, &id, &end_ms,
+                ],
             )
             .await
         })?;
@@ -714,7 +807,8 @@ impl PgBackend {
                budget_start = t.budget_start, \
                lease_seq = GREATEST(j.lease_seq, t.lease_seq), ready_at = t.ready_at, \
                updated_at = t.updated_at, last_error = t.last_error, lease_token = NULL, \
-               worker = NULL, leased_at = NULL, lease_deadline = NULL, lease_node = NULL \
+               worker = NULL, leased_at = NULL, lease_deadline = NULL, lease_node = NULL, \
+               lease_end = NULL \
              FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::int8[], $5::int8[], \
                $6::int8[], $7::int8[], $8::text[]) \
                AS t(id, state, attempts, budget_start, lease_seq, ready_at, updated_at, \
@@ -1118,7 +1212,7 @@ impl Backend for PgBackend {
 
     fn claim(&mut self, leased: &[Job]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let lease = self.options.default_lease;
-        self.claim_until(leased, lease)
+        self.claim_until(leased, lease, LeaseKind::InProcess)
     }
 
     fn claim_for(
@@ -1126,7 +1220,7 @@ impl Backend for PgBackend {
         leased: &[Job],
         lease: Duration,
     ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        self.claim_until(leased, lease)
+        self.claim_until(leased, lease, LeaseKind::InProcess)
     }
 
     fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError> {
@@ -1428,8 +1522,13 @@ impl SharedStore for PgBackend {
         self.query_jobs(&sql, &[&queues, &limit])
     }
 
-    fn claim_next(&mut self, next: &NewClaim<'_>) -> Result<Vec<(Job, Vec<u8>)>, StoreError> {
+    fn claim_next_as(
+        &mut self,
+        next: &NewClaim<'_>,
+        kind: LeaseKind,
+    ) -> Result<Vec<(Job, Vec<u8>)>, StoreError> {
         let lease_ms = millis(next.lease.max(self.options.node_timeout));
+        let end_ms = (kind == LeaseKind::External).then(|| millis(next.lease));
         let limit = match (next.cap, next.tenant) {
             (None, _) => next.limit,
             (Some(cap), Some(tenant)) => next
@@ -1456,7 +1555,8 @@ impl SharedStore for PgBackend {
              claimed AS (\
                UPDATE qd_jobs j SET lease_seq = j.lease_seq + 1, lease_token = j.lease_seq + 1, \
                  worker = $4, leased_at = $5, lease_node = $7, \
-                 lease_deadline = now() + $6::int8 * interval '1 millisecond' \
+                 lease_deadline = now() + $6::int8 * interval '1 millisecond', \
+                 lease_end = now() + $10::int8 * interval '1 millisecond' \
                FROM picked WHERE j.id = picked.id RETURNING j.*) \
              SELECT {JOB_COLUMNS}, p.body FROM claimed j JOIN qd_payloads p ON p.job_id = j.id \
              ORDER BY j.ready_at, j.id"
@@ -1475,6 +1575,7 @@ impl SharedStore for PgBackend {
                     &node,
                     &next.tenant,
                     &id,
+                    &end_ms,
                 ],
             )
             .await
@@ -1486,11 +1587,12 @@ impl SharedStore for PgBackend {
 
     /// See the trait and the module doc (tenants' caps). A job whose tenant has a
     /// cap counts against its allowance whether or not its claim then applies.
-    fn claim_capped(
+    fn claim_capped_as(
         &mut self,
         leased: &[Job],
         lease: Duration,
         caps: &[TenantCap],
+        kind: LeaseKind,
     ) -> Result<Vec<Claim>, StoreError> {
         let cap_of = |job: &Job| {
             caps.iter()
@@ -1504,7 +1606,7 @@ impl SharedStore for PgBackend {
             }
         }
         if used.is_empty() {
-            let claimed = self.claim_until(leased, lease)?;
+            let claimed = self.claim_until(leased, lease, kind)?;
             return Ok(claimed.into_iter().map(Claim::from).collect());
         }
         let pairs: Vec<(&str, &str, u32)> = used
@@ -1527,7 +1629,7 @@ impl SharedStore for PgBackend {
             .filter(|(_, r)| !**r)
             .map(|(j, _)| j.clone())
             .collect();
-        let mut claimed = self.claim_until(&granted, lease)?.into_iter();
+        let mut claimed = self.claim_until(&granted, lease, kind)?.into_iter();
         Ok(refused
             .iter()
             .map(|refused| match refused {
@@ -1643,6 +1745,103 @@ impl SharedStore for PgBackend {
             self.options.node,
         );
         self.change(ends, &condition)
+    }
+
+    fn extend_lease(
+        &mut self,
+        id: JobId,
+        token: Token,
+        extend: Duration,
+    ) -> Result<Option<UnixMillis>, StoreError> {
+        let (uuid, token, extend) = (id.0, stored_seq(token), millis(extend));
+        let row = self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "UPDATE qd_jobs SET \
+                       lease_end = now() + $3::int8 * interval '1 millisecond', \
+                       lease_deadline = GREATEST(lease_deadline, \
+                         now() + $3::int8 * interval '1 millisecond') \
+                     WHERE id = $1 AND lease_token = $2 \
+                     RETURNING (extract(epoch FROM lease_end) * 1000)::int8",
+                )
+                .await?;
+            c.query_opt(&stmt, &[&uuid, &token, &extend]).await
+        })?;
+        Ok(row.map(|r| r.get::<_, i64>(0)))
+    }
+
+    fn end_if_due(&mut self, ends: &[Transition]) -> Result<Vec<LeaseCheck>, StoreError> {
+        // A lease with no stored end (taken for a node's own worker) is due when
+        // its holder's timer says so.
+        let applied = self.change(
+            ends,
+            "j.lease_token = t.lease_seq AND j.state IN ('ready', 'delayed') \
+             AND COALESCE(j.lease_end, '-infinity') <= now()",
+        )?;
+        let open: Vec<Uuid> = ends
+            .iter()
+            .zip(&applied)
+            .filter(|(_, a)| !**a)
+            .map(|(t, _)| t.job.id.0)
+            .collect();
+        let live: HashMap<Uuid, (i64, i64)> = if open.is_empty() {
+            HashMap::new()
+        } else {
+            let rows = self.block(async |c| {
+                let stmt = c
+                    .prepare_cached(
+                        "SELECT id, lease_token, \
+                           GREATEST(0, extract(epoch FROM lease_end - now()) * 1000)::int8 \
+                         FROM qd_jobs WHERE id = ANY($1::uuid[]) AND lease_token IS NOT NULL \
+                           AND lease_end IS NOT NULL",
+                    )
+                    .await?;
+                c.query(&stmt, &[&open]).await
+            })?;
+            rows.iter()
+                .map(|r| (r.get(0), (r.get(1), r.get(2))))
+                .collect()
+        };
+        Ok(ends
+            .iter()
+            .zip(applied)
+            .map(|(t, applied)| match live.get(&t.job.id.0) {
+                _ if applied => LeaseCheck::Ended,
+                Some((token, left)) if *token == stored_seq(t.job.lease_seq) => {
+                    LeaseCheck::Live(Duration::from_millis(u64::try_from(*left).unwrap_or(0)))
+                }
+                _ => LeaseCheck::Gone,
+            })
+            .collect())
+    }
+
+    fn queue_depth(&mut self, queue: &str) -> Result<Option<u64>, StoreError> {
+        for _ in 0..DEPTH_LOCK_TRIES {
+            // Pipelined: the count's snapshot is taken after the lock's statement
+            // ran, so it shows every enqueue committed before the lock was free.
+            let (locked, depth) = self.block(async |c| {
+                let lock = c
+                    .prepare_cached(&format!(
+                        "SELECT pg_try_advisory_xact_lock(hashtextextended($1, {DEPTH_LOCK_SEED}))"
+                    ))
+                    .await?;
+                let count = c
+                    .prepare_cached(
+                        "SELECT COALESCE(sum(depth), 0)::int8 FROM qd_queue_depths \
+                         WHERE queue = $1",
+                    )
+                    .await?;
+                let args: [&(dyn ToSql + Sync); 1] = [&queue];
+                let (locked, depth) =
+                    tokio::try_join!(c.query_one(&lock, &args), c.query_one(&count, &args))?;
+                Ok((locked.get::<_, bool>(0), depth.get::<_, i64>(0)))
+            })?;
+            if locked {
+                return Ok(Some(u64::try_from(depth).unwrap_or(0)));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(None)
     }
 
     fn take_tokens(

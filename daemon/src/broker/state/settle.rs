@@ -61,6 +61,13 @@ type SettleFn = dyn FnOnce(&mut BrokerState, UnixMillis, Instant) + Send;
 pub struct Settle(Box<SettleFn>);
 
 impl Settle {
+    /// A settle that runs `f`.
+    pub(super) fn with(
+        f: impl FnOnce(&mut BrokerState, UnixMillis, Instant) + Send + 'static,
+    ) -> Settle {
+        Settle(Box::new(f))
+    }
+
     /// Runs it against the Broker's state at wall time `now`, monotonic `mono`.
     pub(crate) fn run(self, state: &mut BrokerState, now: UnixMillis, mono: Instant) {
         (self.0)(state, now, mono)
@@ -144,7 +151,7 @@ impl BrokerState {
         );
     }
 
-    fn settle(
+    pub(super) fn settle(
         &mut self,
         intent: Intent,
         planned: Vec<(Job, Transition)>,
@@ -195,12 +202,16 @@ impl BrokerState {
     fn apply(&mut self, intent: &Intent, old: Job, t: Transition, now: UnixMillis) {
         debug!(queue = %old.queue, job = %old.id, from = %old.state, to = %t.job.state,
             attempts = t.job.attempts, "Job state changed.");
+        // A lease memory did not hold as this node's (another node's, or one read
+        // from the store for a report sent here) took no slot of this node's
+        // Scheduler: only a job that waits again is handed to it.
+        let foreign = old.state == State::Leased
+            && self
+                .jobs
+                .get(old.id)
+                .is_none_or(|j| j.state != State::Leased || j.lease_seq != old.lease_seq);
         self.replace(t.job.clone());
-        if matches!(
-            intent,
-            Intent::Expire(_) | Intent::Orphan | Intent::CancelElsewhere
-        ) {
-            // Another node's lease: no slot of this node's Scheduler was taken.
+        if foreign {
             if matches!(t.job.state, State::Ready | State::Delayed) {
                 events::ready(&mut self.out, &t.job);
             }

@@ -20,6 +20,9 @@
 //!   not stale: it returns to its record before the lease, uncharged, and to its
 //!   Scheduler, which holds the tenant at its cap until one of its leases ends here
 //!   or the Cluster actor's next poll or heartbeat ([`BrokerMsg::AtCap`]).
+//! - **Lessees' reports** (heartbeat, ack, nack, batch acks) of a lease memory does
+//!   not hold are read from the store first, as operators' changes are, and
+//!   applied to the stored lease, fenced by its token (`state/elsewhere.rs`).
 //! - **Operators' changes** (redrive, purge, cancel) of jobs another node may have
 //!   changed run on the store's current records: the jobs are read first
 //!   ([`BrokerMsg::Reloaded`]). A cancel of a job another node runs ends its
@@ -51,7 +54,7 @@ use ractor::{ActorRef, RpcReplyPort};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::store::{Backend, Claim, NewClaim, StoreError, TenantCap};
+use crate::store::{Backend, Claim, LeaseKind, NewClaim, StoreError, TenantCap};
 
 /// Claimable jobs a look at the store reads per queue, oldest first.
 const REFRESH_WINDOW: u32 = 1000;
@@ -76,6 +79,8 @@ pub(in crate::broker) struct ClaimRequest {
     pub(in crate::broker) lease: Duration,
     /// The `max_concurrency` of each capped tenant among the picks (this queue's).
     pub(in crate::broker) caps: Vec<TenantCap>,
+    /// Whose leases: an external worker's have their own stored end.
+    pub(in crate::broker) kind: LeaseKind,
 }
 
 /// What a lease request's claim answered.
@@ -109,7 +114,7 @@ pub(in crate::broker) fn claim(
     picks: &[Job],
 ) -> Result<SharedClaim, StoreError> {
     let shared = b.shared().ok_or_else(not_shared)?;
-    let answers = shared.claim_capped(picks, request.lease, &request.caps)?;
+    let answers = shared.claim_capped_as(picks, request.lease, &request.caps, request.kind)?;
     let mut at_cap = Vec::new();
     let mut payloads = Vec::with_capacity(answers.len());
     for (job, answer) in picks.iter().zip(answers) {
@@ -170,7 +175,11 @@ fn claim_others(
             lease: request.lease,
             cap: cap.map(|c| c.max),
         };
-        others.extend(b.shared().ok_or_else(not_shared)?.claim_next(&next)?);
+        others.extend(
+            b.shared()
+                .ok_or_else(not_shared)?
+                .claim_next_as(&next, request.kind)?,
+        );
     }
     Ok(others)
 }
@@ -199,6 +208,32 @@ pub(super) fn pair(unclaimed: Vec<Pick>, others: &[(Job, Vec<u8>)]) -> (Vec<Pick
     (replaced, left)
 }
 
+/// Refuses, inside an enqueue's transaction, `adding` jobs to `queue` that would
+/// take it past `max` jobs counted across every node ([`StoreError::QueueFull`]),
+/// or when another node held the queue's depth lock too long
+/// ([`StoreError::Busy`]). The queue's depth lock stays held until the
+/// transaction ends, so no other node's enqueue is decided on a count without
+/// these jobs. Runs on the writer thread.
+pub(in crate::broker) fn within_depth(
+    b: &mut dyn Backend,
+    queue: &str,
+    adding: u64,
+    max: u64,
+) -> Result<(), StoreError> {
+    let depth = b.shared().ok_or_else(not_shared)?.queue_depth(queue)?;
+    match depth {
+        None => Err(StoreError::Busy(format!(
+            "another node is deciding an enqueue to queue {queue:?}; retry"
+        ))),
+        Some(depth) if depth.saturating_add(adding) > max => Err(StoreError::QueueFull {
+            queue: queue.to_owned(),
+            depth,
+            max,
+        }),
+        Some(_) => Ok(()),
+    }
+}
+
 /// The error of a shared operation on a store that is not shared.
 fn not_shared() -> StoreError {
     StoreError::Other("the store is not shared by several nodes".into())
@@ -209,6 +244,13 @@ impl BrokerState {
     /// process's alone).
     pub(in crate::broker) fn shared(&self) -> bool {
         !self.leases_are_local
+    }
+
+    /// On a shared store, the queue and `max_depth` an enqueue to `queue` is
+    /// checked against in the store ([`within_depth`]).
+    pub(in crate::broker) fn depth_check(&self, queue: &str) -> Option<(String, u64)> {
+        let max = self.config.queues.get(queue)?.max_depth;
+        self.shared().then(|| (queue.to_owned(), max))
     }
 
     /// The `max_concurrency` in `queue` of each capped tenant among `jobs`, as the
@@ -423,6 +465,16 @@ impl BrokerState {
                 let at = leased_elsewhere.iter().position(|j| j.id == id);
                 let lease = leased_elsewhere.swap_remove(at.unwrap_or_default());
                 self.cancel_elsewhere(lease, &by, reply, now);
+            }
+            // A lessee's report of a lease memory did not hold: applied to the
+            // stored lease (see `state/elsewhere.rs`).
+            BrokerMsg::Heartbeat(id, token, extend, reply) => {
+                self.heartbeat_any((id, token), extend, &leased_elsewhere, reply, now, mono)
+            }
+            BrokerMsg::Ack(id, token, reply) => self.ack(id, token, &leased_elsewhere, reply, now),
+            BrokerMsg::AckBatch(acks, reply) => self.ack_batch(acks, &leased_elsewhere, reply, now),
+            BrokerMsg::Nack(id, token, failure, reply) => {
+                self.fail_on(id, token, failure, &leased_elsewhere, Some(reply), now)
             }
             then => self.dispatch(then, now, mono),
         }

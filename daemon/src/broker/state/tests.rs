@@ -790,3 +790,22 @@ async fn a_throttled_nack_pauses_the_limiter_before_its_write_is_answered() {
     }
     assert_eq!(state.jobs.get(id).expect("kept").attempts, 0, "not charged");
 }
+
+#[test]
+fn a_batch_past_the_clusters_depth_names_its_first_item_past_the_limit() {
+    let index = |depth, max, len| {
+        let refused = super::batch_past_depth("q".into(), depth, max, len);
+        match refused.error {
+            BrokerError::QueueFull { depth, .. } => (refused.index, depth),
+            other => panic!("{other}"),
+        }
+    };
+    // 98 of 100 held: items 0 and 1 fit, item 2 does not, at depth 100.
+    assert_eq!(index(98, 100, 5), (Some(2), 100));
+    // Full already: the first item, at the cluster's depth.
+    assert_eq!(index(100, 100, 5), (Some(0), 100));
+    // Over the limit (max_depth lowered by a reload): still the first item.
+    assert_eq!(index(120, 100, 3), (Some(0), 120));
+    // A store that counted room for all of them is answered at the last item.
+    assert_eq!(index(10, 100, 3), (Some(2), 12));
+}

@@ -152,6 +152,8 @@ fn kind(err: &StoreError) -> &'static str {
         StoreError::Replaced(_) => "replaced",
         StoreError::Other(_) => "other",
         StoreError::KeyConflict { .. } => "key conflict",
+        StoreError::QueueFull { .. } => "queue full",
+        StoreError::Busy(_) => "busy",
     }
 }
 

@@ -11,7 +11,7 @@ use std::str::FromStr;
 use super::pg::database;
 use super::*;
 use crate::store::postgres::{PgBackend, PgOptions, SCHEMA_VERSION};
-use crate::store::{Claim, NewClaim, SharedStore, TenantCap};
+use crate::store::{Claim, LeaseCheck, LeaseKind, NewClaim, SharedStore, TenantCap};
 
 /// Opens a store on the database `url` (a libpq key=value string).
 /// The options of a node named `name` (its id derived from the name).
@@ -798,4 +798,87 @@ fn a_missing_node_row_is_written_again_not_taken_for_a_takeover() {
         Ok(vec![Some(b"p".to_vec())]),
         "claims go on under the rewritten row"
     );
+}
+
+/// The stored depth (`qd_queue_depths`, kept by triggers) follows every write of
+/// `qd_jobs`, whoever makes it; an enqueue's depth lock keeps another node waiting
+/// (then refused, never blocked) until its transaction ends; an external lease's
+/// stored end moves with heartbeats, fenced by the token, and decides its expiry.
+#[test]
+fn the_stored_depth_follows_every_write_and_an_external_lease_ends_by_its_stored_end() {
+    let Some(db) = database() else { return };
+    let open = |name| PgBackend::open(&config(&db.url), &node(name)).expect("open");
+    let (mut a, mut b) = (open("a"), open("b"));
+    let jobs: Vec<Job> = (1..=4).map(|n| job(n, "q", None)).collect();
+    let stored_depth = || db.psql("SELECT sum(depth) FROM qd_queue_depths WHERE queue = 'q'");
+    let rows = || {
+        db.psql("SELECT count(*) FROM qd_jobs WHERE queue = 'q' AND state IN ('ready', 'delayed')")
+    };
+    a.begin().expect("begin");
+    a.enqueue(&NewRecord::batch(jobs.clone(), b"p"))
+        .expect("enqueue");
+    assert_eq!(
+        a.queue_depth("q"),
+        Ok(Some(4)),
+        "its own uncommitted rows count"
+    );
+    // Another node's enqueue to the queue cannot decide until a commits.
+    b.begin().expect("begin b");
+    assert_eq!(b.queue_depth("q"), Ok(None), "the depth lock is held by a");
+    b.rollback();
+    a.commit().expect("commit");
+    b.begin().expect("begin b");
+    assert_eq!(b.queue_depth("q"), Ok(Some(4)));
+    b.rollback();
+    assert_eq!((stored_depth(), rows()), ("4".to_owned(), "4".to_owned()));
+
+    // An external lease: claimed with its own end, moved by a heartbeat on b.
+    let lease = Duration::from_secs(60);
+    a.begin().expect("begin");
+    let claimed = a
+        .claim_capped_as(&[leased(&jobs[0], 1)], lease, &[], LeaseKind::External)
+        .expect("claim");
+    assert_eq!(claimed, vec![Claim::Leased(b"p".to_vec())]);
+    a.commit().expect("commit");
+    assert_eq!(stored_depth(), "4", "a lease still counts");
+    b.begin().expect("begin b");
+    let id = jobs[0].id;
+    assert!(
+        b.extend_lease(id, 1, Duration::from_secs(90))
+            .expect("beat")
+            .is_some()
+    );
+    assert_eq!(
+        b.extend_lease(id, 2, Duration::from_secs(90)),
+        Ok(None),
+        "stale token"
+    );
+    b.commit().expect("commit b");
+    a.begin().expect("begin");
+    match a.end_if_due(&[ack_first(&jobs[0])]).expect("check") {
+        checks if matches!(checks[..], [LeaseCheck::Live(left)] if left > Duration::from_secs(80)) =>
+            {}
+        other => panic!("a lease heartbeated elsewhere is live: {other:?}"),
+    }
+    a.commit().expect("commit");
+    db.psql(&format!(
+        "UPDATE qd_jobs SET lease_end = now() - interval '1 second' WHERE id = '{}'",
+        id.0
+    ));
+    a.begin().expect("begin");
+    assert_eq!(
+        a.end_if_due(&[ack_first(&jobs[0])]),
+        Ok(vec![LeaseCheck::Ended])
+    );
+    assert_eq!(
+        a.end_if_due(&[ack_first(&jobs[0])]),
+        Ok(vec![LeaseCheck::Gone])
+    );
+    a.commit().expect("commit");
+    // Deleted by hand (another session, no node name): the sum still matches.
+    db.psql(&format!(
+        "DELETE FROM qd_jobs WHERE id = '{}'",
+        jobs[1].id.0
+    ));
+    assert_eq!((stored_depth(), rows()), ("2".to_owned(), "2".to_owned()));
 }
