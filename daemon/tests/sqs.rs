@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -30,32 +31,37 @@ executor = { kind = "external" }
 executor = { kind = "command", program = "/bin/true" }
 "#;
 
-/// The Python of the virtual environment `.ci/<name>`, if `.ci/run` made it.
+/// The Python of the virtual environment `.ci/<name>`, if `.ci/run` made it; if
+/// not, the test fails under `CI=true` and says it skips elsewhere.
 fn venv_python(name: &str) -> Option<PathBuf> {
     let python = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../.ci")
         .join(name)
         .join("bin/python");
-    python.exists().then_some(python)
+    if python.exists() {
+        return Some(python);
+    }
+    tool_missing(
+        &format!(".ci/{name}"),
+        "run .ci/run, or create the venv with the pip install it does",
+    );
+    None
 }
 
-fn suite(venv: &str, protocol: &str) {
-    let Some(python) = venv_python(venv) else {
-        tool_missing(
-            &format!(".ci/{venv}"),
-            "run .ci/run, or create the venv with the pip install it does",
-        );
-        return;
-    };
-    let qd = Qd::start(CONFIG);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sqs/sqs_suite.py");
-    let out = Command::new(python)
-        .arg(script)
+/// Runs `daemon/tests/sqs/<script>` with the venv's Python against `qd`, with
+/// `env`; panics with its output and qd's log if it fails.
+fn run_python(python: &PathBuf, script: &str, qd: &Qd, env: &[(&str, &str)]) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/sqs")
+        .join(script);
+    let mut cmd = Command::new(python);
+    cmd.arg(path)
         .env("QD_SQS_ENDPOINT", &qd.api)
-        .env("QD_SQS_PROTOCOL", protocol)
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .output()
-        .expect("run python");
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run python");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -63,10 +69,23 @@ fn suite(venv: &str, protocol: &str) {
     );
     assert!(
         out.status.success(),
-        "the SQS suite failed ({protocol}):\n{text}\n--- qd log ---\n{}",
+        "{script} failed:\n{text}\n--- qd log ---\n{}",
         qd.logs()
     );
     assert!(text.contains("OK"), "{text}");
+}
+
+fn suite(venv: &str, protocol: &str) {
+    let Some(python) = venv_python(venv) else {
+        return;
+    };
+    let qd = Qd::start(CONFIG);
+    run_python(
+        &python,
+        "sqs_suite.py",
+        &qd,
+        &[("QD_SQS_PROTOCOL", protocol)],
+    );
 }
 
 #[test]
@@ -77,4 +96,56 @@ fn boto3_over_the_json_protocol_passes_the_sqs_suite() {
 #[test]
 fn botocore_1_34_89_over_the_query_protocol_passes_the_sqs_suite() {
     suite("venv-query", "query");
+}
+
+const KEY: &str = "AKIDQDTESTFULL0001";
+const SECRET: &str = "full-secret-0123456789abcdef";
+const LIMITED_KEY: &str = "AKIDQDTESTLIMITED1";
+const LIMITED_SECRET: &str = "limited-secret-0123456789abcdef";
+
+#[test]
+fn sigv4_with_a_token_file_accepts_good_signatures_and_refuses_the_rest() {
+    let Some(python) = venv_python("venv") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            r#"
+[[tokens]]
+name = "all"
+token = "bearer-secret-all-0123456789"
+roles = ["produce", "work", "read"]
+queues = ["*"]
+access_key_id = "{KEY}"
+secret_access_key = "{SECRET}"
+
+[[tokens]]
+name = "limited"
+token = "bearer-secret-limited-0123456789"
+roles = ["produce"]
+queues = ["other"]
+access_key_id = "{LIMITED_KEY}"
+secret_access_key = "{LIMITED_SECRET}"
+"#
+        ),
+    )
+    .expect("write tokens");
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    // The harness appends this to the [daemon] table it writes.
+    let config = format!("api_tokens_file = \"{}\"\n{CONFIG}", tokens.display());
+    let qd = Qd::start(&config);
+    run_python(
+        &python,
+        "sigv4_suite.py",
+        &qd,
+        &[
+            ("QD_KEY", KEY),
+            ("QD_SECRET", SECRET),
+            ("QD_LIMITED_KEY", LIMITED_KEY),
+            ("QD_LIMITED_SECRET", LIMITED_SECRET),
+        ],
+    );
 }

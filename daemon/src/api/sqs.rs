@@ -25,6 +25,7 @@ mod queues;
 mod receive;
 mod send;
 mod settle;
+mod sigv4;
 mod wire;
 
 use std::collections::HashMap;
@@ -35,7 +36,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, Uri};
+use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
 use axum::routing::post;
 use serde_json::{Map, Value};
@@ -89,6 +90,7 @@ pub(crate) struct Ctx {
 async fn serve(
     State(args): State<Arc<ApiArgs>>,
     Extension(state): Extension<Arc<SqsState>>,
+    method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -114,7 +116,7 @@ async fn serve(
         Ok(r) => r,
         Err((protocol, err)) => return wire::error(protocol, &request_id, &err),
     };
-    let caller = match authorise(&args, &headers) {
+    let caller = match authorise(&args, &method, &uri, &headers, &body) {
         Ok(c) => c,
         Err(err) => return wire::error(request.protocol, &request_id, &err),
     };
@@ -139,17 +141,27 @@ async fn serve(
     }
 }
 
-/// Who is calling. With no `api_tokens_file` every request is allowed (the API is
-/// then loopback-only). With one, SigV4 is required but not implemented yet, so
-/// every request is refused rather than let through unchecked.
-fn authorise(args: &ApiArgs, _headers: &HeaderMap) -> Result<Caller, SqsError> {
-    if args.config().daemon.api_tokens_file.is_none() {
+/// Who is calling: with no token configured, anyone (the API is then
+/// loopback-only, as the HTTP API); else the token whose access key signed the
+/// request (`sigv4.rs`).
+fn authorise(
+    args: &ApiArgs,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Caller, SqsError> {
+    let tokens = args.tokens.get();
+    if tokens.is_open() {
         return Ok(Caller::Open);
     }
-    Err(SqsError::new(
-        ErrorKind::MissingAuthenticationToken,
-        "this qd has an api_tokens_file; its SQS API needs AWS Signature Version 4, which this build does not check, so it refuses every request",
-    ))
+    let request = sigv4::Signed {
+        method,
+        uri,
+        headers,
+        body,
+    };
+    sigv4::verify(&request, &tokens, std::time::SystemTime::now())
 }
 
 async fn dispatch(ctx: &Ctx, action: &str) -> Result<Value, SqsError> {

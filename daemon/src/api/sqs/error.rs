@@ -35,7 +35,11 @@ pub enum ErrorKind {
     UnsupportedOperation,
     RequestThrottled,
     AccessDenied,
+    InvalidClientTokenId,
+    SignatureDoesNotMatch,
     MissingAuthenticationToken,
+    IncompleteSignature,
+    RequestExpired,
     ServiceUnavailable,
 }
 
@@ -44,9 +48,11 @@ impl ErrorKind {
     pub fn status(self) -> StatusCode {
         use ErrorKind::*;
         match self {
-            PurgeQueueInProgress | AccessDenied | MissingAuthenticationToken => {
-                StatusCode::FORBIDDEN
-            }
+            PurgeQueueInProgress
+            | AccessDenied
+            | InvalidClientTokenId
+            | SignatureDoesNotMatch
+            | MissingAuthenticationToken => StatusCode::FORBIDDEN,
             ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_REQUEST,
         }
@@ -75,6 +81,10 @@ impl ErrorKind {
             RequestThrottled => "RequestThrottled",
             AccessDenied => "AccessDenied",
             MissingAuthenticationToken => "MissingAuthenticationToken",
+            InvalidClientTokenId => "InvalidClientTokenId",
+            SignatureDoesNotMatch => "SignatureDoesNotMatch",
+            IncompleteSignature => "IncompleteSignature",
+            RequestExpired => "RequestExpired",
             ServiceUnavailable => "ServiceUnavailable",
         }
     }
