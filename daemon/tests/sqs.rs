@@ -149,3 +149,40 @@ secret_access_key = "{LIMITED_SECRET}"
         ],
     );
 }
+
+#[test]
+fn the_aws_cli_sends_receives_and_deletes_a_message() {
+    let Some(python) = venv_python("venv") else {
+        return;
+    };
+    let bin = python.parent().expect("venv bin dir").to_path_buf();
+    if !bin.join("aws").exists() {
+        return tool_missing(
+            ".ci/venv/bin/aws",
+            "pip install awscli into .ci/venv (.ci/run does)",
+        );
+    }
+    let qd = Qd::start(CONFIG);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sqs/awscli_check.sh");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("sh")
+        .arg(script)
+        .env("PATH", path)
+        .env("QD_SQS_ENDPOINT", &qd.api)
+        .output()
+        .expect("run sh");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("OK: sent, received and deleted"),
+        "{text}\n--- qd log ---\n{}",
+        qd.logs()
+    );
+}
