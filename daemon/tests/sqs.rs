@@ -11,6 +11,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use common::{Qd, tool_missing};
 
@@ -26,6 +27,13 @@ backoff = { base = "10ms", max = "10ms" }
 
 [queues.other]
 executor = { kind = "external" }
+
+[queues.celery]
+executor = { kind = "external" }
+lease = "10s"
+heartbeat = "3s"
+max_attempts = 100
+backoff = { base = "10ms", max = "100ms" }
 
 [queues.cmd]
 executor = { kind = "command", program = "/bin/true" }
@@ -185,4 +193,104 @@ fn the_aws_cli_sends_receives_and_deletes_a_message() {
         "{text}\n--- qd log ---\n{}",
         qd.logs()
     );
+}
+
+/// The tasks `celery_enqueue.py` sent that a run of `celery_tasks.record` recorded.
+fn tasks_done(dir: &std::path::Path) -> std::collections::BTreeSet<u32> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| {
+                    e.ok()?
+                        .file_name()
+                        .to_str()?
+                        .split('.')
+                        .next()?
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_celery_worker_runs_delay_tasks_and_survives_kill_9_of_qd() {
+    let Some(python) = venv_python("venv") else {
+        return;
+    };
+    let bin = python.parent().expect("venv bin dir").to_path_buf();
+    if !bin.join("celery").exists() {
+        return tool_missing(
+            ".ci/venv/bin/celery",
+            "pip install 'celery[sqs]' pycurl into .ci/venv (.ci/run does)",
+        );
+    }
+    let mut qd = Qd::start(CONFIG);
+    let done = tempfile::tempdir().expect("tempdir");
+    let tests = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sqs");
+    let env = |cmd: &mut Command, api: &str| {
+        cmd.current_dir(&tests)
+            .env("QD_SQS_ENDPOINT", api)
+            .env("QD_DONE_DIR", done.path())
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("PYTHONPATH", &tests);
+    };
+    let enqueue = |api: &str, n: u32, first: u32| {
+        let mut cmd = Command::new(&python);
+        cmd.arg("celery_enqueue.py")
+            .arg(n.to_string())
+            .arg(first.to_string());
+        env(&mut cmd, api);
+        let out = cmd.output().expect("run celery_enqueue.py");
+        assert!(
+            out.status.success(),
+            "enqueue failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    enqueue(&qd.api, 40, 0);
+    let log = std::fs::File::create(qd.dir.path().join("celery-worker.log")).ok();
+    let mut worker = Command::new(bin.join("celery"));
+    worker.args([
+        "-A",
+        "celery_tasks",
+        "worker",
+        "--pool",
+        "threads",
+        "-c",
+        "2",
+        "--loglevel",
+        "INFO",
+    ]);
+    env(&mut worker, &qd.api);
+    if let Some(log) = log {
+        worker.stdout(log.try_clone().expect("log")).stderr(log);
+    }
+    let mut worker = worker.spawn().expect("start celery worker");
+    // Kill qd while the worker is part way through the first tasks.
+    common::wait_for("the worker's first tasks", Duration::from_secs(60), || {
+        (tasks_done(done.path()).len() >= 5).then_some(())
+    });
+    qd.kill9();
+    qd.spawn(&[]);
+    enqueue(&qd.api, 20, 40);
+    let all: std::collections::BTreeSet<u32> = (0..60).collect();
+    let finished = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        common::wait_for("every task to run", Duration::from_secs(120), || {
+            (tasks_done(done.path()) == all).then_some(())
+        })
+    }));
+    let _ = worker.kill();
+    let _ = worker.wait();
+    if finished.is_err() {
+        let missing: Vec<u32> = all.difference(&tasks_done(done.path())).copied().collect();
+        let worker_log =
+            std::fs::read_to_string(qd.dir.path().join("celery-worker.log")).unwrap_or_default();
+        panic!(
+            "tasks never ran: {missing:?}\n--- worker log ---\n{worker_log}\n--- qd log ---\n{}",
+            qd.logs()
+        );
+    }
 }
