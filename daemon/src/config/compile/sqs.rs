@@ -66,3 +66,40 @@ pub(super) fn compile_sqs(
         advertised_url,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::Config;
+
+    const QUEUE: &str = "[queues.a]\nexecutor = { kind = \"external\" }\n";
+
+    #[test]
+    fn defaults_follow_api_listen() {
+        let text =
+            format!("[daemon]\napi_listen = \"127.0.0.1:7171\"\n{QUEUE}[sqs]\nenabled = true\n");
+        let c = Config::parse(&text, Path::new("/tmp/qd.toml")).expect("valid");
+        assert!(c.sqs.enabled);
+        assert_eq!(c.sqs.account_id, "000000000000");
+        assert_eq!(c.sqs.region, "us-east-1");
+        assert_eq!(c.sqs.advertised_url, "http://127.0.0.1:7171");
+    }
+
+    #[test]
+    fn every_bad_key_is_reported_at_once() {
+        let text = format!(
+            "{QUEUE}[sqs]\naccount_id = \"12\"\nregion = \"US East\"\nadvertised_url = \"ftp://x\"\ncolour = 1\n"
+        );
+        let errors = Config::parse(&text, Path::new("/tmp/qd.toml")).expect_err("invalid");
+        let all = errors.to_string();
+        for key in [
+            "sqs.account_id",
+            "sqs.region",
+            "sqs.advertised_url",
+            "colour",
+        ] {
+            assert!(all.contains(key), "{key} not reported in:\n{all}");
+        }
+    }
+}
