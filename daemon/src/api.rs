@@ -17,6 +17,7 @@ mod error;
 mod lessee;
 mod params;
 mod producer;
+pub mod sqs;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -139,6 +140,11 @@ pub fn router(args: ApiArgs) -> Router {
     let body_limit = body_limit(max_payload);
     let batch_limit = batch_body_limit(max_payload);
     let tokens = args.tokens.clone();
+    let sqs = if args.config().sqs.enabled {
+        sqs::routes()
+    } else {
+        Router::new()
+    };
     Router::new()
         .route("/v1/queues/{queue}/jobs", post(producer::enqueue))
         .route(
@@ -152,6 +158,7 @@ pub fn router(args: ApiArgs) -> Router {
         .route("/v1/jobs/{id}/nack", post(lessee::nack))
         .route("/v1/acks", post(lessee::acks))
         .route_layer(middleware::from_fn_with_state(tokens, auth::authenticate))
+        .merge(sqs)
         .route("/healthz", get(|| async { "ok\n" }))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)

@@ -44,6 +44,8 @@ pub struct Config {
     /// `[tenants.NAME]`, by name; always holds `default` (weight 1, no caps,
     /// unless configured), the tenant of jobs enqueued without one.
     pub tenants: BTreeMap<String, TenantConfig>,
+    /// `[sqs]`: the SQS-compatible API on `api_listen`.
+    pub sqs: SqsConfig,
     /// The file this was read from (as given to [`Config::load`], made absolute).
     pub source: PathBuf,
 }
@@ -78,6 +80,20 @@ pub struct DaemonConfig {
     /// The history cap: entries kept per job and error bytes per entry (default
     /// the first 5 and the last 20 entries, 2 KiB each).
     pub history: crate::store::HistoryLimits,
+}
+
+/// `[sqs]`: the SQS-compatible API (`daemon/docs/sqs.md`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqsConfig {
+    /// Whether `api_listen` answers SQS requests (default false).
+    pub enabled: bool,
+    /// The 12-digit account id in queue URLs and ARNs (default `000000000000`).
+    pub account_id: String,
+    /// The region in ARNs (default `us-east-1`).
+    pub region: String,
+    /// The base of queue URLs, without a trailing slash (default `http://` +
+    /// `api_listen`).
+    pub advertised_url: String,
 }
 
 /// Restart intensity, as in Erlang/OTP supervisors: more than `max_restarts`

@@ -69,6 +69,13 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
             ));
         }
     }
+    // The SQS routes are added to the API's router when it starts; the account,
+    // region and advertised URL are read per request and reload live.
+    if old.sqs.enabled != new.sqs.enabled {
+        refused.push(
+            "sqs.enabled: changed; this setting needs a restart (systemctl restart qd)".into(),
+        );
+    }
     let mut p = Plan::default();
     diff(
         &mut p.changes,
@@ -226,6 +233,15 @@ mod tests {
                 .contains(&"tenants.acme.weight: 1 -> 3".to_string()),
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn turning_the_sqs_api_on_needs_a_restart_and_its_urls_reload_live() {
+        let on = format!("{BASE}\n[sqs]\nenabled = true\n");
+        let refused = plan(&config(BASE), &config(&on)).expect_err("refused");
+        assert!(refused[0].contains("sqs.enabled"), "{refused:?}");
+        let moved = format!("{on}advertised_url = \"http://qd.example:7070\"\n");
+        assert!(plan(&config(&on), &config(&moved)).is_ok());
     }
 
     #[test]

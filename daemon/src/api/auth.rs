@@ -11,6 +11,8 @@
 //! token = "b3f1…"                # the bearer secret, 16 to 512 visible ASCII bytes
 //! roles = ["work"]               # any of "produce", "work", "read"
 //! queues = ["billing"]           # queue names, or ["*"] for every queue
+//! access_key_id = "AKIDBILLING"  # optional: AWS credentials for the SQS API (SigV4),
+//! secret_access_key = "…"        #   both or neither; the same roles and queues apply
 //! ```
 //!
 //! With no file configured the API is open and loopback-only (the config compiler
@@ -108,6 +110,8 @@ struct RawToken {
     token: String,
     roles: Vec<Role>,
     queues: Vec<String>,
+    access_key_id: Option<String>,
+    secret_access_key: Option<String>,
 }
 
 /// What one token grants.
@@ -123,6 +127,8 @@ pub struct Grant {
 struct Entry {
     secret: Vec<u8>,
     grant: Arc<Grant>,
+    /// AWS credentials for the SQS API: access key id and secret access key.
+    aws: Option<(String, String)>,
 }
 
 /// The configured tokens; empty means the API is open (loopback-only).
@@ -181,7 +187,7 @@ impl Tokens {
         if raw.tokens.is_empty() {
             return Err("no [[tokens]]; remove api_tokens_file to run loopback-only".into());
         }
-        let (mut names, mut secrets) = (HashSet::new(), HashSet::new());
+        let (mut names, mut secrets, mut keys) = (HashSet::new(), HashSet::new(), HashSet::new());
         let mut entries = Vec::with_capacity(raw.tokens.len());
         for (i, t) in raw.tokens.into_iter().enumerate() {
             let at = format!("tokens[{i}] ({:?})", t.name);
@@ -192,9 +198,16 @@ impl Tokens {
             if !secrets.insert(t.token.clone()) {
                 return Err(format!("{at}: the same secret is used by two tokens"));
             }
+            let aws = aws_credentials(&t, &at)?;
+            if let Some((key, _)) = &aws
+                && !keys.insert(key.clone())
+            {
+                return Err(format!("{at}: access_key_id {key:?} is used by two tokens"));
+            }
             let queues =
                 (!t.queues.iter().any(|q| q == "*")).then(|| t.queues.into_iter().collect());
             entries.push(Entry {
+                aws,
                 secret: t.token.into_bytes(),
                 grant: Arc::new(Grant {
                     name: t.name,
@@ -216,6 +229,57 @@ impl Tokens {
             }
         }
         found
+    }
+}
+
+/// The AWS credentials of the SQS API (`sqs/sigv4.rs`) for the access key id
+/// `key`: the secret access key and the grant of its token. Compares the id with
+/// every configured one and does not stop at a match.
+pub(super) fn aws_credentials_of(tokens: &Tokens, key: &str) -> Option<(String, Arc<Grant>)> {
+    let mut found = None;
+    for entry in &tokens.entries {
+        if let Some((id, secret)) = &entry.aws
+            && bool::from(id.as_bytes().ct_eq(key.as_bytes()))
+        {
+            found = Some((secret.clone(), entry.grant.clone()));
+        }
+    }
+    found
+}
+
+impl Tokens {
+    /// True when no token is configured (the API is open, loopback-only).
+    pub fn is_open(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// A token's `access_key_id` and `secret_access_key`: both or neither; the id 16 to
+/// 128 of `A-Z0-9`, the secret 16 to 128 visible ASCII characters.
+fn aws_credentials(t: &RawToken, at: &str) -> Result<Option<(String, String)>, String> {
+    match (&t.access_key_id, &t.secret_access_key) {
+        (None, None) => Ok(None),
+        (Some(id), Some(secret)) => {
+            let id_ok = (16..=128).contains(&id.len())
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit());
+            if !id_ok {
+                return Err(format!(
+                    "{at}: access_key_id must be 16 to 128 of A-Z and 0-9, like AWS's (AKIA…)"
+                ));
+            }
+            if !(16..=128).contains(&secret.len()) || !secret.bytes().all(|b| b.is_ascii_graphic())
+            {
+                return Err(format!(
+                    "{at}: secret_access_key must be 16 to 128 visible ASCII characters"
+                ));
+            }
+            Ok(Some((id.clone(), secret.clone())))
+        }
+        _ => Err(format!(
+            "{at}: give access_key_id and secret_access_key together, or neither"
+        )),
     }
 }
 

@@ -23,6 +23,7 @@ use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
 mod environment;
 mod executor;
 mod queue;
+mod sqs;
 
 /// The tenant every job without one belongs to; it always exists.
 pub(crate) const DEFAULT_TENANT: &str = "default";
@@ -48,6 +49,7 @@ pub(crate) fn compile(
     let daemon = compile_daemon(&mut diag, &doc.daemon, base_dir);
     let tenants = compile_tenants(&mut diag, &doc.tenants);
     let rate_limiters = compile_rate_limiters(&mut diag, &doc.rate_limiters);
+    let sqs = sqs::compile_sqs(&mut diag, &doc.sqs, daemon.api_listen);
     let scope = queue::Scope {
         base_dir,
         tenants: names(&doc.tenants),
@@ -67,6 +69,7 @@ pub(crate) fn compile(
         queues,
         rate_limiters,
         tenants,
+        sqs,
         source: source.to_path_buf(),
     })
 }

@@ -182,6 +182,16 @@ pub(crate) struct RawTenant {
     pub max_depth: Option<u64>,
 }
 
+/// `[sqs]`: the SQS-compatible API (`daemon/docs/sqs.md`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "the [sqs] table")]
+pub(crate) struct RawSqs {
+    pub enabled: Option<bool>,
+    pub account_id: Option<String>,
+    pub region: Option<String>,
+    pub advertised_url: Option<String>,
+}
+
 /// A named entry of a `[section.NAME]` family; `raw` is `None` when its body
 /// could not be read (the errors are already recorded, the name still counts).
 #[derive(Debug)]
@@ -199,9 +209,10 @@ pub(crate) struct RawDoc {
     pub queues: Option<Vec<Named<RawQueue>>>,
     pub rate_limiters: Vec<Named<RawRateLimiter>>,
     pub tenants: Vec<Named<RawTenant>>,
+    pub sqs: RawSqs,
 }
 
-const SECTIONS: &str = "daemon, defaults, queues, rate_limiters, tenants";
+const SECTIONS: &str = "daemon, defaults, queues, rate_limiters, tenants, sqs";
 
 /// Reads every section of the document, recording every problem in `diag`.
 pub(crate) fn read(diag: &mut Diagnostics<'_>) -> RawDoc {
@@ -220,6 +231,7 @@ pub(crate) fn read(diag: &mut Diagnostics<'_>) -> RawDoc {
             "queues" => doc.queues = Some(read_family(diag, node, &path)),
             "rate_limiters" => doc.rate_limiters = read_family(diag, node, &path),
             "tenants" => doc.tenants = read_family(diag, node, &path),
+            "sqs" => doc.sqs = diag.deserialize(node, &path).unwrap_or_default(),
             other => diag.error_at(
                 &path,
                 key.span(),

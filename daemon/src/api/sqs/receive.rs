@@ -1,0 +1,247 @@
+//! ReceiveMessage: leases 1 to 10 jobs from the queue's Scheduler (a long poll of
+//! `WaitTimeSeconds`, 0 to 20), with `VisibilityTimeout` as the lease (the queue's
+//! `lease` when not given), and answers each as an SQS message with the system and
+//! message attributes asked for.
+
+use std::time::Duration;
+
+use ractor::ActorRef;
+use serde_json::{Map, Value, json};
+use tracing::debug;
+
+use super::error::{ErrorKind, SqsError};
+use super::handle::ReceiptHandle;
+use super::message::{self, Attrs};
+use super::params::{opt_int, str_list};
+use super::{BROKER_TIMEOUT, Ctx};
+use crate::api::auth::Role;
+use crate::broker::{self, BrokerMsg, LeasedJob, MAX_EXTEND};
+use crate::config::DEFAULT_TENANT;
+use crate::executor::ExecutorSpec;
+use crate::job::Failure;
+use crate::scheduler::{self, LeaseRequest, SchedulerMsg};
+
+/// The lessee name in a job's history for a lease taken through SQS.
+const WORKER: &str = "sqs";
+
+/// The system attributes a receive can ask for (`AttributeNames`,
+/// `MessageSystemAttributeNames`); the queue attribute names are accepted too, as
+/// SQS accepts them in `AttributeNames`, and return nothing.
+const SYSTEM_ATTRIBUTES: &[&str] = &[
+    "All",
+    "SenderId",
+    "SentTimestamp",
+    "ApproximateReceiveCount",
+    "ApproximateFirstReceiveTimestamp",
+    "SequenceNumber",
+    "MessageDeduplicationId",
+    "MessageGroupId",
+    "AWSTraceHeader",
+    "DeadLetterQueueSourceArn",
+];
+
+/// ReceiveMessage.
+pub async fn receive_message(ctx: &Ctx) -> Result<Value, SqsError> {
+    let queue = ctx.queue()?;
+    ctx.allow(Some(Role::Work), &queue)?;
+    let p = &ctx.params;
+    let max = opt_int(p, "MaxNumberOfMessages", 1, 10)?.unwrap_or(1);
+    let wait = opt_int(p, "WaitTimeSeconds", 0, 20)?.unwrap_or(0);
+    let max_visibility = i64::try_from(MAX_EXTEND.as_secs()).unwrap_or(43_200);
+    let visibility = opt_int(p, "VisibilityTimeout", 0, max_visibility)?;
+    let mut system = str_list(p, "AttributeNames")?;
+    system.extend(str_list(p, "MessageSystemAttributeNames")?);
+    if let Some(bad) = system
+        .iter()
+        .find(|n| !SYSTEM_ATTRIBUTES.contains(&n.as_str()) && !super::queues::is_queue_attribute(n))
+    {
+        return Err(SqsError::new(
+            ErrorKind::InvalidAttributeName,
+            format!("Unknown Attribute {bad}."),
+        ));
+    }
+    let wanted_attrs = str_list(p, "MessageAttributeNames")?;
+    let qcfg = ctx
+        .config
+        .queues
+        .get(&queue)
+        .ok_or_else(|| SqsError::no_queue(&queue))?;
+    if qcfg.executor != ExecutorSpec::External {
+        return Err(SqsError::new(
+            ErrorKind::UnsupportedOperation,
+            format!(
+                "queue {queue:?} is run by qd's own workers; only kind = \"external\" queues are received from"
+            ),
+        ));
+    }
+    let scheduler =
+        ActorRef::<SchedulerMsg>::where_is(scheduler::name(&queue)).ok_or_else(|| {
+            SqsError::new(
+                ErrorKind::ServiceUnavailable,
+                "the queue's scheduler is restarting",
+            )
+        })?;
+    let wait = Duration::from_secs(wait.unsigned_abs());
+    let request = LeaseRequest {
+        worker: WORKER.to_string(),
+        max_jobs: u32::try_from(max).unwrap_or(1),
+        wait,
+    };
+    let jobs = match scheduler
+        .call(
+            |tx| SchedulerMsg::Lease(request, tx),
+            Some(wait + BROKER_TIMEOUT),
+        )
+        .await
+    {
+        Ok(ractor::rpc::CallResult::Success(jobs)) => jobs,
+        _ => Vec::new(),
+    };
+    let mut messages = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let received_at = crate::clock::wall_ms();
+        if let Some(v) = visibility {
+            set_visibility(&job, v).await;
+        }
+        messages.push(render(ctx, job, &system, &wanted_attrs, received_at).await);
+    }
+    let mut out = Map::new();
+    if !messages.is_empty() {
+        out.insert("Messages".into(), Value::Array(messages));
+    }
+    Ok(Value::Object(out))
+}
+
+/// Gives a fresh lease the visibility timeout the receive asked for: a heartbeat
+/// extending it, or for 0 an uncharged return (the message is visible again at
+/// once, as in SQS). A refusal only means the lease already ended.
+async fn set_visibility(job: &LeasedJob, seconds: i64) {
+    let (id, token) = (job.id, job.token);
+    let result = if seconds == 0 {
+        let failure = Failure::Interrupted {
+            reason: "received with VisibilityTimeout 0".into(),
+        };
+        broker::request(|tx| BrokerMsg::Nack(id, token, failure, tx), BROKER_TIMEOUT)
+            .await
+            .and_then(|r| r)
+    } else {
+        let extend = Duration::from_secs(seconds.unsigned_abs());
+        broker::request(
+            |tx| BrokerMsg::Heartbeat(id, token, Some(extend), tx),
+            BROKER_TIMEOUT,
+        )
+        .await
+        .and_then(|r| r.map(|_| ()))
+    };
+    if let Err(err) = result {
+        debug!(job = %id, error = %err, "Visibility timeout of a received message not set.");
+    }
+}
+
+/// One leased job as an SQS message.
+async fn render(
+    ctx: &Ctx,
+    job: LeasedJob,
+    system: &[String],
+    wanted_attrs: &[String],
+    received_at: i64,
+) -> Value {
+    let handle = ReceiptHandle {
+        queue: job.queue.to_string(),
+        id: job.id,
+        token: job.token,
+    };
+    let id = job.id;
+    let (body, attrs) = message::decode(job.payload.clone());
+    let mut m = Map::new();
+    m.insert("MessageId".into(), json!(id.to_string()));
+    m.insert("ReceiptHandle".into(), json!(handle.encode()));
+    m.insert("MD5OfBody".into(), json!(message::md5_of_body(&body)));
+    m.insert("Body".into(), json!(body));
+    let all = system.iter().any(|n| n == "All");
+    let want = |n: &str| all || system.iter().any(|s| s == n);
+    let mut sys = Map::new();
+    if want("SentTimestamp")
+        && let Some(ts) = id.0.get_timestamp()
+    {
+        let (secs, nanos) = ts.to_unix();
+        let ms = secs * 1000 + u64::from(nanos / 1_000_000);
+        sys.insert("SentTimestamp".into(), json!(ms.to_string()));
+    }
+    if want("ApproximateReceiveCount") {
+        sys.insert(
+            "ApproximateReceiveCount".into(),
+            json!(job.attempt.to_string()),
+        );
+    }
+    if want("ApproximateFirstReceiveTimestamp") {
+        let first = first_receive(ctx, &job).await.unwrap_or(received_at);
+        sys.insert(
+            "ApproximateFirstReceiveTimestamp".into(),
+            json!(first.to_string()),
+        );
+    }
+    if want("MessageGroupId") && &*job.tenant != DEFAULT_TENANT {
+        sys.insert("MessageGroupId".into(), json!(&*job.tenant));
+    }
+    if want("MessageDeduplicationId") && job.idempotency_key != id.to_string() {
+        sys.insert("MessageDeduplicationId".into(), json!(job.idempotency_key));
+    }
+    if !sys.is_empty() {
+        m.insert("Attributes".into(), Value::Object(sys));
+    }
+    let selected: Attrs = attrs
+        .into_iter()
+        .filter(|(name, _)| selects(wanted_attrs, name))
+        .collect();
+    if let Some(md5) = message::md5_of_attributes(&selected) {
+        m.insert("MD5OfMessageAttributes".into(), json!(md5));
+        m.insert(
+            "MessageAttributes".into(),
+            Value::Object(message::attributes_json(&selected)),
+        );
+    }
+    Value::Object(m)
+}
+
+/// Whether `MessageAttributeNames` selects the attribute `name`: `All` or `.*`,
+/// a `prefix.*`, or the name itself.
+fn selects(wanted: &[String], name: &str) -> bool {
+    wanted.iter().any(|w| {
+        w == "All"
+            || w == ".*"
+            || w == name
+            || w.strip_suffix(".*").is_some_and(|prefix| {
+                name.strip_prefix(prefix)
+                    .is_some_and(|rest| rest.starts_with('.'))
+            })
+    })
+}
+
+/// When the message was first received: the start of its first attempt in the
+/// job's history (a store read, only for a message received before).
+async fn first_receive(ctx: &Ctx, job: &LeasedJob) -> Option<i64> {
+    if job.attempt <= 1 {
+        return None;
+    }
+    let id = job.id;
+    let detail = ctx.args.store.run(move |b| b.job(id)).await.ok()??;
+    detail.history.iter().find_map(|h| h.started_at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_attribute_names_select_by_name_prefix_or_all() {
+        let w = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(selects(&w(&["All"]), "x"));
+        assert!(selects(&w(&[".*"]), "x"));
+        assert!(selects(&w(&["x"]), "x"));
+        assert!(selects(&w(&["bar.*"]), "bar.baz"));
+        assert!(!selects(&w(&["bar.*"]), "barbaz"));
+        assert!(!selects(&w(&["y"]), "x"));
+        assert!(!selects(&[], "x"));
+    }
+}

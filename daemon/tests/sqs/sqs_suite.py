@@ -1,0 +1,396 @@
+"""SQS compatibility suite: an unmodified botocore client against a running qd.
+
+Run by daemon/tests/sqs.rs, once with current boto3/botocore (the AWS JSON 1.0
+protocol) and once with botocore 1.34.89 (the query protocol). The environment
+names the endpoint (QD_SQS_ENDPOINT) and the protocol the client must be using
+(QD_SQS_PROTOCOL: json or query), so a client that silently picked the other
+protocol fails instead of passing.
+
+Queues (from the test's config): `jobs` (external, lease 30s, backoff 10ms,
+max_attempts 100), `other` (external), `cmd` (run by qd's own workers).
+"""
+
+import base64
+import hashlib
+import json
+import os
+import struct
+import sys
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+import botocore.session
+from botocore.config import Config
+
+ENDPOINT = os.environ["QD_SQS_ENDPOINT"]
+PROTOCOL = os.environ["QD_SQS_PROTOCOL"]
+ACCOUNT = "000000000000"
+
+
+def client():
+    session = botocore.session.get_session()
+    return session.create_client(
+        "sqs",
+        endpoint_url=ENDPOINT,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=Config(retries={"max_attempts": 1}),
+    )
+
+
+def md5_of_attributes(attrs):
+    """SQS's MD5OfMessageAttributes, written from the AWS documentation."""
+    buf = b""
+
+    def framed(b):
+        return struct.pack("!I", len(b)) + b
+
+    for name in sorted(attrs):
+        a = attrs[name]
+        buf += framed(name.encode()) + framed(a["DataType"].encode())
+        if "BinaryValue" in a:
+            value = a["BinaryValue"]
+            if isinstance(value, str):
+                value = base64.b64decode(value)
+            buf += b"\x02" + framed(value)
+        else:
+            buf += b"\x01" + framed(a["StringValue"].encode())
+    return hashlib.md5(buf).hexdigest()
+
+
+def md5(text):
+    return hashlib.md5(text.encode()).hexdigest()
+
+
+class Sqs(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.sqs = client()
+        cls.url = cls.sqs.get_queue_url(QueueName="jobs")["QueueUrl"]
+        cls.other = cls.sqs.get_queue_url(QueueName="other")["QueueUrl"]
+
+    def setUp(self):
+        self.drain(self.url)
+        self.drain(self.other)
+
+    def drain(self, url):
+        while True:
+            got = self.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)
+            msgs = got.get("Messages", [])
+            if not msgs:
+                return
+            for m in msgs:
+                self.sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+
+    def error_code(self, ctx):
+        return ctx.exception.response["Error"]["Code"]
+
+    # -- the protocol under test -------------------------------------------------
+
+    def test_the_client_speaks_the_protocol_under_test(self):
+        self.assertEqual(self.sqs.meta.service_model.protocol, PROTOCOL)
+
+    # -- queues ------------------------------------------------------------------
+
+    def test_queue_urls_and_listing(self):
+        self.assertEqual(self.url, f"{ENDPOINT}/{ACCOUNT}/jobs")
+        urls = self.sqs.list_queues()["QueueUrls"]
+        self.assertIn(self.url, urls)
+        self.assertIn(self.other, urls)
+        self.assertEqual(self.sqs.list_queues(QueueNamePrefix="oth")["QueueUrls"], [self.other])
+        page = self.sqs.list_queues(MaxResults=1)
+        self.assertEqual(len(page["QueueUrls"]), 1)
+        rest = self.sqs.list_queues(MaxResults=1000, NextToken=page["NextToken"])
+        self.assertNotIn(page["QueueUrls"][0], rest["QueueUrls"])
+        self.assertNotIn("QueueUrls", self.sqs.list_queues(QueueNamePrefix="zzz"))
+
+    def test_unknown_queue_is_queue_does_not_exist(self):
+        with self.assertRaises(self.sqs.exceptions.QueueDoesNotExist) as ctx:
+            self.sqs.get_queue_url(QueueName="nope")
+        self.assertEqual(self.error_code(ctx), "AWS.SimpleQueueService.NonExistentQueue")
+        with self.assertRaises(self.sqs.exceptions.QueueDoesNotExist):
+            self.sqs.send_message(QueueUrl=f"{ENDPOINT}/{ACCOUNT}/nope", MessageBody="x")
+        with self.assertRaises(self.sqs.exceptions.QueueDoesNotExist):
+            self.sqs.send_message(QueueUrl=f"{ENDPOINT}/111111111111/jobs", MessageBody="x")
+
+    def test_create_queue_of_a_configured_queue_answers_its_url(self):
+        self.assertEqual(self.sqs.create_queue(QueueName="jobs")["QueueUrl"], self.url)
+        with self.assertRaises(self.sqs.exceptions.QueueNameExists):
+            self.sqs.create_queue(QueueName="jobs", Attributes={"VisibilityTimeout": "5"})
+
+    def test_queue_attributes(self):
+        self.sqs.send_message(QueueUrl=self.url, MessageBody="a")
+        self.sqs.send_message(QueueUrl=self.url, MessageBody="b", DelaySeconds=60)
+        got = self.sqs.receive_message(QueueUrl=self.url)
+        self.sqs.send_message(QueueUrl=self.url, MessageBody="c")
+        attrs = self.sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["All"])["Attributes"]
+        self.assertEqual(attrs["ApproximateNumberOfMessages"], "1")
+        self.assertEqual(attrs["ApproximateNumberOfMessagesNotVisible"], "1")
+        self.assertEqual(attrs["ApproximateNumberOfMessagesDelayed"], "1")
+        self.assertEqual(attrs["VisibilityTimeout"], "30")
+        self.assertEqual(attrs["QueueArn"], f"arn:aws:sqs:us-east-1:{ACCOUNT}:jobs")
+        self.assertEqual(attrs["MaximumMessageSize"], str(1 << 20))
+        one = self.sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["QueueArn"])
+        self.assertEqual(list(one["Attributes"]), ["QueueArn"])
+        with self.assertRaises(self.sqs.exceptions.InvalidAttributeName):
+            self.sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["Bogus"])
+        self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle=got["Messages"][0]["ReceiptHandle"])
+        self.sqs.purge_queue(QueueUrl=self.url)
+
+    # -- messages ----------------------------------------------------------------
+
+    def test_send_receive_delete_with_attributes_and_md5s(self):
+        attrs = {
+            "s": {"DataType": "String", "StringValue": "héllo"},
+            "n": {"DataType": "Number.int", "StringValue": "42"},
+            "b": {"DataType": "Binary", "BinaryValue": b"\x00\x01\xff"},
+        }
+        body = "line one\r\nline two <&> \u00e9 \U0001f642"
+        sent = self.sqs.send_message(QueueUrl=self.url, MessageBody=body, MessageAttributes=attrs)
+        self.assertEqual(sent["MD5OfMessageBody"], md5(body))
+        self.assertEqual(sent["MD5OfMessageAttributes"], md5_of_attributes(attrs))
+        before = int(time.time() * 1000)
+        got = self.sqs.receive_message(
+            QueueUrl=self.url,
+            AttributeNames=["All"],
+            MessageAttributeNames=["All"],
+        )["Messages"]
+        self.assertEqual(len(got), 1)
+        m = got[0]
+        self.assertEqual(m["MessageId"], sent["MessageId"])
+        self.assertEqual(m["Body"], body)
+        self.assertEqual(m["MD5OfBody"], md5(body))
+        self.assertEqual(m["MD5OfMessageAttributes"], md5_of_attributes(attrs))
+        self.assertEqual(m["MessageAttributes"]["b"]["BinaryValue"], b"\x00\x01\xff")
+        self.assertEqual(m["MessageAttributes"]["n"]["StringValue"], "42")
+        self.assertEqual(m["Attributes"]["ApproximateReceiveCount"], "1")
+        sent_at = int(m["Attributes"]["SentTimestamp"])
+        self.assertLessEqual(abs(sent_at - before), 60_000)
+        first = int(m["Attributes"]["ApproximateFirstReceiveTimestamp"])
+        self.assertGreaterEqual(first, sent_at)
+        self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle=m["ReceiptHandle"])
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=self.url))
+
+    def test_message_attribute_names_select_and_the_md5_covers_the_selection(self):
+        attrs = {
+            "a.x": {"DataType": "String", "StringValue": "1"},
+            "b": {"DataType": "String", "StringValue": "2"},
+        }
+        self.sqs.send_message(QueueUrl=self.url, MessageBody="sel", MessageAttributes=attrs)
+        m = self.sqs.receive_message(QueueUrl=self.url, MessageAttributeNames=["a.*"])["Messages"][0]
+        self.assertEqual(list(m["MessageAttributes"]), ["a.x"])
+        self.assertEqual(m["MD5OfMessageAttributes"], md5_of_attributes({"a.x": attrs["a.x"]}))
+        self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle=m["ReceiptHandle"])
+
+    def test_deduplication_id_and_group_id(self):
+        a = self.sqs.send_message(QueueUrl=self.url, MessageBody="once", MessageDeduplicationId="k-1", MessageGroupId="tenant-a")
+        b = self.sqs.send_message(QueueUrl=self.url, MessageBody="once", MessageDeduplicationId="k-1", MessageGroupId="tenant-a")
+        self.assertEqual(a["MessageId"], b["MessageId"])
+        got = self.sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10, AttributeNames=["All"])["Messages"]
+        self.assertEqual(len(got), 1)
+        self.assertEqual(got[0]["Attributes"]["MessageGroupId"], "tenant-a")
+        self.assertEqual(got[0]["Attributes"]["MessageDeduplicationId"], "k-1")
+        self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle=got[0]["ReceiptHandle"])
+        with self.assertRaises(self.sqs.exceptions.ClientError) as ctx:
+            self.sqs.send_message(QueueUrl=self.url, MessageBody="x", MessageGroupId="no spaces")
+        self.assertEqual(self.error_code(ctx), "InvalidParameterValue")
+
+    def test_batches(self):
+        entries = [{"Id": f"e{i}", "MessageBody": f"m{i}"} for i in range(9)]
+        entries.append({"Id": "bad", "MessageBody": "nul \x00 here"})
+        sent = self.sqs.send_message_batch(QueueUrl=self.url, Entries=entries)
+        self.assertEqual(len(sent["Successful"]), 9)
+        self.assertEqual([f["Id"] for f in sent["Failed"]], ["bad"])
+        self.assertEqual(sent["Failed"][0]["Code"], "InvalidMessageContents")
+        self.assertTrue(sent["Failed"][0]["SenderFault"])
+        for s in sent["Successful"]:
+            self.assertEqual(s["MD5OfMessageBody"], md5("m" + s["Id"][1:]))
+        got = self.sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10)["Messages"]
+        self.assertEqual(sorted(m["Body"] for m in got), sorted(f"m{i}" for i in range(9)))
+        dels = [{"Id": f"d{i}", "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got)]
+        dels.append({"Id": "junk", "ReceiptHandle": "not-a-handle"})
+        deleted = self.sqs.delete_message_batch(QueueUrl=self.url, Entries=dels)
+        self.assertEqual(len(deleted["Successful"]), 9)
+        self.assertEqual([(f["Id"], f["Code"]) for f in deleted["Failed"]], [("junk", "ReceiptHandleIsInvalid")])
+        with self.assertRaises(self.sqs.exceptions.TooManyEntriesInBatchRequest):
+            self.sqs.send_message_batch(QueueUrl=self.url, Entries=[{"Id": f"x{i}", "MessageBody": "x"} for i in range(11)])
+        with self.assertRaises(self.sqs.exceptions.BatchEntryIdsNotDistinct):
+            self.sqs.send_message_batch(QueueUrl=self.url, Entries=[{"Id": "same", "MessageBody": "x"}] * 2)
+        with self.assertRaises(self.sqs.exceptions.EmptyBatchRequest):
+            self.sqs.delete_message_batch(QueueUrl=self.url, Entries=[])
+        with self.assertRaises(self.sqs.exceptions.InvalidBatchEntryId):
+            self.sqs.send_message_batch(QueueUrl=self.url, Entries=[{"Id": "has space", "MessageBody": "x"}])
+        big = "x" * (200 * 1024)
+        with self.assertRaises(self.sqs.exceptions.BatchRequestTooLong):
+            self.sqs.send_message_batch(QueueUrl=self.url, Entries=[{"Id": f"b{i}", "MessageBody": big} for i in range(6)])
+
+    def test_long_poll_answers_when_a_message_arrives(self):
+        start = time.monotonic()
+        empty = self.sqs.receive_message(QueueUrl=self.url, WaitTimeSeconds=1)
+        self.assertNotIn("Messages", empty)
+        self.assertGreaterEqual(time.monotonic() - start, 0.9)
+
+        def later():
+            time.sleep(1.0)
+            client().send_message(QueueUrl=self.url, MessageBody="late")
+
+        t = threading.Thread(target=later)
+        start = time.monotonic()
+        t.start()
+        got = self.sqs.receive_message(QueueUrl=self.url, WaitTimeSeconds=20)
+        waited = time.monotonic() - start
+        t.join()
+        self.assertEqual(got["Messages"][0]["Body"], "late")
+        self.assertLess(waited, 15)
+        self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle=got["Messages"][0]["ReceiptHandle"])
+
+    def test_visibility_timeout_hides_then_returns_the_message(self):
+        self.sqs.send_message(QueueUrl=self.url, MessageBody="vis")
+        first = self.sqs.receive_message(QueueUrl=self.url, VisibilityTimeout=1, AttributeNames=["ApproximateReceiveCount"])["Messages"][0]
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=self.url))
+        again = self.sqs.receive_message(QueueUrl=self.url, WaitTimeSeconds=10, AttributeNames=["ApproximateReceiveCount"])["Messages"][0]
+        self.assertEqual(again["MessageId"], first["MessageId"])
+        self.assertEqual(again["Attributes"]["ApproximateReceiveCount"], "2")
+        self.assertNotEqual(again["ReceiptHandle"], first["ReceiptHandle"])
+        # The first receive's handle is stale: its delete succeeds and deletes nothing.
+        self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle=first["ReceiptHandle"])
+        with self.assertRaises(self.sqs.exceptions.MessageNotInflight):
+            self.sqs.change_message_visibility(QueueUrl=self.url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=5)
+        # The current handle still holds the message: visibility 0 returns it at once.
+        self.sqs.change_message_visibility(QueueUrl=self.url, ReceiptHandle=again["ReceiptHandle"], VisibilityTimeout=0)
+        third = self.sqs.receive_message(QueueUrl=self.url, WaitTimeSeconds=5)["Messages"][0]
+        self.assertEqual(third["MessageId"], first["MessageId"])
+        self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle=third["ReceiptHandle"])
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=self.url, WaitTimeSeconds=1))
+
+    def test_change_visibility_extends_and_batch_answers_each(self):
+        self.sqs.send_message_batch(QueueUrl=self.url, Entries=[{"Id": "a", "MessageBody": "a"}, {"Id": "b", "MessageBody": "b"}])
+        got = self.sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=2, VisibilityTimeout=1)["Messages"]
+        self.assertEqual(len(got), 2)
+        res = self.sqs.change_message_visibility_batch(
+            QueueUrl=self.url,
+            Entries=[{"Id": f"c{i}", "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 60} for i, m in enumerate(got)]
+            + [{"Id": "junk", "ReceiptHandle": "AAAA", "VisibilityTimeout": 5}],
+        )
+        self.assertEqual(len(res["Successful"]), 2)
+        self.assertEqual(res["Failed"][0]["Code"], "ReceiptHandleIsInvalid")
+        time.sleep(2.5)
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=self.url))
+        for m in got:
+            self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle=m["ReceiptHandle"])
+
+    def test_a_handle_of_another_queue_is_invalid(self):
+        self.sqs.send_message(QueueUrl=self.url, MessageBody="mine")
+        m = self.sqs.receive_message(QueueUrl=self.url)["Messages"][0]
+        with self.assertRaises(self.sqs.exceptions.ReceiptHandleIsInvalid):
+            self.sqs.delete_message(QueueUrl=self.other, ReceiptHandle=m["ReceiptHandle"])
+        self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle=m["ReceiptHandle"])
+
+    def test_purge_queue(self):
+        self.sqs.send_message_batch(QueueUrl=self.other, Entries=[{"Id": f"p{i}", "MessageBody": "p"} for i in range(5)])
+        self.sqs.purge_queue(QueueUrl=self.other)
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=self.other, WaitTimeSeconds=1))
+        with self.assertRaises(self.sqs.exceptions.PurgeQueueInProgress):
+            self.sqs.purge_queue(QueueUrl=self.other)
+
+    # -- bad input ---------------------------------------------------------------
+
+    def test_out_of_range_parameters_are_invalid_parameter_value(self):
+        cases = [
+            lambda: self.sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=11),
+            lambda: self.sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=0),
+            lambda: self.sqs.receive_message(QueueUrl=self.url, WaitTimeSeconds=21),
+            lambda: self.sqs.receive_message(QueueUrl=self.url, VisibilityTimeout=43201),
+            lambda: self.sqs.send_message(QueueUrl=self.url, MessageBody="x", DelaySeconds=901),
+            lambda: self.sqs.send_message(QueueUrl=self.url, MessageBody="x" * ((1 << 20) + 1)),
+            lambda: self.sqs.send_message(
+                QueueUrl=self.url,
+                MessageBody="x",
+                MessageAttributes={f"k{i}": {"DataType": "String", "StringValue": "v"} for i in range(11)},
+            ),
+            lambda: self.sqs.send_message(
+                QueueUrl=self.url, MessageBody="x", MessageAttributes={"n": {"DataType": "Number", "StringValue": "abc"}}
+            ),
+        ]
+        for case in cases:
+            with self.assertRaises(self.sqs.exceptions.ClientError) as ctx:
+                case()
+            self.assertEqual(self.error_code(ctx), "InvalidParameterValue")
+            self.assertEqual(ctx.exception.response["ResponseMetadata"]["HTTPStatusCode"], 400)
+
+    def test_body_characters_outside_the_sqs_set_are_invalid_message_contents(self):
+        with self.assertRaises(self.sqs.exceptions.InvalidMessageContents):
+            self.sqs.send_message(QueueUrl=self.url, MessageBody="bad \x01 char")
+
+    def test_malformed_receipt_handle(self):
+        with self.assertRaises(self.sqs.exceptions.ReceiptHandleIsInvalid) as ctx:
+            self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle="garbage")
+        self.assertEqual(self.error_code(ctx), "ReceiptHandleIsInvalid")
+
+    def test_receive_from_a_queue_qd_runs_itself_is_unsupported(self):
+        url = self.sqs.get_queue_url(QueueName="cmd")["QueueUrl"]
+        with self.assertRaises(self.sqs.exceptions.UnsupportedOperation):
+            self.sqs.receive_message(QueueUrl=url)
+
+
+class RawWire(unittest.TestCase):
+    """The error answers' exact shape, which SDKs depend on."""
+
+    def post(self, body, headers):
+        req = urllib.request.Request(ENDPOINT + "/", data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status, dict(r.headers), r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), e.read()
+
+    def test_json_error_has_type_query_error_and_request_id(self):
+        status, headers, body = self.post(
+            json.dumps({"QueueName": "nope"}).encode(),
+            {"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.GetQueueUrl"},
+        )
+        self.assertEqual(status, 400)
+        doc = json.loads(body)
+        self.assertEqual(doc["__type"], "com.amazonaws.sqs#QueueDoesNotExist")
+        lower = {k.lower(): v for k, v in headers.items()}
+        self.assertEqual(lower["x-amzn-query-error"], "AWS.SimpleQueueService.NonExistentQueue;Sender")
+        self.assertTrue(lower["x-amzn-requestid"])
+
+    def test_query_error_is_an_error_response_document(self):
+        status, headers, body = self.post(
+            b"Action=GetQueueUrl&Version=2012-11-05&QueueName=nope",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        self.assertEqual(status, 400)
+        text = body.decode()
+        self.assertIn("<ErrorResponse>", text)
+        self.assertIn("<Code>AWS.SimpleQueueService.NonExistentQueue</Code>", text)
+        self.assertIn("<Type>Sender</Type>", text)
+
+    def test_garbage_never_gets_a_5xx(self):
+        cases = [
+            (b"{not json", {"X-Amz-Target": "AmazonSQS.SendMessage"}),
+            (b"[1,2]", {"X-Amz-Target": "AmazonSQS.SendMessage"}),
+            (b"{}", {"X-Amz-Target": "Other.Thing"}),
+            (b"{}", {"X-Amz-Target": "AmazonSQS.NoSuchAction"}),
+            (b'{"QueueUrl": 5}', {"X-Amz-Target": "AmazonSQS.SendMessage"}),
+            (b'{"QueueUrl": "/000000000000/jobs", "Entries": "x"}', {"X-Amz-Target": "AmazonSQS.SendMessageBatch"}),
+            (b'{"QueueUrl": "/000000000000/jobs", "MessageBody": "x", "MessageAttributes": []}', {"X-Amz-Target": "AmazonSQS.SendMessage"}),
+            (b"Action=SendMessage&QueueUrl=%FF%FE", {}),
+            (b"Action=ReceiveMessage&QueueUrl=/000000000000/jobs&MaxNumberOfMessages=ten", {}),
+            (b"\xff\xfe\x00", {}),
+            (b"", {}),
+        ]
+        for body, headers in cases:
+            status, _, text = self.post(body, headers)
+            self.assertGreaterEqual(status, 400, (body, text))
+            self.assertLess(status, 500, (body, text))
+
+
+if __name__ == "__main__":
+    result = unittest.main(exit=False, verbosity=2).result
+    sys.exit(0 if result.wasSuccessful() and result.testsRun > 0 else 1)
