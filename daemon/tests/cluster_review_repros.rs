@@ -1,14 +1,14 @@
-//! Reproductions of two defects of the PostgreSQL cluster found in review, kept
-//! `#[ignore]` until fixed (each fails today; run with
-//! `cargo test -p qd --test cluster_review_repros -- --ignored --nocapture`):
+//! Defects of the PostgreSQL cluster found in review, each as a test of the real
+//! binaries:
 //!
 //! - a steady enqueue load on two nodes gets `503 unavailable` from the
 //!   `max_depth` lock tried inside the group commit, although no queue is near
-//!   its limit (every configured queue has a `max_depth`, 100,000 by default);
-//! - a node restarted after `kill -9` ends its external workers' live leases
-//!   (`join` releases every lease of its name), though `cluster.md` promises
-//!   they stay the workers' until `lease_end` passes: the worker's next
-//!   heartbeat or ack is `409` and the job runs again.
+//!   its limit (every configured queue has a `max_depth`, 100,000 by default).
+//!   Not fixed yet: kept `#[ignore]`; run with
+//!   `cargo test -p qd --test cluster_review_repros -- --ignored --nocapture`;
+//! - a node restarted after `kill -9` must not end its external workers' live
+//!   leases (they stay the workers' until `lease_end` passes, `cluster.md`), or
+//!   the worker's next heartbeat or ack is `409` and the job runs again.
 
 mod common;
 
@@ -79,7 +79,6 @@ fn a_steady_two_node_enqueue_load_far_from_max_depth_gets_no_503() {
 /// restart: the worker heartbeats through node 1 meanwhile, and after the
 /// restart its heartbeat and ack still apply.
 #[test]
-#[ignore = "defect: a restarted node releases its external workers' live leases"]
 fn an_external_lease_outlives_its_nodes_restart() {
     let Some(db) = pg::database() else { return };
     let body = "[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"60s\"\n";
