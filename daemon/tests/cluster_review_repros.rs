@@ -4,7 +4,9 @@
 //! - a steady enqueue load on two nodes gets `503 unavailable` from the
 //!   `max_depth` lock tried inside the group commit, although no queue is near
 //!   its limit (every configured queue has a `max_depth`, 100,000 by default).
-//!   Not fixed yet: kept `#[ignore]`; run with
+//!   Only with two queues: one group commit takes queue a's depth lock then
+//!   tries b's while the other node's holds b's and tries a's, and both give up
+//!   after 200 ms (one queue: 777 enqueues, no 503). Not fixed yet: kept `#[ignore]`; run with
 //!   `cargo test -p qd --test cluster_review_repros -- --ignored --nocapture`;
 //! - a node restarted after `kill -9` must not end its external workers' live
 //!   leases (they stay the workers' until `lease_end` passes, `cluster.md`), or
