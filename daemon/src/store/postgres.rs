@@ -38,7 +38,9 @@
 //!   deadline can still be ended by its holder until the leader ended it
 //!   ([`SharedStore::expire`], fenced by the leader's epoch as well).
 //! - A node that opens the store ends the leases its earlier run held (its name in
-//!   `lease_node`), uncharged, as a restart on SQLite does; it may take its name only
+//!   `lease_node`), uncharged, as a restart on SQLite does, except external
+//!   workers' leases whose `lease_end` has not passed: those lose their node and
+//!   the leader ends them once it passes. It may take its name only
 //!   if it is the same node (its id) or the name's holder is silent. A node whose
 //!   name was taken over claims nothing (every claim applies only while `qd_nodes`
 //!   holds its name with its id), and its heartbeat is refused
@@ -576,6 +578,16 @@ impl PgBackend {
             if !joined {
                 return Ok((false, 0));
             }
+            // An external worker's live lease is its worker's, not this run's: it
+            // is let go of by this name (no node holds it) and kept until its
+            // stored end, when the leader ends it as any dead node's lease.
+            c.execute(
+                "UPDATE qd_jobs SET lease_node = NULL, \
+                   lease_deadline = GREATEST(lease_deadline, lease_end) \
+                 WHERE lease_node = $1 AND lease_token IS NOT NULL AND lease_end > now()",
+                &[&name],
+            )
+            .await?;
             let released = c
                 .execute(
                     "UPDATE qd_jobs SET lease_token = NULL, worker = NULL, leased_at = NULL, \
