@@ -9,17 +9,24 @@
 //! - ack last + idempotent effect: `INSERT .. ON CONFLICT(key) DO UPDATE SET
 //!   absorbed = absorbed + 1` keyed by `QD_IDEMPOTENCY_KEY`: one row per key, and the
 //!   absorbed re-runs are counted.
+//!
+//! On a cluster ([`Setup::Cluster`]) the jobs are enqueued through both nodes, the
+//! 4 workers are split 2 and 2 (external workers of the ack-first run lease and ack
+//! on their own node), and node 1 is SIGKILLed once a third of the jobs succeeded:
+//! the job processes it started run on (their effects land), and its leases end by
+//! node 0's sweep, so those jobs run again on node 0.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
 
 use crate::Row;
-use crate::daemon::{Api, Daemon};
+use crate::daemon::Api;
+use crate::fleet::{Fleet, Killed, Setup};
 use crate::scratch::Scratch;
 
 const JOBS: usize = 2_000;
@@ -75,39 +82,61 @@ fn bodies() -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Ack last: qd's own workers run the script; returns (lost, dups, absorbed, dead, s).
-async fn ack_last(dedup: bool) -> Result<(usize, usize, usize, usize, f64)> {
+/// What one ack-last run measured.
+struct AckLast {
+    lost: usize,
+    dups: usize,
+    absorbed: usize,
+    dead: usize,
+    secs: f64,
+    killed: Option<Killed>,
+}
+
+/// Ack last: qd's own workers run the script.
+async fn ack_last(setup: &Setup, dedup: bool) -> Result<AckLast> {
     let dir = Scratch::new("crashes")?;
     let db = create_db(&dir.0)?;
     let prog = dir.script("effect.sh", SCRIPT)?;
     let mode = if dedup { "dedup" } else { "plain" };
-    let daemon = Daemon::start(
-        &dir.0,
-        &format!(
+    let fleet = Fleet::start(setup, &dir.0, |node| {
+        let w = setup.share(4, node);
+        format!(
             "[queues.crash]\nexecutor = {{ kind = \"command\", program = \"{}\", args = [\"{mode}\"], env = {{ DB = \"{}\" }} }}\n\
-             workers = {{ min = 4, max = 4 }}\nmax_attempts = 20\nbackoff = {{ base = \"50ms\", max = \"500ms\" }}\n",
+             workers = {{ min = {w}, max = {w} }}\nmax_attempts = 20\nbackoff = {{ base = \"50ms\", max = \"500ms\" }}\n",
             prog.display(),
             db.display()
-        ),
-    )
+        )
+    })
     .await?;
     let start = Instant::now();
-    let ids = daemon.enqueue_all("crash", bodies()).await?;
-    let jobs = daemon.wait_final(&ids, Duration::from_secs(600)).await?;
+    let ids = fleet.enqueue_all("crash", bodies()).await?;
+    let kill = fleet.kill_later(JOBS / 3)?;
+    let jobs = fleet
+        .api()
+        .wait_final(&ids, Duration::from_secs(600))
+        .await?;
     let secs = start.elapsed().as_secs_f64();
+    let killed = kill.finish().await?;
     let dead = jobs.iter().filter(|j| j["state"] != "succeeded").count() + ids.len() - jobs.len();
     let (lost, dups, absorbed) = count(&db, dedup)?;
-    Ok((lost, dups, absorbed, dead, secs))
+    Ok(AckLast {
+        lost,
+        dups,
+        absorbed,
+        dead,
+        secs,
+        killed,
+    })
 }
 
-/// One external worker that acks before running the job.
+/// One external worker that acks before running the job, until `stop`.
 async fn ack_first_worker(
     api: Api,
     prog: Arc<Path>,
     db: Arc<Path>,
-    acked: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
 ) -> Result<()> {
-    while acked.load(Ordering::SeqCst) < JOBS {
+    while !stop.load(Ordering::SeqCst) {
         for job in api.lease("crash", "ack-first", 8, 0.5).await? {
             let id = job["id"].as_str().context("id")?;
             let (status, answer) = api
@@ -117,7 +146,6 @@ async fn ack_first_worker(
                 )
                 .await?;
             anyhow::ensure!(status == 200, "ack answered {status}: {answer}");
-            acked.fetch_add(1, Ordering::SeqCst);
             let key = job["idempotency_key"].as_str().context("key")?;
             // The job "runs" after its ack; its exit status no longer matters to anyone.
             let _ = tokio::process::Command::new(&*prog)
@@ -132,54 +160,89 @@ async fn ack_first_worker(
     Ok(())
 }
 
-/// Ack first, emulated by an external worker; returns (lost, dups, s).
-async fn ack_first() -> Result<(usize, usize, f64)> {
+/// Ack first, emulated by external workers (2 per node on a cluster, 4 on one
+/// node); returns (lost, dups, s, the kill).
+async fn ack_first(setup: &Setup) -> Result<(usize, usize, f64, Option<Killed>)> {
     let dir = Scratch::new("ack-first")?;
     let db: Arc<Path> = create_db(&dir.0)?.into();
     let prog: Arc<Path> = dir.script("effect.sh", SCRIPT)?.into();
-    let daemon = Daemon::start(
-        &dir.0,
-        "[queues.crash]\nexecutor = { kind = \"external\" }\n",
-    )
+    let fleet = Fleet::start(setup, &dir.0, |_| {
+        "[queues.crash]\nexecutor = { kind = \"external\" }\n".to_owned()
+    })
     .await?;
     let start = Instant::now();
-    daemon.enqueue_all("crash", bodies()).await?;
-    let acked = Arc::new(AtomicUsize::new(0));
+    let ids = fleet.enqueue_all("crash", bodies()).await?;
+    let stop = Arc::new(AtomicBool::new(false));
     let mut set = tokio::task::JoinSet::new();
-    for _ in 0..4 {
-        set.spawn(ack_first_worker(
-            (*daemon).clone(),
-            prog.clone(),
-            db.clone(),
-            acked.clone(),
-        ));
+    for (node, api) in fleet.apis().into_iter().enumerate() {
+        for _ in 0..setup.share(4, node) {
+            let worker = ack_first_worker(api.clone(), prog.clone(), db.clone(), stop.clone());
+            let victim = fleet.is_victim(node);
+            // A worker of the killed node fails on its next request; that is the
+            // crash, not the runner's error.
+            set.spawn(async move {
+                worker
+                    .await
+                    .or_else(|e| if victim { Ok(()) } else { Err(e) })
+            });
+        }
     }
-    while let Some(done) = set.join_next().await {
-        done??;
+    let kill = fleet.kill_later(JOBS / 3)?;
+    let done = fleet
+        .api()
+        .wait_final(&ids, Duration::from_secs(600))
+        .await?;
+    stop.store(true, Ordering::SeqCst);
+    while let Some(joined) = set.join_next().await {
+        joined??;
     }
+    let killed = kill.finish().await?;
+    anyhow::ensure!(
+        done.len() == JOBS,
+        "{} jobs not acked within 600 s",
+        JOBS - done.len()
+    );
     let (lost, dups, _) = count(&db, false)?;
-    Ok((lost, dups, start.elapsed().as_secs_f64()))
+    Ok((lost, dups, start.elapsed().as_secs_f64(), killed))
 }
 
 /// Runs the three crash experiments and returns their rows.
-pub async fn run() -> Result<Vec<Row>> {
-    let (lost, dups, secs) = ack_first().await?;
+pub async fn run(setup: &Setup) -> Result<Vec<Row>> {
+    let (lost, dups, secs, killed) = ack_first(setup).await?;
     let mut rows = vec![Row::new(
         "Ack first, 5% crashes (external worker acking before work; not a qd mode)",
         "99 lost, 0 duplicate effects",
-        format!("{lost} lost, {dups} duplicate effects ({secs:.0} s)"),
+        format!(
+            "{lost} lost, {dups} duplicate effects ({secs:.0} s){}",
+            Killed::describe(killed.as_ref())
+        ),
     )];
-    let (lost, dups, _, dead, secs) = ack_last(false).await?;
+    let r = ack_last(setup, false).await?;
     rows.push(Row::new(
         "Ack last (qd), 5% crashes",
         "0 lost, 65 duplicate effects",
-        format!("{lost} lost, {dups} duplicate effects, {dead} dead ({secs:.0} s)"),
+        format!(
+            "{} lost, {} duplicate effects, {} dead ({:.0} s){}",
+            r.lost,
+            r.dups,
+            r.dead,
+            r.secs,
+            Killed::describe(r.killed.as_ref())
+        ),
     ));
-    let (lost, dups, absorbed, dead, secs) = ack_last(true).await?;
+    let r = ack_last(setup, true).await?;
     rows.push(Row::new(
         "Ack last (qd) + effect keyed by QD_IDEMPOTENCY_KEY",
         "0 lost, 0 duplicates",
-        format!("{lost} lost, {dups} duplicates ({absorbed} re-runs absorbed), {dead} dead ({secs:.0} s)"),
+        format!(
+            "{} lost, {} duplicates ({} re-runs absorbed), {} dead ({:.0} s){}",
+            r.lost,
+            r.dups,
+            r.absorbed,
+            r.dead,
+            r.secs,
+            Killed::describe(r.killed.as_ref())
+        ),
     ));
     Ok(rows)
 }

@@ -17,6 +17,21 @@ pub struct Daemon {
     log: PathBuf,
 }
 
+/// How to end a running qd from another task: its process id.
+#[derive(Clone, Copy)]
+pub struct Pid(u32);
+
+impl Pid {
+    /// Sends `SIGKILL`: the node stops at once, with no shutdown of its own (its
+    /// leases stay in the store for the cluster's leader to end). Errors: the
+    /// process is gone already.
+    pub fn kill9(self) -> Result<()> {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0)?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL)
+            .with_context(|| format!("SIGKILL qd (pid {})", self.0))
+    }
+}
+
 /// A cheap-to-clone client of one qd's HTTP API.
 #[derive(Clone)]
 pub struct Api {
@@ -36,12 +51,18 @@ impl Daemon {
     /// Writes `[daemon]` (data dir, socket, free ports) plus `body` into `dir/qd.toml`
     /// and starts qd; returns once `/healthz` answers.
     pub async fn start(dir: &Path, body: &str) -> Result<Daemon> {
+        Daemon::start_with(dir, "", body).await
+    }
+
+    /// [`Daemon::start`] with more `[daemon]` keys (`daemon_keys`, one per line),
+    /// e.g. a cluster node's `database_url` and `node_name`.
+    pub async fn start_with(dir: &Path, daemon_keys: &str, body: &str) -> Result<Daemon> {
         let [api_port, metrics_port] = free_ports()?;
         let config = dir.join("qd.toml");
         let text = format!(
             "[daemon]\ndata_dir = \"{d}/data\"\nadmin_socket = \"{d}/qctl.sock\"\n\
              api_listen = \"127.0.0.1:{api_port}\"\nmetrics_listen = \"127.0.0.1:{m}\"\n\
-             shutdown_grace = \"2s\"\n\n{body}",
+             shutdown_grace = \"2s\"\n{daemon_keys}\n{body}",
             d = dir.display(),
             m = metrics_port
         );
@@ -75,6 +96,11 @@ impl Daemon {
         let mut daemon = Daemon { api, child, log };
         daemon.wait_healthy().await?;
         Ok(daemon)
+    }
+
+    /// Its process id, to kill it from another task ([`Pid::kill9`]).
+    pub fn pid(&self) -> Result<Pid> {
+        self.child.id().map(Pid).context("qd has exited already")
     }
 
     async fn wait_healthy(&mut self) -> Result<()> {

@@ -10,7 +10,7 @@ use anyhow::Result;
 use serde_json::json;
 
 use crate::Row;
-use crate::daemon::Daemon;
+use crate::fleet::{Fleet, Killed, Setup};
 use crate::scratch::Scratch;
 
 /// Notes printed under the table.
@@ -21,26 +21,37 @@ const SCALE: f64 = 10.0;
 const SCRIPT: &str =
     "p=$(cat)\n[ \"$p\" = poison ] && { echo \"poisoned\" >&2; exit 1; }\nsleep 0.1";
 
-/// (seconds until all 40 good jobs succeeded or None, dead poison jobs with 3 history entries, poison attempts).
-async fn run_once(poison: usize, max_attempts: u32) -> Result<(Option<f64>, usize, u64)> {
+/// What one run measured.
+struct Outcome {
+    /// Seconds until all 40 good jobs succeeded, if they did within the limit.
+    good_done: Option<f64>,
+    /// Poison jobs dead with a history of `max_attempts` entries.
+    parked: usize,
+    /// Attempts of the poison jobs so far.
+    attempts: u64,
+    killed: Option<Killed>,
+}
+
+async fn run_once(setup: &Setup, poison: usize, max_attempts: u32) -> Result<Outcome> {
     let dir = Scratch::new("poison")?;
     let prog = dir.script("job.sh", SCRIPT)?;
-    let daemon = Daemon::start(
-        &dir.0,
-        &format!(
+    let fleet = Fleet::start(setup, &dir.0, |node| {
+        let w = setup.share(2, node);
+        format!(
             "[queues.p]\nexecutor = {{ kind = \"command\", program = \"{}\" }}\n\
-             workers = {{ min = 2, max = 2 }}\nmax_attempts = {max_attempts}\nbackoff = {{ base = \"100ms\", max = \"1s\" }}\n",
+             workers = {{ min = {w}, max = {w} }}\nmax_attempts = {max_attempts}\nbackoff = {{ base = \"100ms\", max = \"1s\" }}\n",
             prog.display()
-        ),
-    )
+        )
+    })
     .await?;
+    let daemon = fleet.api();
     let start = Instant::now();
-    let bad = daemon
-        .enqueue_all("p", vec![json!({ "payload": "poison" }); poison])
-        .await?;
-    let good = daemon
-        .enqueue_all("p", vec![json!({ "payload": "good" }); 40])
-        .await?;
+    let mut bodies = vec![json!({ "payload": "poison" }); poison];
+    bodies.extend(vec![json!({ "payload": "good" }); 40]);
+    let mut ids = fleet.enqueue_all("p", bodies).await?;
+    let good = ids.split_off(poison);
+    let bad = ids;
+    let kill = fleet.kill_later(15)?;
     let done = daemon.wait_final(&good, Duration::from_secs(120)).await?;
     let secs = start.elapsed().as_secs_f64();
     let all_good = done.len() == 40 && done.iter().all(|j| j["state"] == "succeeded");
@@ -58,7 +69,12 @@ async fn run_once(poison: usize, max_attempts: u32) -> Result<(Option<f64>, usiz
             parked += 1;
         }
     }
-    Ok((all_good.then_some(secs), parked, attempts))
+    Ok(Outcome {
+        good_done: all_good.then_some(secs),
+        parked,
+        attempts,
+        killed: kill.finish().await?,
+    })
 }
 
 fn done_by(secs: Option<f64>) -> String {
@@ -69,24 +85,38 @@ fn done_by(secs: Option<f64>) -> String {
 }
 
 /// Runs the poison experiments and returns their rows.
-pub async fn run() -> Result<Vec<Row>> {
-    let (base, _, _) = run_once(0, 3).await?;
+pub async fn run(setup: &Setup) -> Result<Vec<Row>> {
+    let base = run_once(setup, 0, 3).await?;
     let mut rows = vec![Row::new(
         "No poison jobs (baseline)",
         "40 of 40 done by 20 s",
-        done_by(base),
+        format!(
+            "{}{}",
+            done_by(base.good_done),
+            Killed::describe(base.killed.as_ref())
+        ),
     )];
-    let (forever, _, attempts) = run_once(4, 1000).await?;
+    let forever = run_once(setup, 4, 1000).await?;
     rows.push(Row::new(
         "Poison jobs, retry forever (max_attempts = 1000)",
         "0 of 40 good jobs done in 2000 s",
-        format!("{}; poison attempts so far {attempts}", done_by(forever)),
+        format!(
+            "{}; poison attempts so far {}{}",
+            done_by(forever.good_done),
+            forever.attempts,
+            Killed::describe(forever.killed.as_ref())
+        ),
     ));
-    let (dlq, parked, _) = run_once(4, 3).await?;
+    let dlq = run_once(setup, 4, 3).await?;
     rows.push(Row::new(
         "Poison jobs, DLQ after 3",
         "40 of 40 done by 26 s; 4 parked",
-        format!("{}; {parked} dead with 3-attempt history", done_by(dlq)),
+        format!(
+            "{}; {} dead with 3-attempt history{}",
+            done_by(dlq.good_done),
+            dlq.parked,
+            Killed::describe(dlq.killed.as_ref())
+        ),
     ));
     Ok(rows)
 }
