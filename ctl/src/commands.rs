@@ -61,6 +61,7 @@ pub fn run(
         Command::Completions { .. }
         | Command::Top { .. }
         | Command::Jobs(JobsCmd::Payload { .. })
+        | Command::Jobs(JobsCmd::Result { .. })
         | Command::Dlq(DlqCmd::Export { .. }) => Err(CliError::Usage(
             "this command writes its own output; run it through main".into(),
         )),
@@ -141,6 +142,7 @@ fn request_for(cmd: Command) -> Request {
         | Command::Completions { .. }
         | Command::Top { .. }
         | Command::Jobs(JobsCmd::Payload { .. })
+        | Command::Jobs(JobsCmd::Result { .. })
         | Command::Dlq(_)
         | Command::Backup(_) => {
             unreachable!("invariant: handled in run()")
@@ -183,6 +185,7 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
         Response::Backup(b) => render::backup(b),
         Response::Reloaded(r) => render::reloaded(r),
         other @ (Response::Payload(_)
+        | Response::JobResult(_)
         | Response::Export { .. }
         | Response::Top(_)
         | Response::EnqueuedBatch { .. }) => {
@@ -216,6 +219,7 @@ fn enqueue_request(args: EnqueueArgs) -> Result<Request, CliError> {
         key: args.key,
         delay_ms,
         max_attempts: args.max_attempts,
+        priority: args.priority,
         payload: qd_proto::Payload::from_bytes(payload),
     })
 }

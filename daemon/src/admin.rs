@@ -183,6 +183,7 @@ impl AdminHandler for Handler {
                 key,
                 delay_ms,
                 max_attempts,
+                priority,
                 payload,
             } => {
                 self.queue_exists(&queue)?;
@@ -197,6 +198,11 @@ impl AdminHandler for Handler {
                     idempotency_key: key,
                     delay: Duration::from_millis(delay_ms.unwrap_or(0)),
                     max_attempts,
+                    priority_ms: match priority.as_deref() {
+                        Some(text) => crate::priority::parse_priority(text)
+                            .map_err(|e| err(ErrorCode::BadRequest, e))?,
+                        None => 0,
+                    },
                 };
                 let what = format!("queue {}", req.queue);
                 let done = broker::request(|tx| BrokerMsg::Enqueue(req, tx), CALL).await??;
@@ -393,6 +399,7 @@ impl AdminHandler for Handler {
                 self.set_overrides(&peer, req_op, changes).await
             }
             Request::JobsPayload { id } => self.jobs_payload(&id).await,
+            Request::JobsResult { id } => self.jobs_result(&id).await,
             Request::DlqExport {
                 selection,
                 limit,

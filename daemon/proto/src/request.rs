@@ -78,6 +78,10 @@ pub enum Request {
         /// Retry budget for this job; the queue's `max_attempts` when absent.
         #[serde(default)]
         max_attempts: Option<u32>,
+        /// Priority within the tenant: a signed duration (`"10m"`, `"-5m"`, -1 day to
+        /// +1 day) the job ranks ahead by; 0 when absent. Parsed by the daemon.
+        #[serde(default)]
+        priority: Option<String>,
         /// The payload bytes.
         payload: Payload,
     },
@@ -221,6 +225,12 @@ pub enum Request {
         /// The job id.
         id: String,
     },
+    /// What a job handed back (its ack's result), as base64. Answered with
+    /// [`crate::Response::JobResult`], or `not_found` when the job has no result.
+    JobsResult {
+        /// The job id.
+        id: String,
+    },
     /// Dead jobs with their whole payload and history, a page at a time, most recently
     /// dead first. Answered with [`crate::Response::Export`].
     DlqExport {
@@ -263,7 +273,7 @@ pub enum Request {
 impl Request {
     /// Every `op` name, in declaration order. `decode_request` answers `unknown_op` for
     /// any other name.
-    pub const OPS: [&'static str; 23] = [
+    pub const OPS: [&'static str; 24] = [
         "status",
         "queues",
         "jobs_list",
@@ -287,6 +297,7 @@ impl Request {
         "top",
         "backup",
         "reload",
+        "jobs_result",
     ];
 
     /// This request's `op` name (for logs and metrics labels).
@@ -311,6 +322,7 @@ impl Request {
             Request::QueueResume { .. } => "queue_resume",
             Request::LimiterSet { .. } => "limiter_set",
             Request::JobsPayload { .. } => "jobs_payload",
+            Request::JobsResult { .. } => "jobs_result",
             Request::DlqExport { .. } => "dlq_export",
             Request::Top { .. } => "top",
             Request::Backup { .. } => "backup",

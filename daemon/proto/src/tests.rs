@@ -26,6 +26,7 @@ fn sample_requests() -> Vec<Request> {
             key: Some("k".into()),
             delay_ms: Some(10_000),
             max_attempts: Some(3),
+            priority: Some("-5m".into()),
             payload: Payload::Text("hi".into()),
         },
         Request::EnqueueBatch {
@@ -79,6 +80,7 @@ fn sample_requests() -> Vec<Request> {
             burst: None,
         },
         Request::JobsPayload { id: "j1".into() },
+        Request::JobsResult { id: "j1".into() },
         Request::DlqExport {
             selection: DlqSelection::default(),
             limit: Some(50),
@@ -245,6 +247,7 @@ fn a_request_with_a_payload_of_the_default_max_payload_fits_a_frame() {
             key: Some(longest(255)),
             delay_ms: Some(u64::MAX),
             max_attempts: Some(u32::MAX),
+            priority: Some("-86400s".into()),
             payload: Payload::from_bytes(bytes.clone()),
         };
         let redrive = Request::DlqRedrive {
@@ -285,6 +288,8 @@ fn response_frames_round_trip_with_the_spec_shape() {
         idempotency_key: None,
         payload_preview: "hi".into(),
         payload_bytes: 2,
+        priority_ms: -300_000,
+        result_bytes: Some(7),
         history: vec![],
         history_elided: 0,
         history_elided_at: 0,

@@ -34,6 +34,8 @@ struct Row {
     /// The durable record (never in state leased).
     job: Job,
     payload: Vec<u8>,
+    /// What the job handed back, written by the ack, cleared by a redrive.
+    result: Option<Vec<u8>>,
     /// `(seq, entry)`, numbered and capped as SQLite does.
     history: Vec<(u64, HistoryEntry)>,
     /// The live lease, if any: (token, worker, leased_at).
@@ -157,11 +159,27 @@ impl MemoryBackend {
 
     /// Writes `t` and its history line if `allowed` holds for the stored row.
     fn change(&mut self, t: &Transition, allowed: impl Fn(&Row) -> bool) -> bool {
+        self.change_result(t, allowed, false)
+    }
+
+    /// [`Self::change`], clearing the stored result first with `clear` (a redrive).
+    fn change_result(
+        &mut self,
+        t: &Transition,
+        allowed: impl Fn(&Row) -> bool,
+        clear: bool,
+    ) -> bool {
         let Some(mut row) = self.jobs.get(&t.job.id).filter(|r| allowed(r)).cloned() else {
             return false;
         };
         row.job = stored(t, &row.job);
         row.lease = None;
+        if clear {
+            row.result = None;
+        }
+        if let Some(result) = &t.result {
+            row.result = Some(result.to_vec());
+        }
         if let Some(entry) = &t.entry {
             let seq = row.history.last().map_or(1, |(seq, _)| seq + 1);
             let entry = history::bounded(entry, &self.history_limits).into_owned();
@@ -221,6 +239,7 @@ impl Backend for MemoryBackend {
             let row = Row {
                 job: job.clone(),
                 payload: payload.clone(),
+                result: None,
                 history: Vec::new(),
                 lease: None,
             };
@@ -287,7 +306,7 @@ impl Backend for MemoryBackend {
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         Ok(changes
             .iter()
-            .map(|t| self.change(t, |r| r.job.state == State::Dead))
+            .map(|t| self.change_result(t, |r| r.job.state == State::Dead, true))
             .collect())
     }
 
@@ -334,6 +353,7 @@ impl Backend for MemoryBackend {
             JobDetail {
                 job: row.view(),
                 payload: row.payload.clone(),
+                result: row.result.clone(),
                 history: row.history.iter().map(|(_, e)| e.clone()).collect(),
                 history_elided,
                 history_elided_at,
