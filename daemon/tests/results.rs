@@ -103,7 +103,7 @@ fn a_result_over_max_result_is_refused_naming_its_size_and_changes_nothing() {
     let job = leased(&qd, "ext");
     let (status, body) = ack_with(&qd, &job, json!({ "result": "x".repeat(17) }));
     assert_eq!(status, 400, "{body}");
-    let message = body["message"].as_str().expect("message");
+    let message = body["error"]["message"].as_str().expect("message");
     assert!(
         message.contains("17 bytes") && message.contains("16 bytes"),
         "{body}"
@@ -305,7 +305,7 @@ executor = { kind = "external" }
         );
         assert_eq!(status, 400, "{bad}: {body}");
         assert!(
-            body["message"]
+            body["error"]["message"]
                 .as_str()
                 .expect("message")
                 .contains("priority"),
@@ -362,7 +362,7 @@ backoff = { base = "10ms", max = "10ms" }
     });
     let job = lease_one(&qd, "ext", "w1", "5s").expect("lease");
     assert_eq!(job["id"], boosted.as_str(), "still first after its retry");
-    assert_eq!(qd.job(&boosted)["priority"], "1d");
+    assert_eq!(qd.job(&boosted)["priority"], "1day");
 
     // The queue's age is the real wait (seconds), not a day ahead.
     wait_for("the age gauge", LONG, || {
