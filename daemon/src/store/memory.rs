@@ -77,7 +77,7 @@ fn stored(t: &Transition, old: &Job) -> Job {
 type OverrideKey = (String, String, String);
 
 enum Undo {
-    Job(JobId, Option<Row>),
+    Job(JobId, Option<Box<Row>>),
     Override(OverrideKey, Option<String>),
 }
 
@@ -125,7 +125,7 @@ impl MemoryBackend {
     fn write_job(&mut self, id: JobId, row: Option<Row>) {
         let old = self.replace(id, row);
         if self.in_transaction {
-            self.undo.push(Undo::Job(id, old));
+            self.undo.push(Undo::Job(id, old.map(Box::new)));
         }
     }
 
@@ -144,7 +144,7 @@ impl MemoryBackend {
         while self.undo.len() > len {
             match self.undo.pop() {
                 Some(Undo::Job(id, row)) => {
-                    self.replace(id, row);
+                    self.replace(id, row.map(|r| *r));
                 }
                 Some(Undo::Override(key, Some(value))) => {
                     self.overrides.insert(key, value);
