@@ -498,11 +498,11 @@ pub enum TransitionError {
     },
 }
 
-/// What a stale token is told about the job's lease now: the current lease's token
-/// while it is leased, else that the lease ended (its last token is no lease).
-fn lease_now(current: &Token, state: &State) -> String {
+/// The job's standing for a stale token's message. The current lease's token is
+/// never shown: a stale worker that read it could ack over the live lease.
+fn lease_now(_current: &Token, state: &State) -> String {
     if *state == State::Leased {
-        format!("current lease is {current}, job is leased")
+        "a newer lease holds it; job is leased".to_owned()
     } else {
         format!("its lease ended; job is {state}")
     }
