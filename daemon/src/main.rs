@@ -355,4 +355,19 @@ async fn forward_signals(root: ActorRef<SupervisorMsg>, signals: Signals) {
     };
     info!(signal = name, "Signal received.");
     let _ = root.cast(SupervisorMsg::Shutdown(name.to_string()));
+    // A second SIGINT/SIGTERM during the grace means "now": qd exits at once, as
+    // after a crash (every accepted job is durable; each running attempt's watchdog
+    // stops its processes when qd is gone; the next start records them).
+    let again = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::warn!(
+        signal = again,
+        "Second signal during the shutdown grace; exiting now without waiting for running attempts."
+    );
+    std::process::exit(i32::from(EX_FORCED));
 }
+
+/// Exit code of a shutdown forced by a second signal (128 + SIGINT, as a shell reports).
+const EX_FORCED: u8 = 130;

@@ -159,3 +159,35 @@ fn a_frozen_qd_has_its_jobs_stopped_by_their_watchdog() {
     assert_eq!(job["state"], "succeeded", "{job}");
     qd.kill9();
 }
+
+#[test]
+fn a_second_ctrl_c_during_the_grace_exits_at_once_and_says_so() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let prog = job_script(work.path(), true);
+    let mut qd = Qd::start(&config(&prog));
+    qd.enqueue("work", "x");
+    let pids = first_run_pids(work.path());
+    signal(qd.pid(), "INT");
+    wait_for("the shutdown to begin", LONG, || {
+        qd.logs().contains("Signal received.").then_some(())
+    });
+    let start = std::time::Instant::now();
+    signal(qd.pid(), "INT");
+    // The grace is 5 s and the job ignores SIGTERM: only the second signal ends qd
+    // this soon.
+    let status = qd.wait_exit(Duration::from_secs(4));
+    assert!(start.elapsed() < Duration::from_secs(4));
+    assert_eq!(status.code(), Some(130), "{}", qd.logs());
+    assert!(
+        qd.logs()
+            .contains("Second signal during the shutdown grace"),
+        "{}",
+        qd.logs()
+    );
+    // The job ignores SIGTERM; its watchdog SIGKILLs it after kill_grace (60 s), and
+    // a restart stops it at once.
+    qd.spawn(&[]);
+    wait_for("the left job to be stopped", LONG, || {
+        pids.iter().all(|p| !alive(*p)).then_some(())
+    });
+}
