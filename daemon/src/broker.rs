@@ -303,6 +303,10 @@ pub enum BrokerMsg {
     Substituted(Vec<(Job, Job)>, Vec<Job>),
     /// Internal: a lessee went away before receiving its jobs; return them uncharged.
     Abandoned(Vec<(JobId, Token)>),
+    /// From the Supervisor at the first start: attempts an earlier run of qd was
+    /// running when it died, with the reason to record for each (see
+    /// [`crate::attempt_groups`]).
+    LeftBehind(Vec<(JobId, String)>),
     /// Renew a lease for `extend` (default: the queue's lease).
     Heartbeat(
         JobId,
@@ -632,6 +636,7 @@ impl BrokerState {
             BrokerMsg::AtCap(refused) => state.at_cap(refused),
             BrokerMsg::Substituted(replaced, taken) => state.substituted(replaced, taken, mono),
             BrokerMsg::Abandoned(leases) => state.abandoned(leases, now),
+            BrokerMsg::LeftBehind(attempts) => state.left_behind(attempts, now),
             BrokerMsg::Heartbeat(id, token, extend, reply) => {
                 state.heartbeat_any((id, token), extend, &[], reply, now, mono)
             }

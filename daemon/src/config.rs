@@ -80,6 +80,37 @@ pub struct DaemonConfig {
     /// The history cap: entries kept per job and error bytes per entry (default
     /// the first 5 and the last 20 entries, 2 KiB each).
     pub history: crate::store::HistoryLimits,
+    /// The HTTP API's connection limits (`daemon.http`).
+    pub http: HttpLimits,
+}
+
+/// `daemon.http`: how long the HTTP API waits for slow clients and how many
+/// connections it serves at once (see `daemon/docs/faults.md`). Fixed while the
+/// API runs: a change needs a restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Longest time from the start of a request (or of a new connection) to the end
+    /// of its headers; past it the connection is closed (default 10 s).
+    pub header_timeout: Duration,
+    /// Longest time a handler waits for a request's whole body; past it the
+    /// answer is `408 request_timeout` and the connection is closed (default 60 s).
+    pub body_timeout: Duration,
+    /// How long a keep-alive connection may sit idle between requests (default 60 s).
+    pub idle_timeout: Duration,
+    /// Most connections served at once; more are answered `503` and closed
+    /// (default 1024).
+    pub max_connections: u32,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+        }
+    }
 }
 
 /// `[sqs]`: the SQS-compatible API (`daemon/docs/sqs.md`).

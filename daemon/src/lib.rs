@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod admin_server;
 pub mod api;
+pub mod attempt_groups;
 pub mod backoff;
 pub mod backup;
 pub mod broker;

@@ -32,6 +32,7 @@ use tracing::{error, info, warn};
 use crate::admin::{self, AdminArgs};
 use crate::api::auth::LiveTokens;
 use crate::api::{Api, ApiArgs};
+use crate::attempt_groups::LeftBehind;
 use crate::broker::{self, Broker, BrokerArgs, BrokerMsg};
 use crate::cluster::{self, Cluster, ClusterArgs, ClusterView};
 use crate::config::Config;
@@ -70,6 +71,9 @@ pub struct Daemon {
     pub failure: Arc<Mutex<Option<String>>>,
     /// This node's standing in a cluster sharing one database (unused on SQLite).
     pub cluster: Arc<ClusterView>,
+    /// Attempts an earlier run of qd left when it died (found at start-up, their
+    /// processes already stopped); handed to the Broker once, at its first start.
+    pub left_behind: Arc<Mutex<Vec<LeftBehind>>>,
 }
 
 impl Daemon {
@@ -297,10 +301,19 @@ impl SupervisorState {
                     limits: d.limits.clone(),
                     restarted: self.broker_started,
                 };
-                Actor::spawn_linked(Some(broker::NAME.into()), Broker, args, sup)
+                let broker = Actor::spawn_linked(Some(broker::NAME.into()), Broker, args, sup)
                     .await?
-                    .0
-                    .get_cell()
+                    .0;
+                // Before any Scheduler or pool exists, so before any dispatch.
+                let left: Vec<_> =
+                    std::mem::take(&mut *d.left_behind.lock().unwrap_or_else(|e| e.into_inner()))
+                        .into_iter()
+                        .map(|l| (l.record.job, l.reason()))
+                        .collect();
+                if !left.is_empty() {
+                    broker.cast(BrokerMsg::LeftBehind(left))?;
+                }
+                broker.get_cell()
             }
             Child::Cluster => {
                 let database = config

@@ -20,6 +20,7 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+mod crashed;
 mod elsewhere;
 mod settle;
 mod shared;

@@ -37,6 +37,20 @@ pub(crate) struct RawDaemon {
     pub poll_interval: Option<Dur>,
     pub restart: Option<RawRestart>,
     pub history: Option<RawHistory>,
+    pub http: Option<RawHttp>,
+}
+
+/// `daemon.http`: the HTTP API's connection limits.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { header_timeout = \"10s\", body_timeout = \"60s\", idle_timeout = \"60s\", max_connections = 1024 }"
+)]
+pub(crate) struct RawHttp {
+    pub header_timeout: Option<Dur>,
+    pub body_timeout: Option<Dur>,
+    pub idle_timeout: Option<Dur>,
+    pub max_connections: Option<u32>,
 }
 
 /// `daemon.history`: the history cap.

@@ -2,7 +2,8 @@
 //!
 //! The payload is the request body; the job's identity travels in `Idempotency-Key`
 //! (the IETF httpapi idempotency-key draft, as used by Stripe), `Qd-Job-Id`,
-//! `Qd-Attempt`, `Qd-Tenant` and `Qd-Queue`, which win over configured headers.
+//! `Qd-Attempt`, `Qd-Tenant`, `Qd-Queue` and the attempt's fencing value
+//! `Qd-Lease-Token`, which win over configured headers.
 //! `Content-Type` is `application/octet-stream` unless configured. One pooled
 //! `reqwest::Client` per executor; proxies come from the usual `HTTPS_PROXY`/`NO_PROXY`
 //! environment. Redirects are not followed: a webhook that moved is a config error.
@@ -138,6 +139,7 @@ impl HttpExecutor {
             ("qd-attempt", job.attempt.to_string()),
             ("qd-tenant", job.tenant.to_string()),
             ("qd-queue", job.queue.to_string()),
+            ("qd-lease-token", job.token.to_string()),
         ];
         for (name, value) in identity {
             let value = HeaderValue::try_from(value)

@@ -101,6 +101,8 @@ fn job() -> JobRun {
         attempt: 2,
         idempotency_key: "order-7".to_owned(),
         payload: b"{\"order\":7}".to_vec(),
+        token: 41,
+        lease: Duration::from_secs(30),
     }
 }
 
@@ -333,6 +335,7 @@ async fn server_receives_payload_and_identity_headers() {
     assert_eq!(get("qd-job-id"), Some(job.id.to_string()));
     assert_eq!(get("qd-attempt").as_deref(), Some("2"));
     assert_eq!(get("qd-tenant").as_deref(), Some("acme"));
+    assert_eq!(get("qd-lease-token").as_deref(), Some("41"));
     assert_eq!(get("qd-queue").as_deref(), Some("hooks"));
     assert_eq!(get("authorization").as_deref(), Some("Bearer t0k"));
     assert_eq!(
