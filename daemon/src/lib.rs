@@ -25,6 +25,7 @@ pub mod notify;
 pub mod pruner;
 pub mod rate_limit;
 pub mod reload;
+pub mod schedule;
 pub mod scheduler;
 pub mod store;
 pub mod supervisor;

@@ -23,6 +23,7 @@ use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
 mod environment;
 mod executor;
 mod queue;
+mod schedule;
 
 /// The tenant every job without one belongs to; it always exists.
 pub(crate) const DEFAULT_TENANT: &str = "default";
@@ -54,6 +55,7 @@ pub(crate) fn compile(
         rate_limiters: names(&doc.rate_limiters),
     };
     let queues = queue::compile_queues(&mut diag, &doc, &scope);
+    let schedules = schedule::compile_schedules(&mut diag, &doc, &queues, daemon.max_payload);
     if environment {
         environment::check(&mut diag, &daemon, &queues);
     }
@@ -67,6 +69,7 @@ pub(crate) fn compile(
         queues,
         rate_limiters,
         tenants,
+        schedules,
         source: source.to_path_buf(),
     })
 }
