@@ -22,6 +22,7 @@ pub mod job;
 pub mod limits;
 pub mod metrics;
 pub mod notify;
+pub mod periodic;
 pub mod pruner;
 pub mod rate_limit;
 pub mod reload;

@@ -175,6 +175,26 @@ pub fn from_key(key: &str) -> Option<(&str, &str)> {
     rest.split_once(':')
 }
 
+/// The schedule and tick a job was enqueued for, as leases and `GET /v1/jobs/{id}`
+/// show it: `"schedule": {"name": "nightly", "tick": "2026-03-29T01:00:00Z"}`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct JobSchedule {
+    /// The schedule's name.
+    pub name: String,
+    /// The tick, RFC 3339 UTC.
+    pub tick: String,
+}
+
+impl JobSchedule {
+    /// The schedule of the job with idempotency key `key`, if a schedule enqueued it.
+    pub fn of_key(key: &str) -> Option<JobSchedule> {
+        from_key(key).map(|(name, tick)| JobSchedule {
+            name: name.to_owned(),
+            tick: tick.to_owned(),
+        })
+    }
+}
+
 /// What to do with ticks that came while nobody fired them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CatchUp {

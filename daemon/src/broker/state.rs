@@ -20,6 +20,7 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+mod fire;
 mod settle;
 mod shared;
 
@@ -42,6 +43,7 @@ use crate::limits::Limits;
 use crate::metrics::{self, Completion, RejectReason, TenantLabels};
 use crate::scheduler::{Snapshot, Waiting};
 use crate::store::{Backend, Inserted, NewRecord, StoreError};
+pub use fire::FireWrite;
 pub(crate) use settle::PROBE_EVERY;
 pub use settle::Settle;
 use settle::{Intent, Parked};

@@ -1,7 +1,8 @@
 //! The `command` executor: one child process per attempt.
 //!
 //! The program gets the payload on stdin (then EOF), the job's identity in `QD_JOB_ID`,
-//! `QD_IDEMPOTENCY_KEY`, `QD_ATTEMPT`, `QD_QUEUE` and `QD_TENANT` (these win over the
+//! `QD_IDEMPOTENCY_KEY`, `QD_ATTEMPT`, `QD_QUEUE` and `QD_TENANT`, and for a job a
+//! schedule enqueued `QD_SCHEDULE` and `QD_SCHEDULE_TICK` (these win over the
 //! queue's `env`), and runs in its own process group ([`group`]) so the whole tree is
 //! stopped together. Past `timeout`, or when an operator cancels the job, the group
 //! gets SIGTERM, and SIGKILL `kill_grace` later. The exit status is classified by the queue's [`ExitCodes`] (sysexits.h
@@ -162,6 +163,10 @@ impl CommandExecutor {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(schedule) = crate::schedule::JobSchedule::of_key(&job.idempotency_key) {
+            cmd.env("QD_SCHEDULE", schedule.name)
+                .env("QD_SCHEDULE_TICK", schedule.tick);
+        }
         if let Some(cwd) = &spec.cwd {
             cmd.current_dir(cwd);
         }
