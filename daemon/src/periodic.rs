@@ -45,7 +45,8 @@ const CALL: Duration = Duration::from_secs(10);
 /// How soon a fire the Broker or store could not take is tried again.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// The longest sleep of the timer: a wall-clock jump is noticed within it.
+/// The longest sleep of the timer: a wall-clock jump (the fire times are wall
+/// time, the timer is monotonic) is noticed within it.
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 
 /// Messages the Periodic actor takes.
@@ -134,7 +135,8 @@ impl Actor for Periodic {
             state.firing = firing;
         }
         let mut retry = false;
-        if reread || (firing && state.rows.is_empty()) {
+        let configured = !state.daemon.config().schedules.is_empty();
+        if reread || (firing && configured && state.rows.is_empty()) {
             retry |= state.reread().await.is_err();
         }
         if state.firing && !retry {
@@ -379,9 +381,17 @@ impl PeriodicState {
         false
     }
 
-    /// Publishes each configured schedule's next fire on this node.
+    /// Publishes each configured schedule's next fire on this node, and 0 for a
+    /// stored schedule no longer configured (so no alert waits for it).
     fn publish(&self) {
         let config = self.daemon.config();
+        for name in self
+            .rows
+            .keys()
+            .filter(|n| !config.schedules.contains_key(*n))
+        {
+            metrics::schedule_next_fire(name, None);
+        }
         for (name, sched) in &config.schedules {
             let next = self
                 .rows
@@ -415,9 +425,12 @@ impl PeriodicState {
                 Some(sched.timing.fire_at(name, row.next_tick?))
             })
             .min();
-        let mut sleep = soonest.map_or(MAX_SLEEP, |at| {
-            Duration::from_millis(u64::try_from(at.saturating_sub(now)).unwrap_or(0))
-        });
+        let mut sleep = match soonest {
+            Some(at) => Duration::from_millis(u64::try_from(at.saturating_sub(now)).unwrap_or(0)),
+            // Nothing to fire (no schedule, or all paused): sleep until a message.
+            None if !retry => return,
+            None => RETRY,
+        };
         if retry {
             sleep = sleep.min(RETRY);
         }
