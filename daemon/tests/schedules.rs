@@ -255,3 +255,80 @@ fn a_reload_adds_and_removes_a_schedule() {
             .is_empty()
     );
 }
+
+#[test]
+fn overlap_skip_runs_nothing_new_while_the_previous_run_is_unfinished() {
+    let qd = Qd::start(&format!(
+        "{EXT}\n[schedules.s]\nqueue = \"ext\"\nevery = \"1s\"\noverlap = \"skip\"\n"
+    ));
+    wait_for(
+        "ticks skipped behind the first run",
+        Duration::from_secs(30),
+        || (fires(&qd, "s", "skipped_overlap") >= 2.0).then_some(()),
+    );
+    assert_eq!(ticks(&qd, "s").len(), 1, "one run while it is unfinished");
+    // Once the run is acked, the next tick runs.
+    let (status, body) = qd.post(
+        "/v1/queues/ext/leases",
+        &json!({"worker_id": "w", "max_jobs": 1, "wait": "5s"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let job = &body["jobs"][0];
+    let id = job["id"].as_str().expect("id");
+    let (status, answer) = qd.post(
+        &format!("/v1/jobs/{id}/ack"),
+        &json!({"token": job["token"]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    wait_for("a run after the ack", Duration::from_secs(30), || {
+        (ticks(&qd, "s").len() >= 2).then_some(())
+    });
+}
+
+#[test]
+fn check_config_names_every_bad_schedule_key_with_its_place() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("qd.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[daemon]\ndata_dir = \"{}\"\n\n{EXT}\n\
+             [schedules.a]\nqueue = \"ext\"\ncron = \"0 25 * * *\"\n\n\
+             [schedules.b]\nqueue = \"ext\"\ncron = \"0 3 * * *\"\ntimezone = \"Europe/Berln\"\n\n\
+             [schedules.c]\nqueue = \"exx\"\nevery = \"1m\"\n\n\
+             [schedules.d]\nqueue = \"ext\"\nevery = \"1m\"\ncatchup = \"all\"\n",
+            dir.path().display()
+        ),
+    )
+    .expect("write");
+    let out = std::process::Command::new(common::qd_bin())
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .expect("check-config");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let file = path.display().to_string();
+    for (place, what) in [
+        (
+            ":9:8: schedules.a.cron",
+            "invalid cron expression \"0 25 * * *\"",
+        ),
+        (
+            ":14:12: schedules.b.timezone",
+            "unknown time zone \"Europe/Berln\"",
+        ),
+        (
+            ":17:9: schedules.c.queue",
+            "unknown queue \"exx\" (known: ext)",
+        ),
+        (":23:1: schedules.d.catchup", "unknown field"),
+    ] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("{file}{place}")) && l.contains(what)),
+            "{place} {what} in:\n{stderr}"
+        );
+    }
+}
