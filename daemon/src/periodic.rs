@@ -360,6 +360,11 @@ impl PeriodicState {
                     }
                     ScheduleResult::Missed
                 }
+                Ok(Err(BrokerError::ShuttingDown)) | Err(BrokerError::ShuttingDown) => {
+                    // The tick stays stored; whichever run of qd comes next fires it.
+                    debug!(schedule = %name, "Schedule not fired: qd is shutting down.");
+                    return false;
+                }
                 Ok(Err(err)) | Err(err) => {
                     warn!(schedule = %name, tick = %schedule::tick_text(tick), error = %err, "Schedule could not fire; retrying.");
                     if i + 1 < runs {

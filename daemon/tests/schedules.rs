@@ -173,6 +173,11 @@ fn pause_resume_and_trigger_through_qctl_and_a_pause_survives_restart() {
     let s = find(&list, "s");
     assert_eq!(s["paused"], json!(true), "{list}");
     assert_eq!(s["next_fire_at"], Value::Null);
+    let table = ok(&qd, &["schedules", "list"]);
+    assert!(
+        table.contains("SCHEDULE") && table.contains("yearly") && table.contains("Europe/Berlin"),
+        "{table}"
+    );
     let yearly = find(&list, "yearly");
     assert_eq!(yearly["timezone"], json!("Europe/Berlin"));
     assert_eq!(yearly["spec"], json!("cron 0 0 1 1 *"));

@@ -861,6 +861,28 @@ jitter = "2m"
 
 [schedules.f]
 queue = "demo"
+
+[schedules.g]
+queue = "demo"
+every = "1m"
+timezone = "UTC"
+payload = "x"
+payload_b64 = "eA=="
+
+[schedules.h]
+queue = "demo"
+every = "1m"
+payload_b64 = "!!"
+max_catch_up = 3
+
+[schedules.i]
+queue = "demo"
+every = "1m"
+cron = "* * * * *"
+
+[schedules."bad name"]
+queue = "demo"
+every = "1m"
 "#
     );
     let errors = errors(&text);
@@ -887,6 +909,22 @@ queue = "demo"
     let jitter = error_at(&errors, "schedules.e.jitter");
     assert!(jitter.message.contains("shorter than every"), "{jitter:?}");
     let f = error_at(&errors, "schedules.f");
+    assert!(f.message.contains("missing key `cron` or `every`"), "{f:?}");
+    let g = error_at(&errors, "schedules.g.timezone");
+    assert!(g.message.contains("only applies to cron"), "{g:?}");
+    let g = error_at(&errors, "schedules.g.payload_b64");
+    assert!(g.message.contains("either payload or payload_b64"), "{g:?}");
+    let h = error_at(&errors, "schedules.h.payload_b64");
+    assert!(h.message.contains("not valid base64"), "{h:?}");
+    let h = error_at(&errors, "schedules.h.max_catch_up");
+    assert!(
+        h.message.contains("only applies with catch_up = \"all\""),
+        "{h:?}"
+    );
+    let i = error_at(&errors, "schedules.i.every");
+    assert!(i.message.contains("either cron or every"), "{i:?}");
+    let j = error_at(&errors, "schedules.\"bad name\"");
+    assert!(j.message.contains("invalid schedule name"), "{j:?}");
     assert!(f.message.contains("missing key `cron` or `every`"), "{f:?}");
     assert!(errors.iter().all(|e| e.line.is_some()), "{errors:#?}");
 }
