@@ -46,6 +46,8 @@ pub struct Config {
     pub tenants: BTreeMap<String, TenantConfig>,
     /// `[sqs]`: the SQS-compatible API on `api_listen`.
     pub sqs: SqsConfig,
+    /// `[schedules.NAME]`, by name: periodic jobs (see `daemon/docs/schedules.md`).
+    pub schedules: BTreeMap<String, ScheduleConfig>,
     /// The file this was read from (as given to [`Config::load`], made absolute).
     pub source: PathBuf,
 }
@@ -125,6 +127,28 @@ pub struct SqsConfig {
     /// The base of queue URLs, without a trailing slash (default `http://` +
     /// `api_listen`).
     pub advertised_url: String,
+}
+
+/// One periodic job: which job each tick of its timing enqueues, and how missed
+/// ticks and overlapping runs are handled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduleConfig {
+    /// The schedule's name (`[A-Za-z0-9_.-]{1,64}`), part of its jobs' keys.
+    pub name: String,
+    /// The queue its jobs go to (a configured queue).
+    pub queue: String,
+    /// When its ticks come and fire (cron in a time zone, or an interval; jitter).
+    pub timing: crate::schedule::Timing,
+    /// The payload of every job it enqueues.
+    pub payload: Vec<u8>,
+    /// The tenant of its jobs (default `default`).
+    pub tenant: Option<String>,
+    /// Its jobs' retry budget (default the queue's).
+    pub max_attempts: Option<u32>,
+    /// What to do with ticks that came while nobody fired them (default latest).
+    pub catch_up: crate::schedule::CatchUp,
+    /// Whether a run starts while the previous one is unfinished (default allow).
+    pub overlap: crate::schedule::Overlap,
 }
 
 /// Restart intensity, as in Erlang/OTP supervisors: more than `max_restarts`

@@ -132,6 +132,17 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
     );
     map_changes(
         &mut p.changes,
+        "schedules",
+        &old.schedules,
+        &new.schedules,
+        |out, at, o, n| {
+            if o != n {
+                out.push(format!("{at}: changed"));
+            }
+        },
+    );
+    map_changes(
+        &mut p.changes,
         "tenants",
         &old.tenants,
         &new.tenants,

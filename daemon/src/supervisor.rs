@@ -2,6 +2,7 @@
 //!
 //! It spawns, linked to itself: the Broker, one Scheduler per queue, the Dlq, one
 //! WorkerPool per queue with an in-process executor, the Pruner (retention), the
+//! Periodic actor (schedules), the
 //! Gauges (metrics and watchdog), the HTTP Api and the AdminServer — listeners last,
 //! so nothing is accepted before the tree is up. It restarts a failed child
 //! one-for-one after a short delay, under the same name; the derived actors rebuild
@@ -41,6 +42,7 @@ use crate::executor::Executors;
 use crate::gauges::{self, Gauges, GaugesArgs};
 use crate::limits::Limits;
 use crate::metrics;
+use crate::periodic::{self, Periodic};
 use crate::pruner::{self, Pruner, PrunerArgs};
 use crate::rate_limit::Limiters;
 use crate::reload::ReloadError;
@@ -117,6 +119,8 @@ pub enum Child {
     Pool(Arc<str>),
     /// The Pruner: retention of finished jobs.
     Pruner,
+    /// The Periodic actor (schedules).
+    Periodic,
     /// The Gauges: state gauges and the watchdog.
     Gauges,
     /// The HTTP Api.
@@ -135,6 +139,7 @@ impl Child {
             Child::Dlq => "dlq",
             Child::Pool(_) => "worker_pool",
             Child::Pruner => "pruner",
+            Child::Periodic => "periodic",
             Child::Gauges => "gauges",
             Child::Api => "api",
             Child::Admin => "admin",
@@ -282,7 +287,13 @@ impl SupervisorState {
                 .filter(|q| self.daemon.executors.has(q))
                 .map(Child::Pool),
         );
-        children.extend([Child::Pruner, Child::Gauges, Child::Api, Child::Admin]);
+        children.extend([
+            Child::Pruner,
+            Child::Periodic,
+            Child::Gauges,
+            Child::Api,
+            Child::Admin,
+        ]);
         children
     }
 
@@ -370,6 +381,12 @@ impl SupervisorState {
                     cluster: config.daemon.database.is_some().then(|| d.cluster.clone()),
                 };
                 Actor::spawn_linked(Some(pruner::NAME.into()), Pruner, args, sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
+            Child::Periodic => {
+                Actor::spawn_linked(Some(periodic::NAME.into()), Periodic, d.clone(), sup)
                     .await?
                     .0
                     .get_cell()

@@ -23,6 +23,7 @@ use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
 mod environment;
 mod executor;
 mod queue;
+mod schedule;
 mod sqs;
 
 /// The tenant every job without one belongs to; it always exists.
@@ -56,6 +57,7 @@ pub(crate) fn compile(
         rate_limiters: names(&doc.rate_limiters),
     };
     let queues = queue::compile_queues(&mut diag, &doc, &scope);
+    let schedules = schedule::compile_schedules(&mut diag, &doc, &queues, daemon.max_payload);
     if environment {
         environment::check(&mut diag, &daemon, &queues);
     }
@@ -70,6 +72,7 @@ pub(crate) fn compile(
         rate_limiters,
         tenants,
         sqs,
+        schedules,
         source: source.to_path_buf(),
     })
 }
