@@ -73,6 +73,9 @@ pub struct DaemonConfig {
     pub max_payload: usize,
     /// File of API bearer tokens; required when `api_listen` is not loopback.
     pub api_tokens_file: Option<PathBuf>,
+    /// More `Host` names the API answers (`name` or `name:port`), beside its listen
+    /// address and `localhost`/`127.0.0.1`/`[::1]` with its port; others get 421.
+    pub api_allowed_hosts: Vec<String>,
     /// Supervisor restart intensity (default 10 restarts in 60 s).
     pub restart: RestartIntensity,
     /// The history cap: entries kept per job and error bytes per entry (default

@@ -49,7 +49,7 @@ pub enum ReloadError {
 pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
     let mut refused = Vec::new();
     let (o, n) = (&old.daemon, &new.daemon);
-    let restart_only: [(&str, bool); 8] = [
+    let restart_only: [(&str, bool); 9] = [
         ("data_dir", o.data_dir != n.data_dir),
         ("database_url", o.database != n.database),
         ("admin_socket", o.admin_socket != n.admin_socket),
@@ -59,6 +59,10 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
         ),
         ("admin_group", o.admin_group != n.admin_group),
         ("api_listen", o.api_listen != n.api_listen),
+        (
+            "api_allowed_hosts",
+            o.api_allowed_hosts != n.api_allowed_hosts,
+        ),
         ("metrics_listen", o.metrics_listen != n.metrics_listen),
         ("max_payload", o.max_payload != n.max_payload),
     ];

@@ -168,6 +168,7 @@ fn compile_daemon(diag: &mut Diagnostics<'_>, raw: &RawDaemon, base_dir: &Path) 
             format!("api_listen {api_listen} is not loopback; set daemon.api_tokens_file"),
         );
     }
+    let api_allowed_hosts = allowed_hosts(diag, &at("api_allowed_hosts"), &raw.api_allowed_hosts);
     DaemonConfig {
         data_dir: path(&raw.data_dir, "/var/lib/qd"),
         database: compile_database(diag, raw, base_dir),
@@ -179,9 +180,38 @@ fn compile_daemon(diag: &mut Diagnostics<'_>, raw: &RawDaemon, base_dir: &Path) 
         shutdown_grace: raw.shutdown_grace.map_or(Duration::from_secs(30), |d| d.0),
         max_payload,
         api_tokens_file,
+        api_allowed_hosts,
         restart: compile_restart(diag, raw),
         history: compile_history(diag, raw),
     }
+}
+
+/// A list of `Host` names (`api_allowed_hosts`, `console.allowed_hosts`), each checked.
+pub(crate) fn allowed_hosts(
+    diag: &mut Diagnostics<'_>,
+    path: &KeyPath,
+    given: &Option<Vec<String>>,
+) -> Vec<String> {
+    let hosts = given.clone().unwrap_or_default();
+    for host in &hosts {
+        if let Err(e) = check_allowed_host(host) {
+            diag.error(path, e);
+        }
+    }
+    hosts
+}
+
+/// Checks a configured allowed host (`name`, `name:port`, `[v6]:port`): a problem
+/// in words, for the config compiler.
+fn check_allowed_host(host: &str) -> Result<(), String> {
+    let ok_char = |b: u8| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b);
+    if host.is_empty() || host.len() > 255 || !host.bytes().all(ok_char) {
+        return Err(format!(
+            "{host:?} is not a host name: give a name or name:port as a browser sends it in Host, \
+             e.g. \"qd.example.com\" or \"qd.example.com:8443\" (no scheme, no path)"
+        ));
+    }
+    Ok(())
 }
 
 fn compile_database(

@@ -30,6 +30,7 @@ pub(crate) struct RawDaemon {
     pub shutdown_grace: Option<Dur>,
     pub max_payload: Option<Size>,
     pub api_tokens_file: Option<String>,
+    pub api_allowed_hosts: Option<Vec<String>>,
     pub database_url: Option<String>,
     pub database_password_file: Option<String>,
     pub node_name: Option<String>,

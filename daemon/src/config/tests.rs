@@ -791,3 +791,19 @@ fn cluster_keys_need_a_database_and_sane_values() {
         );
     }
 }
+
+#[test]
+fn api_allowed_hosts_are_host_names_and_a_url_is_refused_naming_the_key() {
+    let ok = format!(
+        "[daemon]\napi_allowed_hosts = [\"qd.internal\", \"qd.example.com:8443\"]\n{QUEUE}"
+    );
+    let config = parse(&ok).expect("valid");
+    assert_eq!(
+        config.daemon.api_allowed_hosts,
+        ["qd.internal", "qd.example.com:8443"]
+    );
+    let bad = format!("[daemon]\napi_allowed_hosts = [\"https://qd.internal/\"]\n{QUEUE}");
+    let errors = errors(&bad);
+    let err = error_at(&errors, "daemon.api_allowed_hosts");
+    assert!(err.message.contains("no scheme"), "{}", err.message);
+}
