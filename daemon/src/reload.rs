@@ -66,6 +66,11 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
         ("metrics_listen", o.metrics_listen != n.metrics_listen),
         ("max_payload", o.max_payload != n.max_payload),
     ];
+    if old.console != new.console {
+        refused.push(
+            "console: changed; the console's settings need a restart (systemctl restart qd)".into(),
+        );
+    }
     for (key, changed) in restart_only {
         if changed {
             refused.push(format!(

@@ -119,6 +119,8 @@ pub enum Child {
     Api,
     /// The AdminServer.
     Admin,
+    /// The web console (only with `[console]`).
+    Console,
 }
 
 impl Child {
@@ -134,6 +136,7 @@ impl Child {
             Child::Gauges => "gauges",
             Child::Api => "api",
             Child::Admin => "admin",
+            Child::Console => "console",
         }
     }
 }
@@ -279,6 +282,9 @@ impl SupervisorState {
                 .map(Child::Pool),
         );
         children.extend([Child::Pruner, Child::Gauges, Child::Api, Child::Admin]);
+        if cfg.console.is_some() {
+            children.push(Child::Console);
+        }
         children
     }
 
@@ -384,6 +390,18 @@ impl SupervisorState {
             Child::Admin => {
                 let args = AdminArgs::new(d.clone(), myself.clone());
                 admin::spawn(args, sup).await?
+            }
+            Child::Console => {
+                let args = crate::console::ConsoleArgs { daemon: d.clone() };
+                Actor::spawn_linked(
+                    Some(crate::console::NAME.into()),
+                    crate::console::Console,
+                    args,
+                    sup,
+                )
+                .await?
+                .0
+                .get_cell()
             }
         };
         self.broker_started |= child == Child::Broker;

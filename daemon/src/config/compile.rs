@@ -12,11 +12,11 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
 use super::diag::{self, Diagnostics, KeyPath};
-use super::raw::{self, Named, RawDaemon, RawRateLimiter, RawTenant};
+use super::raw::{self, Named, RawConsole, RawDaemon, RawRateLimiter, RawTenant};
 use super::units::{is_valid_name, parse_mode};
 use super::{
-    Config, ConfigError, DaemonConfig, DatabaseConfig, RateLimiterConfig, RestartIntensity,
-    TenantConfig,
+    Config, ConfigError, ConsoleConfig, DaemonConfig, DatabaseConfig, RateLimiterConfig,
+    RestartIntensity, TenantConfig,
 };
 use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
 
@@ -46,6 +46,10 @@ pub(crate) fn compile(
     let base_dir = source.parent().unwrap_or_else(|| Path::new("/"));
 
     let daemon = compile_daemon(&mut diag, &doc.daemon, base_dir);
+    let console = doc
+        .console
+        .as_ref()
+        .map(|raw| compile_console(&mut diag, raw, &daemon));
     let tenants = compile_tenants(&mut diag, &doc.tenants);
     let rate_limiters = compile_rate_limiters(&mut diag, &doc.rate_limiters);
     let scope = queue::Scope {
@@ -64,6 +68,7 @@ pub(crate) fn compile(
     }
     Ok(Config {
         daemon,
+        console,
         queues,
         rate_limiters,
         tenants,
@@ -183,6 +188,74 @@ fn compile_daemon(diag: &mut Diagnostics<'_>, raw: &RawDaemon, base_dir: &Path) 
         api_allowed_hosts,
         restart: compile_restart(diag, raw),
         history: compile_history(diag, raw),
+    }
+}
+
+fn compile_console(
+    diag: &mut Diagnostics<'_>,
+    raw: &RawConsole,
+    daemon: &DaemonConfig,
+) -> ConsoleConfig {
+    let at = |key: &str| KeyPath::of(&["console", key]);
+    let fallback = SocketAddr::from(([127, 0, 0, 1], 7071));
+    let listen = match raw.listen.as_deref() {
+        None => {
+            diag.error(
+                &at("listen"),
+                "the console needs its own listener, e.g. listen = \"127.0.0.1:7071\" (remove [console] to turn it off)",
+            );
+            fallback
+        }
+        Some(text) => text.parse().unwrap_or_else(|e| {
+            diag.error(
+                &at("listen"),
+                format!(
+                    "invalid address {text:?}: {e} (expected IP:PORT, e.g. \"127.0.0.1:7071\")"
+                ),
+            );
+            fallback
+        }),
+    };
+    if !listen.ip().is_loopback() && daemon.api_tokens_file.is_none() {
+        diag.error(
+            &at("listen"),
+            format!("console listen {listen} is not loopback; set daemon.api_tokens_file (console logins use its tokens)"),
+        );
+    }
+    let path_prefix = raw.path_prefix.clone().unwrap_or_default();
+    let prefix_ok = path_prefix.is_empty()
+        || (path_prefix.starts_with('/')
+            && !path_prefix.ends_with('/')
+            && path_prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"/-._~".contains(&b))
+            && !path_prefix.contains("//"));
+    if !prefix_ok {
+        diag.error(
+            &at("path_prefix"),
+            format!("invalid path_prefix {path_prefix:?}: a path like \"/qd\" (starting with /, no trailing /, letters, digits, - . _ ~)"),
+        );
+    }
+    let session_idle = raw
+        .session_idle
+        .map_or(Duration::from_secs(30 * 60), |d| d.0);
+    let session_max = raw
+        .session_max
+        .map_or(Duration::from_secs(12 * 3600), |d| d.0);
+    if session_idle.is_zero() || session_max < session_idle {
+        diag.error(&at("session_idle"), "need 0 < session_idle <= session_max");
+    }
+    let max_streams = raw.max_streams.unwrap_or(32);
+    if max_streams == 0 {
+        diag.error(&at("max_streams"), "must be at least 1");
+    }
+    ConsoleConfig {
+        listen,
+        path_prefix,
+        allowed_hosts: allowed_hosts(diag, &at("allowed_hosts"), &raw.allowed_hosts),
+        session_idle,
+        session_max,
+        max_streams,
     }
 }
 
