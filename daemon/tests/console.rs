@@ -134,7 +134,7 @@ fn start() -> (Qd, Console) {
     std::fs::write(&qd.config, text).expect("config");
     qd.spawn(&[]);
     let console = Console {
-        addr: format!("127.0.0.1:{port}"),
+        addr: qd.console_addr().expect("console listen"),
     };
     wait_for("the console", Duration::from_secs(30), || {
         TcpStream::connect(&console.addr).ok()
@@ -445,6 +445,10 @@ fn the_event_stream_sends_the_overview_and_is_capped() {
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
     assert!(seen.contains("text/event-stream"), "{seen}");
+    assert!(
+        seen.to_ascii_lowercase().contains("x-accel-buffering: no"),
+        "{seen}"
+    );
     // max_streams = 2: a second stream is fine, a third is refused.
     let mut second = TcpStream::connect(&c.addr).expect("connect");
     write!(

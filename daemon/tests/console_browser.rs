@@ -69,8 +69,9 @@ fn the_console_works_in_a_real_browser_and_an_attacker_page_changes_nothing() {
     );
     std::fs::write(&qd.config, text).expect("config");
     qd.spawn(&[]);
+    let console = qd.console_addr().expect("console listen");
     wait_for("the console", Duration::from_secs(30), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+        std::net::TcpStream::connect(&console).ok()
     });
     let shots = qd.dir.path().join("screenshots");
     let profile = qd.dir.path().join("chromium-profile");
@@ -78,7 +79,7 @@ fn the_console_works_in_a_real_browser_and_an_attacker_page_changes_nothing() {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser/console_browser.py");
     let out = Command::new(&python)
         .arg(&script)
-        .env("CONSOLE", format!("http://127.0.0.1:{port}/qd"))
+        .env("CONSOLE", format!("http://{console}/qd"))
         .env("API", &qd.api)
         .env("TOKEN", TOKEN)
         .env("SHOTS", &shots)

@@ -95,6 +95,7 @@ fn behind_nginx_every_link_resolves_and_the_event_stream_flows() {
     );
     std::fs::write(&qd.config, text).expect("config");
     qd.spawn(&[]);
+    let console = qd.console_addr().expect("console listen");
     let ngx = qd.dir.path().join("nginx");
     std::fs::create_dir_all(ngx.join("logs")).expect("nginx dir");
     let conf = ngx.join("nginx.conf");
@@ -106,7 +107,7 @@ fn behind_nginx_every_link_resolves_and_the_event_stream_flows() {
              http {{\n  access_log off;\n  client_body_temp_path {p}/body;\n  proxy_temp_path {p}/proxy;\n\
                fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n\
                server {{\n    listen 127.0.0.1:{proxy_port};\n\
-                 location /qd/ {{\n      proxy_pass http://127.0.0.1:{console_port};\n      proxy_set_header Host $http_host;\n\
+                 location /qd/ {{\n      proxy_pass http://{console};\n      proxy_set_header Host $http_host;\n\
                    proxy_http_version 1.1;\n      proxy_buffering off;\n      proxy_read_timeout 1h;\n    }}\n  }}\n}}\n",
             p = ngx.display()
         ),

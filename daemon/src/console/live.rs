@@ -175,8 +175,11 @@ pub async fn events(State(ctx): State<Arc<Ctx>>) -> Response {
             Some((Ok::<_, Infallible>(event), (rx, ctx, permit, false)))
         },
     );
-    Sse::new(stream)
-        .keep_alive(KeepAlive::default())
+    // nginx buffers a proxied answer unless told not to; an event stream must flow.
+    (
+        [("x-accel-buffering", "no")],
+        Sse::new(stream).keep_alive(KeepAlive::default()),
+    )
         .into_response()
 }
 
