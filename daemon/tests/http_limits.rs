@@ -15,8 +15,13 @@ use serde_json::Value;
 
 const QUEUE: &str = "[queues.ext]\nexecutor = { kind = \"external\" }\n";
 
+/// A qd with `http` limits. The raw requests here name the host `x`, which the
+/// listener is told is its name (`api_allowed_hosts`), so the limits under test
+/// answer, not the `Host` check.
 fn start(http: &str) -> Qd {
-    Qd::start(&format!("http = {{ {http} }}\n\n{QUEUE}"))
+    Qd::start(&format!(
+        "api_allowed_hosts = [\"x\"]\nhttp = {{ {http} }}\n\n{QUEUE}"
+    ))
 }
 
 fn connect(qd: &Qd) -> TcpStream {
