@@ -489,6 +489,19 @@ impl BrokerState {
         self.store_effects.push(StoreEffect::write(run, done));
     }
 
+    /// [`Self::write`] of an enqueue that checks `depth` (queue, `max_depth`) in
+    /// the store: the writer takes the queue's depth lock before its batch runs.
+    fn write_enqueue<R, Run, Done>(&mut self, depth: Option<&(String, u64)>, run: Run, done: Done)
+    where
+        R: Send + 'static,
+        Run: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
+        Done: FnOnce(Result<R, StoreError>, &Back) + Send + 'static,
+    {
+        let queue = depth.map(|(queue, _)| queue.clone());
+        self.store_effects
+            .push(StoreEffect::write_locking_depth(queue, run, done));
+    }
+
     /// Answers `reply` with `value` once this message's store effects are handed
     /// over (a [`Reply`] effect).
     pub(super) fn answer<T: Send + 'static>(&mut self, reply: RpcReplyPort<T>, value: T) {
@@ -533,7 +546,9 @@ impl BrokerState {
                 let record = self.reserve(new, req.payload, now);
                 let job = record.job.clone();
                 let depth = self.depth_check(&job.queue);
-                self.write(
+                let check = depth.clone();
+                self.write_enqueue(
+                    check.as_ref(),
                     move |b| {
                         if let Some((queue, max)) = &depth {
                             shared::within_depth(b, queue, 1, *max)?;
@@ -703,7 +718,9 @@ impl BrokerState {
             Ok(records) => {
                 let jobs: Vec<Job> = records.iter().map(|r| r.job.clone()).collect();
                 let depth = jobs.first().and_then(|j| self.depth_check(&j.queue));
-                self.write(
+                let check = depth.clone();
+                self.write_enqueue(
+                    check.as_ref(),
                     move |b| {
                         if let Some((queue, max)) = &depth {
                             shared::within_depth(b, queue, records.len() as u64, *max)?;

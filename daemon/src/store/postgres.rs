@@ -67,7 +67,9 @@
 //! - **`max_depth` counts every node's jobs**: triggers keep each queue's depth in
 //!   `qd_queue_depths` (one row per queue and writing node), and an enqueue takes
 //!   the queue's depth lock and sums the rows in its own transaction
-//!   ([`SharedStore::queue_depth`]).
+//!   ([`SharedStore::queue_depth`]). The writer takes a batch's depth locks up
+//!   front, sorted by key, before anything else ([`Engine::lock_depths`]), so two
+//!   nodes' batches never hold one queue's lock each while wanting the other's.
 //!
 //! # Schema (version 6, in `qd_migrations`)
 //! ```text
@@ -247,7 +249,10 @@ ALTER TABLE qd_jobs ADD COLUMN lease_end timestamptz;
 /// row per queue and writing session (`qd.node`, set by each node's writer), so two
 /// nodes never wait on each other's counter; the depth is the sum of a queue's
 /// rows. Statement triggers add what each INSERT, UPDATE and DELETE of `qd_jobs`
-/// changed, from its transition tables, whatever wrote it.
+/// changed, from its transition tables, whatever wrote it. The seed count and the
+/// triggers are made with writes to `qd_jobs` locked out (readers go on): a job
+/// written by a node of an older build between the count and the triggers would
+/// otherwise never be counted.
 const QUEUE_DEPTHS: &str = r#"
 CREATE TABLE qd_queue_depths (
     queue text   COLLATE "C" NOT NULL,
@@ -255,6 +260,7 @@ CREATE TABLE qd_queue_depths (
     depth bigint NOT NULL,
     PRIMARY KEY (queue, shard)
 );
+LOCK TABLE qd_jobs IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO qd_queue_depths (queue, shard, depth)
     SELECT queue, '', count(*) FROM qd_jobs WHERE state IN ('ready', 'delayed') GROUP BY queue;
 CREATE FUNCTION qd_count_depths() RETURNS trigger LANGUAGE plpgsql AS $f$
@@ -297,10 +303,18 @@ CREATE TRIGGER qd_jobs_depth_delete AFTER DELETE ON qd_jobs
 const DEPTH_LOCK_SEED: i64 = 0x0071_6464_6570_7468;
 
 /// How many times an enqueue tries a queue's depth lock (about 2 ms apart) before
-/// it is refused as unavailable. The lock is tried, never waited for: the group
-/// commit may hold row locks another node's transaction waits on, and a wait here
-/// could close a cycle PostgreSQL would break by failing a statement.
+/// it is refused as unavailable, when the writer did not take it up front
+/// ([`Engine::lock_depths`] gave up after [`DEPTH_LOCK_WAIT`]). Inside an
+/// operation the lock is tried, never waited for: the group commit may then hold
+/// row locks another node's transaction waits on, and a wait could close a cycle
+/// PostgreSQL would break by failing a statement.
 const DEPTH_LOCK_TRIES: u32 = 100;
+
+/// How long a group commit waits for its depth locks, taken first thing in the
+/// transaction in key order ([`Engine::lock_depths`]). The holder is another
+/// node's group commit that took its depth locks the same way and holds them
+/// until its commit, so the wait is short and cannot be part of a cycle.
+const DEPTH_LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// How often at most one queue's new jobs are announced to idle nodes
 /// (`NOTIFY qd_jobs`); jobs enqueued in between are found by the notified nodes'
@@ -659,11 +673,21 @@ impl PgBackend {
         &mut self,
         op: impl AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
     ) -> Result<T, StoreError> {
+        let result = self.block_raw(op)?;
+        result.map_err(|e| map_err(&self.target, &e))
+    }
+
+    /// Runs `op` against the current connection and answers PostgreSQL's error as
+    /// it is (for callers that act on its code); the outer error is the store's
+    /// own (no connection).
+    fn block_raw<T>(
+        &mut self,
+        op: impl AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<Result<T, tokio_postgres::Error>, StoreError> {
         let Some(client) = self.client.as_deref() else {
             return Err(StoreError::Other(format!("{}: not connected", self.target)));
         };
-        let result = self.rt.block_on(op(client));
-        result.map_err(|e| map_err(&self.target, &e))
+        Ok(self.rt.block_on(op(client)))
     }
 
     /// How many more jobs each of `caps` (queue, tenant, cap) may have leased now,
@@ -1519,6 +1543,44 @@ impl Engine for PgBackend {
     fn shutdown(&mut self) {
         self.client = None;
         self.pool.close();
+    }
+
+    /// Waits for the depth locks of `queues`, sorted by lock key (the order every
+    /// node uses), at most [`DEPTH_LOCK_WAIT`] in all. The batch holds nothing
+    /// yet, and any other holder took its depth locks in the same order before
+    /// anything else, so the waits cannot form a cycle. Given up after the wait
+    /// (the savepoint undoes the locks taken), the operations try the locks
+    /// themselves and answer busy as before.
+    fn lock_depths(&mut self, queues: &[&str]) -> Result<(), StoreError> {
+        let queues: Vec<&str> = queues.to_vec();
+        self.exec(&format!(
+            "SAVEPOINT depth_locks; SET LOCAL lock_timeout = {}",
+            millis(DEPTH_LOCK_WAIT)
+        ))?;
+        let locked = self.block_raw(async |c| {
+            let keys = c
+                .prepare_cached(&format!(
+                    "SELECT DISTINCT hashtextextended(q, {DEPTH_LOCK_SEED}) AS k \
+                     FROM unnest($1::text[]) AS q ORDER BY k"
+                ))
+                .await?;
+            let lock = c.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
+            for key in c.query(&keys, &[&queues]).await? {
+                c.execute(&lock, &[&key.get::<_, i64>(0)]).await?;
+            }
+            Ok(())
+        })?;
+        match locked {
+            Ok(()) => self.exec("SET LOCAL lock_timeout = DEFAULT; RELEASE SAVEPOINT depth_locks"),
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                tracing::debug!(
+                    ?queues,
+                    "Depth locks still held by another node; each enqueue tries its own."
+                );
+                self.exec("ROLLBACK TO SAVEPOINT depth_locks; RELEASE SAVEPOINT depth_locks")
+            }
+            Err(e) => Err(map_err(&self.target, &e)),
+        }
     }
 }
 
