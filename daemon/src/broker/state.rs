@@ -693,7 +693,11 @@ impl BrokerState {
             Ok((Inserted::Duplicate { id, .. }, _)) => Err(key_conflict(&job, id)),
             Err(err @ (StoreError::QueueFull { .. } | StoreError::Busy(_))) => Err(refusal(err)),
             Err(err) => {
-                warn!(queue = %job.queue, error = %err, "Enqueue failed in the store; nothing was accepted.");
+                static LOG: crate::log_every::Every =
+                    crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                if let Some(left_out) = LOG.due() {
+                    warn!(queue = %job.queue, error = %err, earlier_not_logged = left_out, "Enqueue failed in the store; nothing was accepted (logged at most every 10 s).");
+                }
                 Err(BrokerError::Store(err))
             }
         };
@@ -827,7 +831,11 @@ impl BrokerState {
             }
             Err(err) => {
                 self.store_refused(&err);
-                warn!(queue = ?queue, error = %err, "Batch enqueue failed in the store; nothing was accepted.");
+                static LOG: crate::log_every::Every =
+                    crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                if let Some(left_out) = LOG.due() {
+                    warn!(queue = ?queue, error = %err, earlier_not_logged = left_out, "Batch enqueue failed in the store; nothing was accepted.");
+                }
                 BatchError::whole(BrokerError::Store(err))
             }
         };
@@ -950,7 +958,11 @@ impl BrokerState {
                         (leased, unclaimed)
                     }
                     Err(err) => {
-                        warn!(error = %err, jobs = before.len(), "Claim failed in the store; the jobs stay ready.");
+                        static LOG: crate::log_every::Every =
+                            crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                        if let Some(left_out) = LOG.due() {
+                            warn!(error = %err, earlier_not_logged = left_out, jobs = before.len(), "Claim failed in the store; the jobs stay ready.");
+                        }
                         (Vec::new(), before.into_iter().zip(planned).collect())
                     }
                 };

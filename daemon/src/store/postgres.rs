@@ -337,6 +337,10 @@ const MIGRATION_LOCK: i64 = 0x7164_6d69_6772_7465;
 /// share a key only serialise each other's claims. ("qdcap" in ASCII.)
 const CAP_LOCK_SEED: i64 = 0x0071_6463_6170;
 
+/// The call deadline of the schema migrations at start-up ([`PgOptions::call_timeout`]
+/// is for everyday calls).
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// How long opening a connection may take before the store reports the database
 /// unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -368,6 +372,26 @@ pub struct PgOptions {
     pub node_id: Uuid,
     /// A node whose heartbeat is older than this is dead (`[daemon] node_timeout`).
     pub node_timeout: Duration,
+    /// How much longer the leader waits before it ends a silent node's leases, so
+    /// that node has stopped its attempts by then (`[daemon] fence_wait`; see
+    /// `daemon/docs/cluster.md`). A name held by a silent node is taken over only
+    /// after the same wait.
+    pub fence_wait: Duration,
+    /// The deadline of each call to the database (a statement, a pipelined group
+    /// of them, a connection): past it the connection is dropped and the call
+    /// answers an error, so a hung database or network holds no caller longer. The
+    /// server's `statement_timeout` is set to it as well, and TCP connections get
+    /// keepalives and `tcp_user_timeout` near it.
+    pub call_timeout: Duration,
+}
+
+impl PgOptions {
+    /// The call deadline of a node with this `node_timeout`: half of it, between
+    /// 2 s and 5 s, so a hung call fails well before the node is fenced and a
+    /// caller waits a few seconds at most.
+    pub fn call_timeout_for(node_timeout: Duration) -> Duration {
+        (node_timeout / 2).clamp(Duration::from_secs(2), Duration::from_secs(5))
+    }
 }
 
 impl Default for PgOptions {
@@ -378,6 +402,8 @@ impl Default for PgOptions {
             node: "qd".to_owned(),
             node_id: Uuid::nil(),
             node_timeout: Duration::from_secs(10),
+            fence_wait: Duration::ZERO,
+            call_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -446,7 +472,21 @@ impl PgBackend {
             .map_err(|e| StoreError::Other(format!("{target}: cannot start a runtime: {e}")))?;
         let mut config = config.clone();
         if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
+            config.connect_timeout(CONNECT_TIMEOUT.min(options.call_timeout));
+        }
+        // A peer that vanished without a reset (a partition, a dead host) is found
+        // by TCP itself as well as by the call deadline: probes after 5 s idle, and
+        // unacknowledged data gives up after the call deadline. (Unix sockets
+        // ignore both.)
+        if !config.get_keepalives() || config.get_keepalives_idle() > Duration::from_secs(5) {
+            config
+                .keepalives(true)
+                .keepalives_idle(Duration::from_secs(5))
+                .keepalives_interval(Duration::from_secs(1))
+                .keepalives_retries(3);
+        }
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(options.call_timeout);
         }
         if config.get_application_name().is_none() {
             config.application_name("qd");
@@ -461,7 +501,7 @@ impl PgBackend {
         let pool = Pool::builder(manager)
             .max_size(1)
             .runtime(deadpool_postgres::Runtime::Tokio1)
-            .create_timeout(Some(CONNECT_TIMEOUT * 2))
+            .create_timeout(Some(CONNECT_TIMEOUT.min(options.call_timeout) * 2))
             .build()
             .map_err(|e| StoreError::Other(format!("{target}: {e}")))?;
         let mut backend = PgBackend {
@@ -487,7 +527,18 @@ impl PgBackend {
         // Back to the pool, which drops it at the next `get` if it is closed.
         self.client = None;
         let pool = self.pool.clone();
-        let client = self.rt.block_on(pool.get()).map_err(|e| {
+        let deadline = self.options.call_timeout;
+        let got = self
+            .rt
+            .block_on(async { tokio::time::timeout(deadline, pool.get()).await })
+            .map_err(|_| {
+                StoreError::Other(format!(
+                    "{}: cannot connect: no answer within {}",
+                    self.target,
+                    humantime::format_duration(deadline)
+                ))
+            })?;
+        let client = got.map_err(|e| {
             let detail = match &e {
                 deadpool_postgres::PoolError::Backend(pg) => {
                     return map_err(&format!("{}: cannot connect", self.target), pg);
@@ -497,32 +548,56 @@ impl PgBackend {
             };
             StoreError::Other(format!("{}: cannot connect: {detail}", self.target))
         })?;
+        self.client = Some(client);
+        let configured = self.configure_session();
+        if configured.is_err() {
+            // Never used half set up: the next batch opens another connection.
+            self.client = None;
+        }
+        configured
+    }
+
+    /// Sets up a new connection's session: durable commits, the node's name for
+    /// the depth counters (see QUEUE_DEPTHS; checked by the config, no quote can
+    /// occur in it) and the call deadline as the server's `statement_timeout`.
+    fn configure_session(&mut self) -> Result<(), StoreError> {
         let mode: String = self
-            .rt
-            .block_on(client.query_one("SHOW synchronous_commit", &[]))
-            .map_err(|e| map_err(&self.target, &e))?
+            .block(async |c| c.query_one("SHOW synchronous_commit", &[]).await)?
             .get(0);
         if mode == "off" {
             tracing::warn!(target = %self.target, "synchronous_commit is off for qd's session; setting it on, since an accepted job must be on disk.");
-            self.rt
-                .block_on(client.batch_execute("SET synchronous_commit = on"))
-                .map_err(|e| map_err(&self.target, &e))?;
+            self.exec("SET synchronous_commit = on")?;
         }
-        // The writer's session names its depth counter rows (see QUEUE_DEPTHS);
-        // the name is checked by the config (no quote can occur in it).
-        self.rt
-            .block_on(client.batch_execute(&format!("SET qd.node = '{}'", self.options.node)))
-            .map_err(|e| map_err(&self.target, &e))?;
-        self.client = Some(client);
-        Ok(())
+        // A session whose client vanished inside a transaction (a partition)
+        // would hold its row locks, the leader row's among them, until the
+        // server's TCP keepalive notices (hours by default): the server ends it
+        // after twice the call deadline (at least 10 s) of idling in it.
+        let idle = (self.options.call_timeout * 2).max(Duration::from_secs(10));
+        self.exec(&format!(
+            "SET qd.node = '{}'; SET statement_timeout = {}; \
+             SET idle_in_transaction_session_timeout = {}",
+            self.options.node,
+            millis(self.options.call_timeout),
+            millis(idle)
+        ))
     }
 
     /// Applies the missing migrations in one transaction under the migration lock.
     fn migrate(&mut self) -> Result<(), StoreError> {
+        // A migration may scan a large table or wait for another node's: it gets
+        // its own, long deadline.
+        let call_timeout = std::mem::replace(&mut self.options.call_timeout, MIGRATION_TIMEOUT);
+        let migrated = self.migrate_now();
+        self.options.call_timeout = call_timeout;
+        migrated
+    }
+
+    fn migrate_now(&mut self) -> Result<(), StoreError> {
         let target = self.target.clone();
         let applied = self.block(async |c| {
             c.batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
+                "BEGIN; SET LOCAL statement_timeout = 0; \
+                 SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
                  CREATE TABLE IF NOT EXISTS qd_migrations (\
                      version integer PRIMARY KEY, \
                      applied_at timestamptz NOT NULL DEFAULT now())"
@@ -574,7 +649,8 @@ impl PgBackend {
     fn join(&mut self) -> Result<(), StoreError> {
         let name = self.options.node.clone();
         let id = self.options.node_id;
-        let timeout_ms = millis(self.options.node_timeout);
+        // The name's silent holder may still be stopping its attempts (fencing).
+        let timeout_ms = millis(self.options.node_timeout + self.options.fence_wait);
         let (joined, released) = self.block(async |c| {
             let joined = c
                 .query_opt(
@@ -653,18 +729,21 @@ impl PgBackend {
     }
 
     /// The SQL condition (over `j`, a row of `qd_jobs`) of a lease that ended
-    /// without its holder: held by another node, and past its deadline or its
-    /// node's heartbeat older than `node_timeout`. The node name is checked by the
-    /// config (no quote can occur in it).
+    /// without its holder: held by another node, and past its deadline by
+    /// `fence_wait` or its node's heartbeat older than `node_timeout + fence_wait`
+    /// (the silent node stops its attempts within that wait: self-fencing). The
+    /// node name is checked by the config (no quote can occur in it).
     fn lease_lost(&self) -> String {
         format!(
             "j.lease_token IS NOT NULL AND j.lease_node IS DISTINCT FROM '{node}' \
-             AND (j.lease_deadline <= now() OR (NOT EXISTS (SELECT 1 FROM qd_nodes n \
+             AND (j.lease_deadline <= now() - {wait}::int8 * interval '1 millisecond' \
+               OR (NOT EXISTS (SELECT 1 FROM qd_nodes n \
                WHERE n.name = j.lease_node \
                  AND n.heartbeat_at > now() - {timeout}::int8 * interval '1 millisecond') \
                AND (j.lease_end IS NULL OR j.lease_end <= now())))",
             node = self.options.node,
-            timeout = millis(self.options.node_timeout),
+            wait = millis(self.options.fence_wait),
+            timeout = millis(self.options.node_timeout + self.options.fence_wait),
         )
     }
 
@@ -687,7 +766,27 @@ impl PgBackend {
         let Some(client) = self.client.as_deref() else {
             return Err(StoreError::Other(format!("{}: not connected", self.target)));
         };
-        Ok(self.rt.block_on(op(client)))
+        let deadline = self.options.call_timeout;
+        // The timer is made inside the runtime, which owns the time driver.
+        let answer = self
+            .rt
+            .block_on(async { tokio::time::timeout(deadline, op(client)).await });
+        match answer {
+            Ok(answer) => Ok(answer),
+            Err(_) => {
+                // The connection may be anywhere in a statement: never reuse it. Taken
+                // out of the pool, so the next batch opens a new one.
+                if let Some(hung) = self.client.take() {
+                    drop(Object::take(hung));
+                }
+                Err(StoreError::Other(format!(
+                    "{}: no answer within {} (the database or the network to it hangs); \
+                     connection dropped",
+                    self.target,
+                    humantime::format_duration(deadline)
+                )))
+            }
+        }
     }
 
     /// How many more jobs each of `caps` (queue, tenant, cap) may have leased now,

@@ -216,7 +216,11 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
             counters.commits.fetch_add(1, Ordering::Relaxed);
         }
         Err(err) => {
-            tracing::error!(%err, ops = batch.len(), "Store batch rolled back; its callers get the error.");
+            static LOG: crate::log_every::Every =
+                crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+            if let Some(left_out) = LOG.due() {
+                tracing::error!(%err, ops = batch.len(), earlier_not_logged = left_out, "Store batch rolled back; its callers get the error (logged at most every 10 s).");
+            }
             engine.rollback();
             put_back(counters, leases);
         }
