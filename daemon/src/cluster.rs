@@ -33,6 +33,8 @@
 //!   (`qd_cluster_leader` 0, no sweep, no pruning) one heartbeat period earlier,
 //!   before its leader lease in the database can end, whatever the hung heartbeat
 //!   answers later.
+//! - after each heartbeat it tells the Periodic actor, which fires schedules only
+//!   on the leader ([`crate::periodic`]).
 //!
 //! Messages: its own timers ([`ClusterMsg::Beat`], [`ClusterMsg::Poll`]).
 //! Supervised by the Supervisor; the listener and fencing tasks are aborted when it
@@ -158,6 +160,7 @@ impl Actor for Cluster {
             ClusterMsg::Beat => {
                 state.beat().await;
                 state.reopen();
+                crate::periodic::beat();
             }
             ClusterMsg::Poll => {
                 broker::cast(BrokerMsg::Refresh);

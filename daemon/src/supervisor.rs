@@ -2,6 +2,7 @@
 //!
 //! It spawns, linked to itself: the Broker, one Scheduler per queue, the Dlq, one
 //! WorkerPool per queue with an in-process executor, the Pruner (retention), the
+//! Periodic actor (schedules), the
 //! Gauges (metrics and watchdog), the HTTP Api and the AdminServer — listeners last,
 //! so nothing is accepted before the tree is up. It restarts a failed child
 //! one-for-one after a short delay, under the same name; the derived actors rebuild
@@ -41,6 +42,7 @@ use crate::executor::Executors;
 use crate::gauges::{self, Gauges, GaugesArgs};
 use crate::limits::Limits;
 use crate::metrics;
+use crate::periodic::{self, Periodic};
 use crate::pruner::{self, Pruner, PrunerArgs};
 use crate::rate_limit::Limiters;
 use crate::reload::ReloadError;
@@ -117,12 +119,16 @@ pub enum Child {
     Pool(Arc<str>),
     /// The Pruner: retention of finished jobs.
     Pruner,
+    /// The Periodic actor (schedules).
+    Periodic,
     /// The Gauges: state gauges and the watchdog.
     Gauges,
     /// The HTTP Api.
     Api,
     /// The AdminServer.
     Admin,
+    /// The web console (only with `[console]`).
+    Console,
 }
 
 impl Child {
@@ -135,9 +141,11 @@ impl Child {
             Child::Dlq => "dlq",
             Child::Pool(_) => "worker_pool",
             Child::Pruner => "pruner",
+            Child::Periodic => "periodic",
             Child::Gauges => "gauges",
             Child::Api => "api",
             Child::Admin => "admin",
+            Child::Console => "console",
         }
     }
 }
@@ -282,7 +290,16 @@ impl SupervisorState {
                 .filter(|q| self.daemon.executors.has(q))
                 .map(Child::Pool),
         );
-        children.extend([Child::Pruner, Child::Gauges, Child::Api, Child::Admin]);
+        children.extend([
+            Child::Pruner,
+            Child::Periodic,
+            Child::Gauges,
+            Child::Api,
+            Child::Admin,
+        ]);
+        if cfg.console.is_some() {
+            children.push(Child::Console);
+        }
         children
     }
 
@@ -374,6 +391,12 @@ impl SupervisorState {
                     .0
                     .get_cell()
             }
+            Child::Periodic => {
+                Actor::spawn_linked(Some(periodic::NAME.into()), Periodic, d.clone(), sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
             Child::Gauges => {
                 let args = GaugesArgs {
                     limits: d.limits.clone(),
@@ -397,6 +420,18 @@ impl SupervisorState {
             Child::Admin => {
                 let args = AdminArgs::new(d.clone(), myself.clone());
                 admin::spawn(args, sup).await?
+            }
+            Child::Console => {
+                let args = crate::console::ConsoleArgs { daemon: d.clone() };
+                Actor::spawn_linked(
+                    Some(crate::console::NAME.into()),
+                    crate::console::Console,
+                    args,
+                    sup,
+                )
+                .await?
+                .0
+                .get_cell()
             }
         };
         self.broker_started |= child == Child::Broker;

@@ -388,7 +388,7 @@ pub async fn job(
 pub fn job_json(d: &JobDetail, now: i64) -> Value {
     let j = &d.job;
     let state = j.shown_state(now);
-    json!({
+    let mut body = json!({
         "id": j.id,
         "queue": &*j.queue,
         "tenant": &*j.tenant,
@@ -405,7 +405,16 @@ pub fn job_json(d: &JobDetail, now: i64) -> Value {
         "history": d.history,
         "history_elided": d.history_elided,
         "history_elided_at": d.history_elided_at,
-    })
+    });
+    if let (Some(schedule), Some(map)) = (
+        j.idempotency_key
+            .as_deref()
+            .and_then(crate::schedule::JobSchedule::of_key),
+        body.as_object_mut(),
+    ) {
+        map.insert("schedule".into(), json!(schedule));
+    }
+    body
 }
 
 #[cfg(test)]

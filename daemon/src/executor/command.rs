@@ -1,9 +1,10 @@
 //! The `command` executor: one child process per attempt.
 //!
 //! The program gets the payload on stdin (then EOF), the job's identity in `QD_JOB_ID`,
-//! `QD_IDEMPOTENCY_KEY`, `QD_ATTEMPT`, `QD_QUEUE` and `QD_TENANT`, and the attempt's
-//! fencing value in `QD_LEASE_TOKEN` (these win over the queue's `env`), and runs in
-//! its own process group ([`group`]) so the whole tree is stopped together.
+//! `QD_IDEMPOTENCY_KEY`, `QD_ATTEMPT`, `QD_QUEUE` and `QD_TENANT`, the attempt's
+//! fencing value in `QD_LEASE_TOKEN`, and for a job a schedule enqueued
+//! `QD_SCHEDULE` and `QD_SCHEDULE_TICK` (these win over the queue's `env`), and runs
+//! in its own process group ([`group`]) so the whole tree is stopped together.
 //!
 //! In the daemon ([`use_watchdog`]) the group is led by the attempt [`watchdog`],
 //! which stops the group when qd dies or freezes, and the group is recorded in
@@ -228,6 +229,10 @@ impl CommandExecutor {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(schedule) = crate::schedule::JobSchedule::of_key(&job.idempotency_key) {
+            cmd.env("QD_SCHEDULE", schedule.name)
+                .env("QD_SCHEDULE_TICK", schedule.tick);
+        }
         if let Some(cwd) = &spec.cwd {
             cmd.current_dir(cwd);
         }

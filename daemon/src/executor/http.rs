@@ -133,7 +133,7 @@ impl HttpExecutor {
     /// The configured headers plus the job's identity (which wins).
     fn headers_for(&self, job: &JobRun) -> Result<HeaderMap, String> {
         let mut headers = self.headers.clone();
-        let identity = [
+        let mut identity = vec![
             ("idempotency-key", job.idempotency_key.clone()),
             ("qd-job-id", job.id.to_string()),
             ("qd-attempt", job.attempt.to_string()),
@@ -141,6 +141,10 @@ impl HttpExecutor {
             ("qd-queue", job.queue.to_string()),
             ("qd-lease-token", job.token.to_string()),
         ];
+        if let Some(schedule) = crate::schedule::JobSchedule::of_key(&job.idempotency_key) {
+            identity.push(("qd-schedule", schedule.name));
+            identity.push(("qd-schedule-tick", schedule.tick));
+        }
         for (name, value) in identity {
             let value = HeaderValue::try_from(value)
                 .map_err(|_| format!("the job's {name} cannot be sent as an HTTP header value"))?;

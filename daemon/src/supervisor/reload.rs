@@ -74,6 +74,10 @@ impl SupervisorState {
                 let _ = p.cast(PoolMsg::LimitsChanged);
             }
         }
+        for name in self.daemon.config().schedules.keys() {
+            metrics::register_schedule(name);
+        }
+        crate::periodic::reread();
         metrics::config_reloaded(true);
         if plan.changes.is_empty() {
             info!(file = %old.source.display(), "Config reloaded; nothing changed.");

@@ -344,6 +344,35 @@ async fn server_receives_payload_and_identity_headers() {
     );
 }
 
+#[tokio::test]
+async fn a_scheduled_job_sends_its_schedule_and_tick_headers() {
+    let seen = Seen::default();
+    let addr = serve(Arc::clone(&seen)).await;
+    let exec = HttpExecutor::new(&spec(format!("http://{addr}/echo"))).expect("valid spec");
+    let mut scheduled = job();
+    scheduled.idempotency_key = "schedule:nightly-report:2026-03-29T01:00:00Z".to_owned();
+    let result = exec.run(&scheduled, &CancellationToken::new()).await;
+    assert!(matches!(result, ExecResult::Success { .. }), "{result:?}");
+    let (headers, _) = seen.lock().expect("lock").take().expect("request seen");
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    assert_eq!(get("qd-schedule").as_deref(), Some("nightly-report"));
+    assert_eq!(
+        get("qd-schedule-tick").as_deref(),
+        Some("2026-03-29T01:00:00Z")
+    );
+
+    // Other jobs send neither.
+    let exec = HttpExecutor::new(&spec(format!("http://{addr}/echo"))).expect("valid spec");
+    let _ = exec.run(&job(), &CancellationToken::new()).await;
+    let (headers, _) = seen.lock().expect("lock").take().expect("request seen");
+    assert!(headers.get("qd-schedule").is_none());
+}
+
 #[test]
 fn retry_after_parses_seconds_and_dates_and_clamps() {
     let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").expect("date");
