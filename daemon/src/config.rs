@@ -319,6 +319,27 @@ impl fmt::Display for ConfigErrors {
 impl std::error::Error for ConfigErrors {}
 
 impl Config {
+    /// How much longer than `node_timeout` the leader waits before it ends a
+    /// silent node's leases (`None` without a database): `daemon.fence_wait` when
+    /// written, else the longest `kill_grace` of a command queue plus
+    /// [`database::FENCE_MARGIN`] (the margin alone without command queues), so
+    /// a fenced node has stopped its attempts by then (`daemon/docs/cluster.md`).
+    pub fn fence_wait(&self) -> Option<Duration> {
+        let database = self.daemon.database.as_ref()?;
+        Some(database.fence_wait.unwrap_or_else(|| {
+            let grace = self
+                .queues
+                .values()
+                .filter_map(|q| match &q.executor {
+                    crate::executor::ExecutorSpec::Command(c) => Some(c.kill_grace),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or_default();
+            grace + database::FENCE_MARGIN
+        }))
+    }
+
     /// Reads and compiles the config file at `path`. Errors: the file cannot be
     /// read, or any problem [`Config::parse`] reports.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {

@@ -254,6 +254,8 @@ fn open_store(config: &Config) -> Result<Store, Failure> {
                 node: database.node_name.clone(),
                 node_id: node_id(&config.daemon.data_dir)?,
                 node_timeout: database.node_timeout,
+                fence_wait: config.fence_wait().unwrap_or_default(),
+                call_timeout: PgOptions::call_timeout_for(database.node_timeout),
                 ..PgOptions::default()
             };
             let store = qd::store::postgres::describe(&client);

@@ -79,6 +79,19 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
             ));
         }
     }
+    // The leader's wait for a fenced node is fixed at start: a kill_grace raised
+    // past it would let two runs of a job overlap (`cluster.md`).
+    if let (Some(in_force), Some(wanted)) = (old.fence_wait(), new.fence_wait())
+        && wanted > in_force
+    {
+        refused.push(format!(
+            "daemon.fence_wait: the new config needs the leader to wait {} for a fenced \
+             node (a longer kill_grace), {} is in force since start; this needs a restart \
+             (systemctl restart qd)",
+            humantime::format_duration(wanted),
+            humantime::format_duration(in_force)
+        ));
+    }
     // The SQS routes are added to the API's router when it starts; the account,
     // region and advertised URL are read per request and reload live.
     if old.sqs.enabled != new.sqs.enabled {

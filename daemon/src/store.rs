@@ -679,6 +679,15 @@ pub(crate) trait Engine: Backend {
     fn rollback(&mut self);
     /// Called once when the writer stops: checkpoint the WAL and close.
     fn shutdown(&mut self);
+    /// Takes, right after [`Engine::begin`], the `max_depth` locks of `queues`
+    /// (distinct) that operations of the batch will ask for
+    /// ([`SharedStore::queue_depth`]): all at once, in one order every node uses,
+    /// before the batch holds any other lock, so two nodes' batches wait for each
+    /// other at most briefly and never in a cycle. A lock not taken here is left to
+    /// the operation, which then tries it. Engines without such locks do nothing.
+    fn lock_depths(&mut self, _queues: &[&str]) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// The outcome of one item of [`Backend::enqueue`].
@@ -1050,7 +1059,19 @@ impl Store {
         Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
         Done: FnOnce(Result<R, StoreError>) + Send + 'static,
     {
-        let task: Box<dyn Task> = Box::new(OpTask::new(op, done));
+        self.submit_locking_depth(None, op, done);
+    }
+
+    /// [`Store::submit`] for an operation that takes `queue`'s `max_depth` lock
+    /// ([`SharedStore::queue_depth`]): the writer takes it with the batch's other
+    /// depth locks before any operation runs ([`Engine::lock_depths`]).
+    pub fn submit_locking_depth<R, Op, Done>(&self, queue: Option<String>, op: Op, done: Done)
+    where
+        R: Send + 'static,
+        Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
+        Done: FnOnce(Result<R, StoreError>) + Send + 'static,
+    {
+        let task: Box<dyn Task> = Box::new(OpTask::new(op, done).locking_depth(queue));
         let rejected = {
             let sender = self
                 .shared

@@ -491,6 +491,19 @@ impl BrokerState {
         self.store_effects.push(StoreEffect::write(run, done));
     }
 
+    /// [`Self::write`] of an enqueue that checks `depth` (queue, `max_depth`) in
+    /// the store: the writer takes the queue's depth lock before its batch runs.
+    fn write_enqueue<R, Run, Done>(&mut self, depth: Option<&(String, u64)>, run: Run, done: Done)
+    where
+        R: Send + 'static,
+        Run: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
+        Done: FnOnce(Result<R, StoreError>, &Back) + Send + 'static,
+    {
+        let queue = depth.map(|(queue, _)| queue.clone());
+        self.store_effects
+            .push(StoreEffect::write_locking_depth(queue, run, done));
+    }
+
     /// Answers `reply` with `value` once this message's store effects are handed
     /// over (a [`Reply`] effect).
     pub(super) fn answer<T: Send + 'static>(&mut self, reply: RpcReplyPort<T>, value: T) {
@@ -535,7 +548,9 @@ impl BrokerState {
                 let record = self.reserve(new, req.payload, now);
                 let job = record.job.clone();
                 let depth = self.depth_check(&job.queue);
-                self.write(
+                let check = depth.clone();
+                self.write_enqueue(
+                    check.as_ref(),
                     move |b| {
                         if let Some((queue, max)) = &depth {
                             shared::within_depth(b, queue, 1, *max)?;
@@ -680,7 +695,11 @@ impl BrokerState {
             Ok((Inserted::Duplicate { id, .. }, _)) => Err(key_conflict(&job, id)),
             Err(err @ (StoreError::QueueFull { .. } | StoreError::Busy(_))) => Err(refusal(err)),
             Err(err) => {
-                warn!(queue = %job.queue, error = %err, "Enqueue failed in the store; nothing was accepted.");
+                static LOG: crate::log_every::Every =
+                    crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                if let Some(left_out) = LOG.due() {
+                    warn!(queue = %job.queue, error = %err, earlier_not_logged = left_out, "Enqueue failed in the store; nothing was accepted (logged at most every 10 s).");
+                }
                 Err(BrokerError::Store(err))
             }
         };
@@ -705,7 +724,9 @@ impl BrokerState {
             Ok(records) => {
                 let jobs: Vec<Job> = records.iter().map(|r| r.job.clone()).collect();
                 let depth = jobs.first().and_then(|j| self.depth_check(&j.queue));
-                self.write(
+                let check = depth.clone();
+                self.write_enqueue(
+                    check.as_ref(),
                     move |b| {
                         if let Some((queue, max)) = &depth {
                             shared::within_depth(b, queue, records.len() as u64, *max)?;
@@ -812,7 +833,11 @@ impl BrokerState {
             }
             Err(err) => {
                 self.store_refused(&err);
-                warn!(queue = ?queue, error = %err, "Batch enqueue failed in the store; nothing was accepted.");
+                static LOG: crate::log_every::Every =
+                    crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                if let Some(left_out) = LOG.due() {
+                    warn!(queue = ?queue, error = %err, earlier_not_logged = left_out, "Batch enqueue failed in the store; nothing was accepted.");
+                }
                 BatchError::whole(BrokerError::Store(err))
             }
         };
@@ -935,7 +960,11 @@ impl BrokerState {
                         (leased, unclaimed)
                     }
                     Err(err) => {
-                        warn!(error = %err, jobs = before.len(), "Claim failed in the store; the jobs stay ready.");
+                        static LOG: crate::log_every::Every =
+                            crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                        if let Some(left_out) = LOG.due() {
+                            warn!(error = %err, earlier_not_logged = left_out, jobs = before.len(), "Claim failed in the store; the jobs stay ready.");
+                        }
                         (Vec::new(), before.into_iter().zip(planned).collect())
                     }
                 };

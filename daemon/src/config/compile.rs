@@ -61,6 +61,7 @@ pub(crate) fn compile(
         rate_limiters: names(&doc.rate_limiters),
     };
     let queues = queue::compile_queues(&mut diag, &doc, &scope);
+    check_fence(&mut diag, &daemon, &queues);
     let schedules = schedule::compile_schedules(&mut diag, &doc, &queues, daemon.max_payload);
     if environment {
         environment::check(&mut diag, &daemon, &queues);
@@ -80,6 +81,42 @@ pub(crate) fn compile(
         schedules,
         source: source.to_path_buf(),
     })
+}
+
+/// On a cluster, refuses a command queue whose `kill_grace` the leader's
+/// `fence_wait` does not cover: a node cut off from the database stops its
+/// attempts once its heartbeat is `node_timeout` old (SIGTERM, SIGKILL
+/// `kill_grace` later), and the leader may hand their jobs to another node
+/// `node_timeout + fence_wait` after that heartbeat, so `kill_grace +
+/// FENCE_MARGIN <= fence_wait` keeps the two runs apart (`cluster.md`).
+fn check_fence(
+    diag: &mut Diagnostics<'_>,
+    daemon: &super::DaemonConfig,
+    queues: &std::collections::BTreeMap<String, super::QueueConfig>,
+) {
+    let Some(fence_wait) = daemon.database.as_ref().and_then(|d| d.fence_wait) else {
+        return;
+    };
+    for (name, queue) in queues {
+        let crate::executor::ExecutorSpec::Command(command) = &queue.executor else {
+            continue;
+        };
+        if command.kill_grace + super::database::FENCE_MARGIN > fence_wait {
+            diag.error(
+                &KeyPath::of(&["queues", name, "kill_grace"]),
+                format!(
+                    "{} plus {}s of margin is longer than daemon.fence_wait ({}): a node cut \
+                     off from the database could still be stopping this queue's job when the \
+                     leader hands it to another node; raise daemon.fence_wait to at least {} \
+                     or lower kill_grace",
+                    humantime::format_duration(command.kill_grace),
+                    super::database::FENCE_MARGIN.as_secs(),
+                    humantime::format_duration(fence_wait),
+                    humantime::format_duration(command.kill_grace + super::database::FENCE_MARGIN),
+                ),
+            );
+        }
+    }
 }
 
 /// `base_dir/path`, or `path` itself when it is absolute, with `.` and `..`
@@ -349,6 +386,7 @@ fn compile_database(
             ("database_password_file", password_file.is_some()),
             ("node_name", raw.node_name.is_some()),
             ("node_timeout", raw.node_timeout.is_some()),
+            ("fence_wait", raw.fence_wait.is_some()),
             ("poll_interval", raw.poll_interval.is_some()),
         ];
         for (key, set) in cluster_only {
@@ -375,6 +413,12 @@ fn compile_database(
             diag.error(&at("node_timeout"), "must be at least 1s");
         }
         database.node_timeout = timeout.0;
+    }
+    if let Some(wait) = raw.fence_wait {
+        if wait.0 > Duration::from_secs(3600) {
+            diag.error(&at("fence_wait"), "must be at most 1h");
+        }
+        database.fence_wait = Some(wait.0);
     }
     if let Some(poll) = raw.poll_interval {
         if poll.0 < Duration::from_millis(10) || poll.0 > Duration::from_secs(60) {

@@ -35,6 +35,7 @@ pub(crate) struct RawDaemon {
     pub database_password_file: Option<String>,
     pub node_name: Option<String>,
     pub node_timeout: Option<Dur>,
+    pub fence_wait: Option<Dur>,
     pub poll_interval: Option<Dur>,
     pub restart: Option<RawRestart>,
     pub history: Option<RawHistory>,

@@ -793,6 +793,36 @@ fn cluster_keys_need_a_database_and_sane_values() {
 }
 
 #[test]
+fn fence_wait_covers_every_command_queues_kill_grace() {
+    let url = "[daemon]\ndatabase_url = \"host=/run/postgresql dbname=qd\"\n";
+    let queue = |grace: &str| {
+        format!(
+            "[queues.work]\nexecutor = {{ kind = \"command\", program = \"/bin/true\" }}\n\
+             kill_grace = \"{grace}\"\n"
+        )
+    };
+    // Derived: the longest kill_grace plus the margin.
+    let derived = parse(&format!("{url}{}", queue("30s"))).expect("derived fence_wait");
+    assert_eq!(derived.fence_wait(), Some(Duration::from_secs(31)));
+    // Written and long enough.
+    let written = parse(&format!("{url}fence_wait = \"6s\"\n{}", queue("5s"))).expect("6s");
+    assert_eq!(written.fence_wait(), Some(Duration::from_secs(6)));
+    // Written too short: the error names both keys.
+    let found = errors(&format!("{url}fence_wait = \"5s\"\n{}", queue("5s")));
+    let error = error_at(&found, "queues.work.kill_grace");
+    assert!(error.message.contains("daemon.fence_wait"), "{error:?}");
+    assert!(error.message.contains("at least 6s"), "{error:?}");
+    // One node on SQLite: no fencing, no such key.
+    assert_eq!(parse(&queue("30s")).expect("sqlite").fence_wait(), None);
+    let found = errors(&format!("[daemon]\nfence_wait = \"5s\"\n{}", queue("1s")));
+    let error = error_at(&found, "daemon.fence_wait");
+    assert!(
+        error.message.contains("without daemon.database_url"),
+        "{error:?}"
+    );
+}
+
+#[test]
 fn a_schedule_compiles_with_its_defaults_and_its_keys() {
     let text = format!(
         r#"{QUEUE}

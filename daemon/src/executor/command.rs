@@ -338,8 +338,9 @@ async fn feed(stdin: Option<ChildStdin>, payload: &[u8]) {
     }
 }
 
-/// Feeds the watchdog's lifeline: the payload's length and bytes, then one byte
-/// every [`watchdog::BEAT`] until the attempt ends (this future is dropped, closing
+/// Feeds the watchdog's lifeline: the payload's length and bytes, then a beat
+/// every [`watchdog::BEAT`] (carrying the node's fencing deadline on a cluster,
+/// [`crate::fence::remaining`]) until the attempt ends (this future is dropped, closing
 /// it). Ends early only if the watchdog is gone.
 async fn keep_alive(lifeline: Option<ChildStdin>, payload: &[u8]) {
     let Some(mut lifeline) = lifeline else { return };
@@ -352,7 +353,8 @@ async fn keep_alive(lifeline: Option<ChildStdin>, payload: &[u8]) {
     let mut beats = tokio::time::interval(watchdog::BEAT);
     loop {
         beats.tick().await;
-        if lifeline.write_all(b".").await.is_err() || lifeline.flush().await.is_err() {
+        let beat = watchdog::beat(crate::fence::remaining());
+        if lifeline.write_all(&beat).await.is_err() || lifeline.flush().await.is_err() {
             return;
         }
     }

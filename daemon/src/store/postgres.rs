@@ -67,7 +67,9 @@
 //! - **`max_depth` counts every node's jobs**: triggers keep each queue's depth in
 //!   `qd_queue_depths` (one row per queue and writing node), and an enqueue takes
 //!   the queue's depth lock and sums the rows in its own transaction
-//!   ([`SharedStore::queue_depth`]).
+//!   ([`SharedStore::queue_depth`]). The writer takes a batch's depth locks up
+//!   front, sorted by key, before anything else ([`Engine::lock_depths`]), so two
+//!   nodes' batches never hold one queue's lock each while wanting the other's.
 //!
 //! # Schema (version 6, in `qd_migrations`)
 //! ```text
@@ -247,7 +249,10 @@ ALTER TABLE qd_jobs ADD COLUMN lease_end timestamptz;
 /// row per queue and writing session (`qd.node`, set by each node's writer), so two
 /// nodes never wait on each other's counter; the depth is the sum of a queue's
 /// rows. Statement triggers add what each INSERT, UPDATE and DELETE of `qd_jobs`
-/// changed, from its transition tables, whatever wrote it.
+/// changed, from its transition tables, whatever wrote it. The seed count and the
+/// triggers are made with writes to `qd_jobs` locked out (readers go on): a job
+/// written by a node of an older build between the count and the triggers would
+/// otherwise never be counted.
 const QUEUE_DEPTHS: &str = r#"
 CREATE TABLE qd_queue_depths (
     queue text   COLLATE "C" NOT NULL,
@@ -255,6 +260,7 @@ CREATE TABLE qd_queue_depths (
     depth bigint NOT NULL,
     PRIMARY KEY (queue, shard)
 );
+LOCK TABLE qd_jobs IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO qd_queue_depths (queue, shard, depth)
     SELECT queue, '', count(*) FROM qd_jobs WHERE state IN ('ready', 'delayed') GROUP BY queue;
 CREATE FUNCTION qd_count_depths() RETURNS trigger LANGUAGE plpgsql AS $f$
@@ -297,10 +303,18 @@ CREATE TRIGGER qd_jobs_depth_delete AFTER DELETE ON qd_jobs
 const DEPTH_LOCK_SEED: i64 = 0x0071_6464_6570_7468;
 
 /// How many times an enqueue tries a queue's depth lock (about 2 ms apart) before
-/// it is refused as unavailable. The lock is tried, never waited for: the group
-/// commit may hold row locks another node's transaction waits on, and a wait here
-/// could close a cycle PostgreSQL would break by failing a statement.
+/// it is refused as unavailable, when the writer did not take it up front
+/// ([`Engine::lock_depths`] gave up after [`DEPTH_LOCK_WAIT`]). Inside an
+/// operation the lock is tried, never waited for: the group commit may then hold
+/// row locks another node's transaction waits on, and a wait could close a cycle
+/// PostgreSQL would break by failing a statement.
 const DEPTH_LOCK_TRIES: u32 = 100;
+
+/// How long a group commit waits for its depth locks, taken first thing in the
+/// transaction in key order ([`Engine::lock_depths`]). The holder is another
+/// node's group commit that took its depth locks the same way and holds them
+/// until its commit, so the wait is short and cannot be part of a cycle.
+const DEPTH_LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// Schedules' stored state: next tick, last run, pause ([`super::schedules`]).
 const SCHEDULES: &str = r#"
@@ -338,6 +352,10 @@ const MIGRATION_LOCK: i64 = 0x7164_6d69_6772_7465;
 /// share a key only serialise each other's claims. ("qdcap" in ASCII.)
 const CAP_LOCK_SEED: i64 = 0x0071_6463_6170;
 
+/// The call deadline of the schema migrations at start-up ([`PgOptions::call_timeout`]
+/// is for everyday calls).
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// How long opening a connection may take before the store reports the database
 /// unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -369,6 +387,26 @@ pub struct PgOptions {
     pub node_id: Uuid,
     /// A node whose heartbeat is older than this is dead (`[daemon] node_timeout`).
     pub node_timeout: Duration,
+    /// How much longer the leader waits before it ends a silent node's leases, so
+    /// that node has stopped its attempts by then (`[daemon] fence_wait`; see
+    /// `daemon/docs/cluster.md`). A name held by a silent node is taken over only
+    /// after the same wait.
+    pub fence_wait: Duration,
+    /// The deadline of each call to the database (a statement, a pipelined group
+    /// of them, a connection): past it the connection is dropped and the call
+    /// answers an error, so a hung database or network holds no caller longer. The
+    /// server's `statement_timeout` is set to it as well, and TCP connections get
+    /// keepalives and `tcp_user_timeout` near it.
+    pub call_timeout: Duration,
+}
+
+impl PgOptions {
+    /// The call deadline of a node with this `node_timeout`: half of it, between
+    /// 2 s and 5 s, so a hung call fails well before the node is fenced and a
+    /// caller waits a few seconds at most.
+    pub fn call_timeout_for(node_timeout: Duration) -> Duration {
+        (node_timeout / 2).clamp(Duration::from_secs(2), Duration::from_secs(5))
+    }
 }
 
 impl Default for PgOptions {
@@ -379,6 +417,8 @@ impl Default for PgOptions {
             node: "qd".to_owned(),
             node_id: Uuid::nil(),
             node_timeout: Duration::from_secs(10),
+            fence_wait: Duration::ZERO,
+            call_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -447,7 +487,21 @@ impl PgBackend {
             .map_err(|e| StoreError::Other(format!("{target}: cannot start a runtime: {e}")))?;
         let mut config = config.clone();
         if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
+            config.connect_timeout(CONNECT_TIMEOUT.min(options.call_timeout));
+        }
+        // A peer that vanished without a reset (a partition, a dead host) is found
+        // by TCP itself as well as by the call deadline: probes after 5 s idle, and
+        // unacknowledged data gives up after the call deadline. (Unix sockets
+        // ignore both.)
+        if !config.get_keepalives() || config.get_keepalives_idle() > Duration::from_secs(5) {
+            config
+                .keepalives(true)
+                .keepalives_idle(Duration::from_secs(5))
+                .keepalives_interval(Duration::from_secs(1))
+                .keepalives_retries(3);
+        }
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(options.call_timeout);
         }
         if config.get_application_name().is_none() {
             config.application_name("qd");
@@ -462,7 +516,7 @@ impl PgBackend {
         let pool = Pool::builder(manager)
             .max_size(1)
             .runtime(deadpool_postgres::Runtime::Tokio1)
-            .create_timeout(Some(CONNECT_TIMEOUT * 2))
+            .create_timeout(Some(CONNECT_TIMEOUT.min(options.call_timeout) * 2))
             .build()
             .map_err(|e| StoreError::Other(format!("{target}: {e}")))?;
         let mut backend = PgBackend {
@@ -488,7 +542,18 @@ impl PgBackend {
         // Back to the pool, which drops it at the next `get` if it is closed.
         self.client = None;
         let pool = self.pool.clone();
-        let client = self.rt.block_on(pool.get()).map_err(|e| {
+        let deadline = self.options.call_timeout;
+        let got = self
+            .rt
+            .block_on(async { tokio::time::timeout(deadline, pool.get()).await })
+            .map_err(|_| {
+                StoreError::Other(format!(
+                    "{}: cannot connect: no answer within {}",
+                    self.target,
+                    humantime::format_duration(deadline)
+                ))
+            })?;
+        let client = got.map_err(|e| {
             let detail = match &e {
                 deadpool_postgres::PoolError::Backend(pg) => {
                     return map_err(&format!("{}: cannot connect", self.target), pg);
@@ -498,32 +563,56 @@ impl PgBackend {
             };
             StoreError::Other(format!("{}: cannot connect: {detail}", self.target))
         })?;
+        self.client = Some(client);
+        let configured = self.configure_session();
+        if configured.is_err() {
+            // Never used half set up: the next batch opens another connection.
+            self.client = None;
+        }
+        configured
+    }
+
+    /// Sets up a new connection's session: durable commits, the node's name for
+    /// the depth counters (see QUEUE_DEPTHS; checked by the config, no quote can
+    /// occur in it) and the call deadline as the server's `statement_timeout`.
+    fn configure_session(&mut self) -> Result<(), StoreError> {
         let mode: String = self
-            .rt
-            .block_on(client.query_one("SHOW synchronous_commit", &[]))
-            .map_err(|e| map_err(&self.target, &e))?
+            .block(async |c| c.query_one("SHOW synchronous_commit", &[]).await)?
             .get(0);
         if mode == "off" {
             tracing::warn!(target = %self.target, "synchronous_commit is off for qd's session; setting it on, since an accepted job must be on disk.");
-            self.rt
-                .block_on(client.batch_execute("SET synchronous_commit = on"))
-                .map_err(|e| map_err(&self.target, &e))?;
+            self.exec("SET synchronous_commit = on")?;
         }
-        // The writer's session names its depth counter rows (see QUEUE_DEPTHS);
-        // the name is checked by the config (no quote can occur in it).
-        self.rt
-            .block_on(client.batch_execute(&format!("SET qd.node = '{}'", self.options.node)))
-            .map_err(|e| map_err(&self.target, &e))?;
-        self.client = Some(client);
-        Ok(())
+        // A session whose client vanished inside a transaction (a partition)
+        // would hold its row locks, the leader row's among them, until the
+        // server's TCP keepalive notices (hours by default): the server ends it
+        // after twice the call deadline (at least 10 s) of idling in it.
+        let idle = (self.options.call_timeout * 2).max(Duration::from_secs(10));
+        self.exec(&format!(
+            "SET qd.node = '{}'; SET statement_timeout = {}; \
+             SET idle_in_transaction_session_timeout = {}",
+            self.options.node,
+            millis(self.options.call_timeout),
+            millis(idle)
+        ))
     }
 
     /// Applies the missing migrations in one transaction under the migration lock.
     fn migrate(&mut self) -> Result<(), StoreError> {
+        // A migration may scan a large table or wait for another node's: it gets
+        // its own, long deadline.
+        let call_timeout = std::mem::replace(&mut self.options.call_timeout, MIGRATION_TIMEOUT);
+        let migrated = self.migrate_now();
+        self.options.call_timeout = call_timeout;
+        migrated
+    }
+
+    fn migrate_now(&mut self) -> Result<(), StoreError> {
         let target = self.target.clone();
         let applied = self.block(async |c| {
             c.batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
+                "BEGIN; SET LOCAL statement_timeout = 0; \
+                 SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
                  CREATE TABLE IF NOT EXISTS qd_migrations (\
                      version integer PRIMARY KEY, \
                      applied_at timestamptz NOT NULL DEFAULT now())"
@@ -575,7 +664,8 @@ impl PgBackend {
     fn join(&mut self) -> Result<(), StoreError> {
         let name = self.options.node.clone();
         let id = self.options.node_id;
-        let timeout_ms = millis(self.options.node_timeout);
+        // The name's silent holder may still be stopping its attempts (fencing).
+        let timeout_ms = millis(self.options.node_timeout + self.options.fence_wait);
         let (joined, released) = self.block(async |c| {
             let joined = c
                 .query_opt(
@@ -654,18 +744,21 @@ impl PgBackend {
     }
 
     /// The SQL condition (over `j`, a row of `qd_jobs`) of a lease that ended
-    /// without its holder: held by another node, and past its deadline or its
-    /// node's heartbeat older than `node_timeout`. The node name is checked by the
-    /// config (no quote can occur in it).
+    /// without its holder: held by another node, and past its deadline by
+    /// `fence_wait` or its node's heartbeat older than `node_timeout + fence_wait`
+    /// (the silent node stops its attempts within that wait: self-fencing). The
+    /// node name is checked by the config (no quote can occur in it).
     fn lease_lost(&self) -> String {
         format!(
             "j.lease_token IS NOT NULL AND j.lease_node IS DISTINCT FROM '{node}' \
-             AND (j.lease_deadline <= now() OR (NOT EXISTS (SELECT 1 FROM qd_nodes n \
+             AND (j.lease_deadline <= now() - {wait}::int8 * interval '1 millisecond' \
+               OR (NOT EXISTS (SELECT 1 FROM qd_nodes n \
                WHERE n.name = j.lease_node \
                  AND n.heartbeat_at > now() - {timeout}::int8 * interval '1 millisecond') \
                AND (j.lease_end IS NULL OR j.lease_end <= now())))",
             node = self.options.node,
-            timeout = millis(self.options.node_timeout),
+            wait = millis(self.options.fence_wait),
+            timeout = millis(self.options.node_timeout + self.options.fence_wait),
         )
     }
 
@@ -674,11 +767,41 @@ impl PgBackend {
         &mut self,
         op: impl AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
     ) -> Result<T, StoreError> {
+        let result = self.block_raw(op)?;
+        result.map_err(|e| map_err(&self.target, &e))
+    }
+
+    /// Runs `op` against the current connection and answers PostgreSQL's error as
+    /// it is (for callers that act on its code); the outer error is the store's
+    /// own (no connection).
+    fn block_raw<T>(
+        &mut self,
+        op: impl AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<Result<T, tokio_postgres::Error>, StoreError> {
         let Some(client) = self.client.as_deref() else {
             return Err(StoreError::Other(format!("{}: not connected", self.target)));
         };
-        let result = self.rt.block_on(op(client));
-        result.map_err(|e| map_err(&self.target, &e))
+        let deadline = self.options.call_timeout;
+        // The timer is made inside the runtime, which owns the time driver.
+        let answer = self
+            .rt
+            .block_on(async { tokio::time::timeout(deadline, op(client)).await });
+        match answer {
+            Ok(answer) => Ok(answer),
+            Err(_) => {
+                // The connection may be anywhere in a statement: never reuse it. Taken
+                // out of the pool, so the next batch opens a new one.
+                if let Some(hung) = self.client.take() {
+                    drop(Object::take(hung));
+                }
+                Err(StoreError::Other(format!(
+                    "{}: no answer within {} (the database or the network to it hangs); \
+                     connection dropped",
+                    self.target,
+                    humantime::format_duration(deadline)
+                )))
+            }
+        }
     }
 
     /// How many more jobs each of `caps` (queue, tenant, cap) may have leased now,
@@ -1561,6 +1684,44 @@ impl Engine for PgBackend {
     fn shutdown(&mut self) {
         self.client = None;
         self.pool.close();
+    }
+
+    /// Waits for the depth locks of `queues`, sorted by lock key (the order every
+    /// node uses), at most [`DEPTH_LOCK_WAIT`] in all. The batch holds nothing
+    /// yet, and any other holder took its depth locks in the same order before
+    /// anything else, so the waits cannot form a cycle. Given up after the wait
+    /// (the savepoint undoes the locks taken), the operations try the locks
+    /// themselves and answer busy as before.
+    fn lock_depths(&mut self, queues: &[&str]) -> Result<(), StoreError> {
+        let queues: Vec<&str> = queues.to_vec();
+        self.exec(&format!(
+            "SAVEPOINT depth_locks; SET LOCAL lock_timeout = {}",
+            millis(DEPTH_LOCK_WAIT)
+        ))?;
+        let locked = self.block_raw(async |c| {
+            let keys = c
+                .prepare_cached(&format!(
+                    "SELECT DISTINCT hashtextextended(q, {DEPTH_LOCK_SEED}) AS k \
+                     FROM unnest($1::text[]) AS q ORDER BY k"
+                ))
+                .await?;
+            let lock = c.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
+            for key in c.query(&keys, &[&queues]).await? {
+                c.execute(&lock, &[&key.get::<_, i64>(0)]).await?;
+            }
+            Ok(())
+        })?;
+        match locked {
+            Ok(()) => self.exec("SET LOCAL lock_timeout = DEFAULT; RELEASE SAVEPOINT depth_locks"),
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                tracing::debug!(
+                    ?queues,
+                    "Depth locks still held by another node; each enqueue tries its own."
+                );
+                self.exec("ROLLBACK TO SAVEPOINT depth_locks; RELEASE SAVEPOINT depth_locks")
+            }
+            Err(e) => Err(map_err(&self.target, &e)),
+        }
     }
 }
 

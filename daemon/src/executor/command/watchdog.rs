@@ -3,12 +3,19 @@
 //!
 //! qd starts `qd __watchdog --grace-ms G --stall-ms S -- PROGRAM ARGS...` as the
 //! leader of the attempt's process group. Its stdin is the **lifeline**: qd writes
-//! the payload's length (8 bytes, big-endian) and the payload, then one byte every
-//! [`BEAT`]. The watchdog starts the program in the same group, hands it the payload
+//! the payload's length (8 bytes, big-endian) and the payload, then a beat every
+//! [`BEAT`] ([`beat`]). The watchdog starts the program in the same group, hands it the payload
 //! on its own stdin pipe and lets it inherit stdout and stderr (qd reads them
 //! directly). When the lifeline ends (qd exited, however it died: the kernel closes
 //! its end) or stays silent for `S` (qd is frozen, e.g. `SIGSTOP` or a stuck host
-//! thread), the watchdog sends the group SIGTERM and, `G` later, SIGKILL. This does
+//! thread), the watchdog sends the group SIGTERM and, `G` later, SIGKILL.
+//!
+//! On a cluster node each beat also carries how long the node may still act on
+//! its leases (its fencing deadline, `fence.rs`): the watchdog stops the group the
+//! same way once that deadline passes without a later beat moving it. So a node
+//! that is frozen, or cut off from its database, has its command attempts stopped
+//! by the time the leader may hand their jobs to another node, whatever the
+//! daemon itself does then. This does
 //! not depend on which thread of qd spawned it (the caveat of `PR_SET_PDEATHSIG`) nor
 //! on qd running at all.
 //!
@@ -30,6 +37,45 @@ use nix::unistd::getpgrp;
 
 /// How often qd writes a lifeline byte.
 pub const BEAT: Duration = Duration::from_millis(500);
+
+/// One lifeline beat: `.` (alive), or, with a fencing deadline `remaining` from
+/// now, its milliseconds in ASCII digits and `;`.
+pub fn beat(remaining: Option<Duration>) -> Vec<u8> {
+    match remaining {
+        None => b".".to_vec(),
+        Some(left) => format!("{};", left.as_millis()).into_bytes(),
+    }
+}
+
+/// Reads beats from the lifeline's bytes, which may arrive cut anywhere.
+#[derive(Default)]
+struct Beats {
+    digits: Option<u64>,
+}
+
+impl Beats {
+    /// Takes one byte; answers `Some(deadline)` for a beat (`None` inside it for
+    /// `.`, which carries no deadline), `None` while a deadline is still being read.
+    fn push(&mut self, byte: u8) -> Option<Option<Duration>> {
+        match byte {
+            b'0'..=b'9' => {
+                let digit = u64::from(byte - b'0');
+                self.digits = Some(
+                    self.digits
+                        .unwrap_or(0)
+                        .saturating_mul(10)
+                        .saturating_add(digit),
+                );
+                None
+            }
+            b';' => Some(Some(Duration::from_millis(self.digits.take().unwrap_or(0)))),
+            _ => {
+                self.digits = None;
+                Some(None)
+            }
+        }
+    }
+}
 
 /// Signals sent to the whole group that the watchdog outlives: the program handles
 /// them as it likes, and the watchdog reports how the program ended.
@@ -121,8 +167,8 @@ fn read_payload(lifeline: &mut impl Read) -> io::Result<Vec<u8>> {
 }
 
 /// Watches the lifeline on two threads: one reads it (each byte is a sign of life,
-/// EOF or an error is qd's death), one stops the group when it is lost or silent
-/// for `stall`.
+/// EOF or an error is qd's death; a beat may carry a fencing deadline), one stops
+/// the group when it is lost, silent for `stall` or past the last deadline.
 fn watch(
     mut lifeline: impl Read + Send + 'static,
     grace: Duration,
@@ -130,23 +176,36 @@ fn watch(
     lost: Arc<AtomicBool>,
 ) {
     let last = Arc::new(Mutex::new(Instant::now()));
+    let deadline: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
     let closed = Arc::new(AtomicBool::new(false));
     {
-        let (last, closed) = (last.clone(), closed.clone());
+        let (last, deadline, closed) = (last.clone(), deadline.clone(), closed.clone());
         std::thread::spawn(move || {
             let mut buf = [0_u8; 64];
-            while let Ok(1..) = lifeline.read(&mut buf) {
-                *last.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            let mut beats = Beats::default();
+            while let Ok(n @ 1..) = lifeline.read(&mut buf) {
+                let now = Instant::now();
+                *last.lock().unwrap_or_else(|e| e.into_inner()) = now;
+                for byte in &buf[..n] {
+                    if let Some(Some(left)) = beats.push(*byte) {
+                        // A deadline beyond the clock's range is none.
+                        *deadline.lock().unwrap_or_else(|e| e.into_inner()) = now.checked_add(left);
+                    }
+                }
             }
             closed.store(true, Ordering::SeqCst);
         });
     }
     std::thread::spawn(move || {
-        let tick = (stall / 4).clamp(Duration::from_millis(20), Duration::from_millis(250));
+        let tick = (stall / 4).clamp(Duration::from_millis(20), Duration::from_millis(100));
         loop {
             std::thread::sleep(tick);
             let silent = last.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
-            if closed.load(Ordering::SeqCst) || silent > stall {
+            let fenced = deadline
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some_and(|d| Instant::now() >= d);
+            if closed.load(Ordering::SeqCst) || silent > stall || fenced {
                 break;
             }
         }
@@ -186,6 +245,25 @@ mod tests {
             input, b"..",
             "the beats after the payload are left for the watch"
         );
+    }
+
+    #[test]
+    fn beats_carry_the_fencing_deadline_whatever_the_cuts() {
+        let mut beats = Beats::default();
+        let bytes: Vec<u8> = [
+            beat(None),
+            beat(Some(Duration::from_millis(1234))),
+            beat(None),
+        ]
+        .concat();
+        let read: Vec<Option<Duration>> = bytes.iter().filter_map(|b| beats.push(*b)).collect();
+        assert_eq!(read, [None, Some(Duration::from_millis(1234)), None]);
+        assert_eq!(beat(Some(Duration::ZERO)), b"0;");
+        // A run of digits that overflows saturates instead of wrapping.
+        let mut beats = Beats::default();
+        let huge = "9".repeat(40) + ";";
+        let read: Vec<_> = huge.bytes().filter_map(|b| beats.push(b)).collect();
+        assert_eq!(read, [Some(Duration::from_millis(u64::MAX))]);
     }
 
     #[test]
