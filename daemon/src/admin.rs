@@ -90,7 +90,9 @@ impl From<BrokerError> for ErrorBody {
             BrokerError::KeyConflict { .. }
             | BrokerError::KeyConflictInBatch { .. }
             | BrokerError::Transition(_) => ErrorCode::Conflict,
-            BrokerError::Invalid(_) | BrokerError::PayloadTooLarge { .. } => ErrorCode::BadRequest,
+            BrokerError::Invalid(_)
+            | BrokerError::PayloadTooLarge { .. }
+            | BrokerError::UnknownDependency(_) => ErrorCode::BadRequest,
             BrokerError::QueueFull { .. }
             | BrokerError::TenantFull { .. }
             | BrokerError::ShuttingDown
@@ -197,6 +199,7 @@ impl AdminHandler for Handler {
                     idempotency_key: key,
                     delay: Duration::from_millis(delay_ms.unwrap_or(0)),
                     max_attempts,
+                    after: Default::default(),
                 };
                 let what = format!("queue {}", req.queue);
                 let done = broker::request(|tx| BrokerMsg::Enqueue(req, tx), CALL).await??;

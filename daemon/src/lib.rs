@@ -15,6 +15,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod data_lock;
+pub mod deps;
 pub mod dlq;
 pub mod executor;
 pub mod gauges;

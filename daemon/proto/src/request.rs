@@ -11,13 +11,15 @@ use serde::{Deserialize, Serialize};
 /// Job states as qd stores and shows them (`qd::job::State::as_str`), in life-cycle
 /// order. A `state` filter must be one of these; the daemon refuses others with
 /// `bad_request`.
-pub const JOB_STATES: [&str; 6] = [
+pub const JOB_STATES: [&str; 8] = [
     "delayed",
     "ready",
     "leased",
     "succeeded",
     "dead",
     "cancelled",
+    "waiting",
+    "blocked",
 ];
 
 /// An admin request. The `op` tag names it on the wire; see `daemon/docs/admin-protocol.md`.

@@ -462,4 +462,10 @@ pub struct TenantCounts {
     pub leased: u64,
     /// Dead jobs.
     pub dead: u64,
+    /// Jobs waiting for a parent named in `after`.
+    #[serde(default)]
+    pub waiting: u64,
+    /// Jobs blocked by a dead or cancelled parent.
+    #[serde(default)]
+    pub blocked: u64,
 }
