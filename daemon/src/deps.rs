@@ -219,6 +219,41 @@ pub fn check_after(after: &[JobId]) -> Result<(), AfterError> {
     Ok(())
 }
 
+/// The `after` and `after_policy` fields: 1 to [`MAX_PARENTS`]
+/// distinct job ids (an empty list is refused: it would be a no-op that reads
+/// as a dependency), and `"succeeded"` (the default) or `"finished"`.
+pub fn parse_after(after: Option<Vec<String>>, policy: Option<String>) -> Result<After, String> {
+    let policy = match policy {
+        Some(p) => p.parse()?,
+        None => AfterPolicy::default(),
+    };
+    let Some(after) = after else {
+        return Ok(After {
+            parents: Vec::new(),
+            policy,
+        });
+    };
+    if after.is_empty() {
+        return Err("after must name at least one job id".into());
+    }
+    if after.len() > MAX_PARENTS {
+        return Err(format!(
+            "after names {} jobs; at most {MAX_PARENTS} are allowed",
+            after.len()
+        ));
+    }
+    let parents = after
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            id.parse::<JobId>()
+                .map_err(|_| format!("after[{i}] is not a job id: {id:?}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    check_after(&parents).map_err(|e| e.to_string())?;
+    Ok(After { parents, policy })
+}
+
 /// The dependency part of one new job: its parents and policy.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct After {

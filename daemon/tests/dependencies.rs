@@ -262,3 +262,53 @@ fn kill_9_between_a_parents_ack_and_its_childs_lease_loses_nothing() {
     });
     assert_eq!(job["payload"], "c");
 }
+
+#[test]
+fn cancel_cascades_to_unfinished_dependents_unless_asked_to_keep_them() {
+    let qd = Qd::start(EXTERNAL);
+    let a = qd.enqueue("ext", "a");
+    let b = enqueue_after(&qd, "b", &[&a]);
+    let c = enqueue_after(&qd, "c", &[&b]);
+    let out = ok(&qd, &["jobs", "cancel", &a]);
+    assert!(
+        out.contains(&b) && out.contains(&c),
+        "names the dependents: {out}"
+    );
+    for id in [&a, &b, &c] {
+        assert_eq!(state(&qd, id), "cancelled", "{id}");
+    }
+
+    let x = qd.enqueue("ext", "x");
+    let y = enqueue_after(&qd, "y", &[&x]);
+    ok(&qd, &["jobs", "cancel", "--keep-dependents", &x]);
+    assert_eq!(
+        state(&qd, &y),
+        "blocked",
+        "a cancelled parent blocks under the default policy"
+    );
+    nothing_leasable(&qd);
+}
+
+#[test]
+fn qctl_enqueues_after_parents_and_lists_waiting_jobs() {
+    let qd = Qd::start(EXTERNAL);
+    let a = qd.enqueue("ext", "a");
+    let b = ok(&qd, &["enqueue", "ext", "--payload", "b", "--after", &a]);
+    let b = b.trim().to_owned();
+    assert_eq!(state(&qd, &b), "waiting");
+    let listed = ok(&qd, &["jobs", "list", "--state", "waiting"]);
+    assert!(listed.contains(&b) && !listed.contains(&a), "{listed}");
+    let refused = common::fails(
+        &qd,
+        &[
+            "enqueue",
+            "ext",
+            "--payload",
+            "z",
+            "--after",
+            "0190f1c2-0000-7000-8000-000000000000",
+        ],
+        1,
+    );
+    assert!(refused.contains("unknown_dependency"), "{refused}");
+}

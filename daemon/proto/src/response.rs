@@ -38,6 +38,9 @@ pub enum Response {
         id: String,
         /// The state it was cancelled from (`ready`, `delayed` or `dead`).
         previous_state: String,
+        /// Its unfinished transitive dependents cancelled with it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        dependents: Vec<String>,
     },
     /// Answer to `enqueue`.
     Enqueued(Enqueued),

@@ -76,7 +76,7 @@ impl JobBody {
         };
         let delay = parse_seconds_or_duration("delay", self.delay)
             .map_err(|e| BrokerError::Invalid(e.message))?;
-        let after = parse_after(self.after, self.after_policy)?;
+        let after = crate::deps::parse_after(self.after, self.after_policy).map_err(invalid)?;
         let req = EnqueueRequest {
             queue: queue.to_string(),
             tenant: self.tenant,
@@ -89,45 +89,6 @@ impl JobBody {
         broker::validate(&req, max_payload)?;
         Ok(req)
     }
-}
-
-/// The `after` and `after_policy` fields: 1 to [`crate::deps::MAX_PARENTS`]
-/// distinct job ids (an empty list is refused: it would be a no-op that reads
-/// as a dependency), and `"succeeded"` (the default) or `"finished"`.
-pub fn parse_after(
-    after: Option<Vec<String>>,
-    policy: Option<String>,
-) -> Result<crate::deps::After, BrokerError> {
-    let policy = match policy {
-        Some(p) => p.parse().map_err(invalid)?,
-        None => crate::deps::AfterPolicy::default(),
-    };
-    let Some(after) = after else {
-        return Ok(crate::deps::After {
-            parents: Vec::new(),
-            policy,
-        });
-    };
-    if after.is_empty() {
-        return Err(invalid("after must name at least one job id"));
-    }
-    if after.len() > crate::deps::MAX_PARENTS {
-        return Err(invalid(format!(
-            "after names {} jobs; at most {} are allowed",
-            after.len(),
-            crate::deps::MAX_PARENTS
-        )));
-    }
-    let parents = after
-        .iter()
-        .enumerate()
-        .map(|(i, id)| {
-            id.parse::<JobId>()
-                .map_err(|_| invalid(format!("after[{i}] is not a job id: {id:?}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    crate::deps::check_after(&parents).map_err(|e| invalid(e.to_string()))?;
-    Ok(crate::deps::After { parents, policy })
 }
 
 /// A `payload` field's bytes: a JSON string's UTF-8 text, or any other JSON value's

@@ -712,7 +712,7 @@ impl SqliteBackend {
         let detail = match (next.state, blamed, released_by) {
             (State::Blocked, Some(parent), _) => Some((
                 Outcome::Blocked,
-                format!("blocked: parent job {parent} failed"),
+                format!("blocked: parent job {parent} died or was cancelled"),
             )),
             (_, _, Some(by)) => Some((Outcome::Released, format!("released by {by}"))),
             _ => None,
