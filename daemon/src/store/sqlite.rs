@@ -24,9 +24,11 @@ use super::{
 use crate::deps::{self, After, AfterError, AfterPolicy, Counts, Edge};
 use crate::job::{HistoryEntry, Job, JobId, Outcome, State, Token, Transition, UnixMillis};
 
+mod schedules;
+
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from
 /// `user_version` `i` to `i + 1`. Append only; never edit a released entry.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, DEPENDENCIES];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, SCHEDULES, DEPENDENCIES];
 
 /// Version 1: jobs (payload inline, leases stored), history, overrides.
 pub(super) const V1: &str = "
@@ -164,6 +166,19 @@ CREATE UNIQUE INDEX jobs_queue_key ON jobs (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX jobs_queue_ended ON jobs (queue, state, updated_at)
     WHERE state NOT IN ('ready', 'delayed');
+";
+
+/// Schedules' stored state: next tick, last run, pause ([`super::schedules`]).
+const SCHEDULES: &str = "
+CREATE TABLE schedules (
+    name       TEXT    PRIMARY KEY NOT NULL,
+    spec       TEXT    NOT NULL,
+    next_tick  INTEGER,
+    last_tick  INTEGER,
+    last_job   BLOB    CHECK (last_job IS NULL OR length(last_job) = 16),
+    paused     INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1)),
+    updated_at INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
 ";
 
 /// Job dependencies (`deps.rs`): the states `waiting` and `blocked`, each child's
@@ -1505,6 +1520,33 @@ impl Backend for SqliteBackend {
             ),
         };
         result.map(drop).map_err(|e| self.err(e))
+    }
+
+    fn schedules(&mut self) -> Result<Vec<super::ScheduleRow>, StoreError> {
+        schedules::all(&self.conn).map_err(|e| self.err(e))
+    }
+
+    fn advance_schedule(&mut self, advance: &super::Advance) -> Result<bool, StoreError> {
+        schedules::advance(&self.conn, advance).map_err(|e| self.err(e))
+    }
+
+    fn record_schedule_run(
+        &mut self,
+        name: &str,
+        tick: UnixMillis,
+        job: JobId,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        schedules::record_run(&self.conn, name, tick, id_bytes(job), now).map_err(|e| self.err(e))
+    }
+
+    fn set_schedule_paused(
+        &mut self,
+        name: &str,
+        paused: bool,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        schedules::set_paused(&self.conn, name, paused, now).map_err(|e| self.err(e))
     }
 
     fn overrides(&mut self) -> Result<Vec<Override>, StoreError> {
