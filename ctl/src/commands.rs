@@ -91,7 +91,13 @@ fn request_for(cmd: Command) -> Request {
             after,
         },
         Command::Jobs(JobsCmd::Show { id }) => Request::JobsShow { id },
-        Command::Jobs(JobsCmd::Cancel { id }) => Request::JobsCancel { id },
+        Command::Jobs(JobsCmd::Cancel {
+            id,
+            keep_dependents,
+        }) => Request::JobsCancel {
+            id,
+            keep_dependents,
+        },
         Command::Dlq(DlqCmd::List {
             filter,
             limit,
@@ -170,8 +176,16 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
             render::jobs(jobs, now_ms()) + &render::next_page(next_after.as_deref())
         }
         Response::Job(d) => render::job(d, now_ms()),
-        Response::Cancelled { id, previous_state } => {
-            format!("cancelled {id} (was {previous_state})\n")
+        Response::Cancelled {
+            id,
+            previous_state,
+            dependents,
+        } => {
+            let mut out = format!("cancelled {id} (was {previous_state})\n");
+            for d in dependents {
+                out.push_str(&format!("cancelled {d} (a dependent of {id})\n"));
+            }
+            out
         }
         Response::Enqueued(e) => {
             if e.duplicate {
@@ -223,6 +237,8 @@ fn enqueue_request(args: EnqueueArgs) -> Result<Request, CliError> {
         delay_ms,
         max_attempts: args.max_attempts,
         payload: qd_proto::Payload::from_bytes(payload),
+        after: args.after,
+        after_policy: args.after_policy,
     })
 }
 

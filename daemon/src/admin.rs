@@ -92,7 +92,9 @@ impl From<BrokerError> for ErrorBody {
             BrokerError::KeyConflict { .. }
             | BrokerError::KeyConflictInBatch { .. }
             | BrokerError::Transition(_) => ErrorCode::Conflict,
-            BrokerError::Invalid(_) | BrokerError::PayloadTooLarge { .. } => ErrorCode::BadRequest,
+            BrokerError::Invalid(_)
+            | BrokerError::PayloadTooLarge { .. }
+            | BrokerError::UnknownDependency(_) => ErrorCode::BadRequest,
             BrokerError::QueueFull { .. }
             | BrokerError::TenantFull { .. }
             | BrokerError::ShuttingDown
@@ -170,7 +172,10 @@ impl Handler {
                 }
                 Ok(Response::Job(Box::new(views::detail(&detail))))
             }
-            Request::JobsCancel { id } => {
+            Request::JobsCancel {
+                id,
+                keep_dependents,
+            } => {
                 let id = parse_id(&id)?;
                 let previous = match broker::request(|tx| BrokerMsg::Cancel(id, by, tx), CALL)
                     .await?
@@ -188,9 +193,15 @@ impl Handler {
                     previous.as_str(),
                     "cancelled",
                 );
+                let dependents = if keep_dependents {
+                    Vec::new()
+                } else {
+                    self.cancel_dependents(id, peer, req_op).await?
+                };
                 Ok(Response::Cancelled {
                     id: id.to_string(),
                     previous_state: previous.to_string(),
+                    dependents,
                 })
             }
             Request::Enqueue {
@@ -200,8 +211,13 @@ impl Handler {
                 delay_ms,
                 max_attempts,
                 payload,
+                after,
+                after_policy,
             } => {
                 self.queue_exists(&queue)?;
+                let after =
+                    crate::deps::parse_after((!after.is_empty()).then_some(after), after_policy)
+                        .map_err(|e| err(ErrorCode::BadRequest, e))?;
                 let payload = payload
                     .into_bytes()
                     .map_err(|e| err(ErrorCode::BadRequest, e))?;
@@ -213,6 +229,7 @@ impl Handler {
                     idempotency_key: key,
                     delay: Duration::from_millis(delay_ms.unwrap_or(0)),
                     max_attempts,
+                    after,
                 };
                 let what = format!("queue {}", req.queue);
                 let done = broker::request(|tx| BrokerMsg::Enqueue(req, tx), CALL).await??;
@@ -620,6 +637,46 @@ impl Handler {
     /// error, never an empty answer.
     fn queue_filter(&self, queue: Option<&str>) -> Result<(), ErrorBody> {
         queue.map_or(Ok(()), |q| self.queue_exists(q))
+    }
+
+    /// Cancels the unfinished transitive dependents of `root` (`deps.rs`), each
+    /// through the Broker as an operator's cancel, in id order (parents before
+    /// children: ids are time-ordered and a child names only earlier jobs);
+    /// answers the ids cancelled. One that finished meanwhile is skipped.
+    async fn cancel_dependents(
+        &self,
+        root: JobId,
+        author: &Author,
+        req_op: &str,
+    ) -> Result<Vec<String>, ErrorBody> {
+        let ids = self
+            .daemon
+            .store
+            .run(move |b| b.dependents(root))
+            .await
+            .map_err(BrokerError::from)?;
+        let mut cancelled = Vec::new();
+        for id in ids {
+            let by = format!("{author} (cascade from {root})");
+            match broker::request(|tx| BrokerMsg::Cancel(id, by, tx), CALL).await? {
+                Ok(previous) => {
+                    if previous == State::Leased {
+                        self.revoke(id);
+                    }
+                    audit::change(
+                        author,
+                        req_op,
+                        &format!("job {id}"),
+                        previous.as_str(),
+                        "cancelled",
+                    );
+                    cancelled.push(id.to_string());
+                }
+                Err(BrokerError::UnknownJob(_) | BrokerError::Transition(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(cancelled)
     }
 
     /// One stored job with payload and history; `not_found` when there is none.

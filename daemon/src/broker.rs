@@ -68,6 +68,8 @@ pub struct EnqueueRequest {
     pub delay: Duration,
     /// Override of the queue's `max_attempts`.
     pub max_attempts: Option<u32>,
+    /// Parents the job waits for (`deps.rs`), and when their edges count as met.
+    pub after: crate::deps::After,
 }
 
 /// A schedule's tick to enqueue ([`BrokerMsg::Fire`]).
@@ -243,6 +245,9 @@ pub enum BrokerError {
     /// The request itself is malformed (bad name, out-of-range value).
     #[error("{0}")]
     Invalid(String),
+    /// A parent named in `after` is not a stored job.
+    #[error("unknown_dependency: job {0} does not exist")]
+    UnknownDependency(JobId),
     /// The payload is larger than `daemon.max_payload`.
     #[error("payload is {size} bytes; max_payload is {max} bytes")]
     PayloadTooLarge {
@@ -524,6 +529,8 @@ pub fn validate(req: &EnqueueRequest, max_payload: usize) -> Result<(), BrokerEr
             "max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {n}"
         )));
     }
+    crate::deps::check_after(&req.after.parents)
+        .map_err(|e| BrokerError::Invalid(e.to_string()))?;
     if req.payload.len() > max_payload {
         return Err(BrokerError::PayloadTooLarge {
             size: req.payload.len(),
@@ -756,6 +763,7 @@ mod tests {
             idempotency_key: None,
             delay,
             max_attempts: None,
+            after: Default::default(),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod cluster;
 pub mod config;
 pub mod console;
 pub mod data_lock;
+pub mod deps;
 pub mod dlq;
 pub mod executor;
 pub mod fence;

@@ -83,6 +83,12 @@ pub const JOBS_PRUNED: &str = "qd_jobs_pruned_total";
 /// Gauge `{queue}`, seconds: how long the oldest finished job not yet pruned has been
 /// past its queue's retention, at the start of a prune pass (0 when none is).
 pub const PRUNE_BACKLOG_AGE: &str = "qd_prune_backlog_age_seconds";
+/// Counter `{queue}`: jobs whose last dependency was met, moved from waiting or
+/// blocked to ready or delayed (`deps.rs`).
+pub const DEPENDENCIES_RELEASED: &str = "qd_dependencies_released_total";
+/// Counter `{queue}`: jobs blocked by a dead or cancelled parent, at enqueue or
+/// when the parent failed.
+pub const DEPENDENCIES_BLOCKED: &str = "qd_dependencies_blocked_total";
 
 /// Counter `{schedule,result}`: ticks of a configured schedule, by
 /// [`ScheduleResult`]: run on time, run for missed ticks, missed, or skipped
@@ -126,6 +132,8 @@ pub const METRIC_NAMES: &[&str] = &[
     SCHEDULE_FIRES,
     SCHEDULE_NEXT_FIRE,
     SCHEDULE_LAST_FIRE,
+    DEPENDENCIES_RELEASED,
+    DEPENDENCIES_BLOCKED,
 ];
 
 /// Histogram bucket upper bounds in seconds, 1 ms to 1 h, roughly 1-2.5-5 steps:
@@ -325,6 +333,16 @@ pub fn describe() {
         "Always 1; the version label names the running build."
     );
     describe_counter!(
+        DEPENDENCIES_RELEASED,
+        Unit::Count,
+        "Jobs moved from waiting or blocked to ready or delayed once their last dependency was met."
+    );
+    describe_counter!(
+        DEPENDENCIES_BLOCKED,
+        Unit::Count,
+        "Jobs blocked by a dead or cancelled parent."
+    );
+    describe_counter!(
         JOBS_PRUNED,
         Unit::Count,
         "Finished jobs deleted after their queue's retention."
@@ -462,6 +480,18 @@ pub fn store_batch(took: Duration) {
     histogram!(STORE_BATCH).record(took);
 }
 
+/// A waiting or blocked job's last edge was met:
+/// `qd_dependencies_released_total{queue} += 1`.
+pub fn dependencies_released(queue: &str) {
+    counter!(DEPENDENCIES_RELEASED, "queue" => queue.to_owned()).increment(1);
+}
+
+/// A job became blocked by a dead or cancelled parent:
+/// `qd_dependencies_blocked_total{queue} += 1`.
+pub fn dependencies_blocked(queue: &str) {
+    counter!(DEPENDENCIES_BLOCKED, "queue" => queue.to_owned()).increment(1);
+}
+
 /// A lease expired without an ack: `qd_leases_expired_total{queue} += 1`.
 pub fn lease_expired(queue: &str) {
     counter!(LEASES_EXPIRED, "queue" => queue.to_owned()).increment(1);
@@ -576,6 +606,8 @@ pub fn register_queue(queue: &str) {
     }
     counter!(LEASES_EXPIRED, "queue" => queue.to_owned()).increment(0);
     counter!(JOBS_PRUNED, "queue" => queue.to_owned()).increment(0);
+    counter!(DEPENDENCIES_RELEASED, "queue" => queue.to_owned()).increment(0);
+    counter!(DEPENDENCIES_BLOCKED, "queue" => queue.to_owned()).increment(0);
 }
 
 /// Creates `qd_actor_restarts_total{actor}` at 0, so the `QdActorRestarts` alert

@@ -165,6 +165,79 @@ pub trait Backend: Send {
         }
     }
 
+    /// [`Backend::enqueue`] (or, with `all`, [`Backend::enqueue_all`]) for jobs
+    /// that may name parents: `after[i]` is item `i`'s (no parents: stored as by
+    /// `enqueue`). Each parent must be a stored job (one earlier in the batch
+    /// counts); a parent already final counts at once (`deps::edge_after`), and an
+    /// item with an edge not met is stored `waiting` or `blocked`
+    /// (`deps::child_state`) with its edges and counters. Answers per item, in
+    /// order, the insert's outcome and the state stored. A duplicate key whose
+    /// holder names other parents is answered as a different payload (a key
+    /// conflict). Errors: [`StoreError::After`] for an unknown parent; otherwise
+    /// as `enqueue`. A backend without dependencies refuses any parent.
+    fn enqueue_after(
+        &mut self,
+        batch: &[NewRecord],
+        after: &[crate::deps::After],
+        all: bool,
+    ) -> Result<Vec<(Inserted, State)>, StoreError> {
+        if after.iter().any(|a| !a.parents.is_empty()) {
+            return Err(StoreError::Other(
+                "this store engine does not support job dependencies (after)".into(),
+            ));
+        }
+        let answers = if all {
+            self.enqueue_all(batch)?
+        } else {
+            self.enqueue(batch)?
+        };
+        Ok(answers
+            .into_iter()
+            .zip(batch)
+            .map(|(a, r)| (a, r.job.state))
+            .collect())
+    }
+
+    /// Moves the edges of jobs this operation just changed (`changed`: each job's
+    /// id and new state, written and applied already) and settles their children,
+    /// at wall time `now`, in the same transaction: the children's counters change
+    /// under their row locks, then each child whose counters call for it changes
+    /// state (`deps::settle_child`). Answers the children's new records, in id
+    /// order. Called by the Broker after every write of job states.
+    fn move_edges(
+        &mut self,
+        changed: &[(JobId, State)],
+        now: UnixMillis,
+    ) -> Result<Vec<Job>, StoreError> {
+        let _ = (changed, now);
+        Ok(Vec::new())
+    }
+
+    /// Counts `child`'s broken edges as met (an operator's release) and settles
+    /// it at `now`: answers its new record if it changed state, and the parents
+    /// released; `None` for an unknown job or one with no broken edge.
+    fn release_edges(
+        &mut self,
+        child: JobId,
+        now: UnixMillis,
+    ) -> Result<Option<Released>, StoreError> {
+        let _ = (child, now);
+        Ok(None)
+    }
+
+    /// The edges of `id`: its parents and its direct children, each with the edge's
+    /// state, in id order.
+    fn edges(&mut self, id: JobId) -> Result<Edges, StoreError> {
+        let _ = id;
+        Ok(Edges::default())
+    }
+
+    /// Every unfinished job that depends on `root`, directly or not, in id order.
+    fn dependents(&mut self, root: JobId) -> Result<Vec<JobId>, StoreError> {
+        let _ = root;
+        Ok(Vec::new())
+    }
+
     /// Takes leases: each of `leased` is the job's record after the lease (state
     /// leased, `lease_seq` = the new token, `worker`, `leased_at`). A claim applies only
     /// if the stored job is ready or delayed and not leased; answers, per item in
@@ -706,6 +779,19 @@ pub enum Inserted {
     },
 }
 
+/// What [`Backend::release_edges`] did: the child's new record if it changed
+/// state, and the parents whose broken edges now count as met.
+pub type Released = (Option<Job>, Vec<JobId>);
+
+/// The edges of one job ([`Backend::edges`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Edges {
+    /// Its parents, with the edge's state.
+    pub parents: Vec<(JobId, crate::deps::Edge)>,
+    /// Its direct children, with the edge's state.
+    pub children: Vec<(JobId, crate::deps::Edge)>,
+}
+
 /// A job with everything the store holds about it: what `qctl jobs show` prints.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobDetail {
@@ -862,6 +948,16 @@ pub enum StoreError {
     /// leases stored under its name are the new node's.
     #[error("node replaced: {0}")]
     Replaced(String),
+    /// An enqueue's `after` (`deps.rs`) was refused: item `index` (0-based) names
+    /// an unknown parent, too many or the same one twice. Nothing was written; the
+    /// store itself is fine.
+    #[error("item {index}: {error}")]
+    After {
+        /// The item's position in the batch.
+        index: usize,
+        /// What is wrong with its `after`.
+        error: crate::deps::AfterError,
+    },
     /// Anything else: a constraint violation, an unknown job, an I/O error, a
     /// panicking operation.
     #[error("store error: {0}")]

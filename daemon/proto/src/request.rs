@@ -11,13 +11,15 @@ use serde::{Deserialize, Serialize};
 /// Job states as qd stores and shows them (`qd::job::State::as_str`), in life-cycle
 /// order. A `state` filter must be one of these; the daemon refuses others with
 /// `bad_request`.
-pub const JOB_STATES: [&str; 6] = [
+pub const JOB_STATES: [&str; 8] = [
     "delayed",
     "ready",
     "leased",
     "succeeded",
     "dead",
     "cancelled",
+    "waiting",
+    "blocked",
 ];
 
 /// An admin request. The `op` tag names it on the wire; see `daemon/docs/admin-protocol.md`.
@@ -60,6 +62,10 @@ pub enum Request {
     JobsCancel {
         /// The job id.
         id: String,
+        /// Leave the job's unfinished transitive dependents (`after`) alone: they
+        /// stay blocked. By default they are cancelled too.
+        #[serde(default)]
+        keep_dependents: bool,
     },
     /// Enqueues one job. Answered with [`crate::Response::Enqueued`].
     Enqueue {
@@ -80,6 +86,12 @@ pub enum Request {
         max_attempts: Option<u32>,
         /// The payload bytes.
         payload: Payload,
+        /// Parent job ids the job waits for (1 to 1,000; none when empty).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        after: Vec<String>,
+        /// `succeeded` (the default) or `finished`: when an edge counts as met.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after_policy: Option<String>,
     },
     /// Enqueues 1 to 1,000 jobs all or nothing, in one commit (what `qctl enqueue
     /// --ndjson` sends). Each job is an object of the HTTP single enqueue's shape

@@ -38,6 +38,9 @@ pub enum Response {
         id: String,
         /// The state it was cancelled from (`ready`, `delayed` or `dead`).
         previous_state: String,
+        /// Its unfinished transitive dependents cancelled with it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        dependents: Vec<String>,
     },
     /// Answer to `enqueue`.
     Enqueued(Enqueued),
@@ -498,4 +501,10 @@ pub struct TenantCounts {
     pub leased: u64,
     /// Dead jobs.
     pub dead: u64,
+    /// Jobs waiting for a parent named in `after`.
+    #[serde(default)]
+    pub waiting: u64,
+    /// Jobs blocked by a dead or cancelled parent.
+    #[serde(default)]
+    pub blocked: u64,
 }

@@ -19,7 +19,10 @@ fn sample_requests() -> Vec<Request> {
             after: None,
         },
         Request::JobsShow { id: "j1".into() },
-        Request::JobsCancel { id: "j1".into() },
+        Request::JobsCancel {
+            id: "j1".into(),
+            keep_dependents: false,
+        },
         Request::Enqueue {
             queue: "email".into(),
             tenant: Some("acme".into()),
@@ -27,6 +30,8 @@ fn sample_requests() -> Vec<Request> {
             delay_ms: Some(10_000),
             max_attempts: Some(3),
             payload: Payload::Text("hi".into()),
+            after: vec!["0190f1c2-0000-7000-8000-000000000000".into()],
+            after_policy: Some("finished".into()),
         },
         Request::EnqueueBatch {
             queue: "email".into(),
@@ -256,6 +261,8 @@ fn a_request_with_a_payload_of_the_default_max_payload_fits_a_frame() {
             delay_ms: Some(u64::MAX),
             max_attempts: Some(u32::MAX),
             payload: Payload::from_bytes(bytes.clone()),
+            after: Vec::new(),
+            after_policy: None,
         };
         let redrive = Request::DlqRedrive {
             selection: DlqSelection::of_ids(vec![longest(64)]),

@@ -49,6 +49,8 @@ pub struct JobBody {
     idempotency_key: Option<String>,
     delay: Option<Value>,
     max_attempts: Option<u32>,
+    after: Option<Vec<String>>,
+    after_policy: Option<String>,
 }
 
 impl JobBody {
@@ -74,6 +76,7 @@ impl JobBody {
         };
         let delay = parse_seconds_or_duration("delay", self.delay)
             .map_err(|e| BrokerError::Invalid(e.message))?;
+        let after = crate::deps::parse_after(self.after, self.after_policy).map_err(invalid)?;
         let req = EnqueueRequest {
             queue: queue.to_string(),
             tenant: self.tenant,
@@ -81,6 +84,7 @@ impl JobBody {
             idempotency_key: self.idempotency_key.or(header_key),
             delay,
             max_attempts: self.max_attempts,
+            after,
         };
         broker::validate(&req, max_payload)?;
         Ok(req)

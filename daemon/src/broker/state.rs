@@ -63,6 +63,10 @@ pub struct QueueCounts {
     pub leased: u64,
     /// Dead (in the DLQ).
     pub dead: u64,
+    /// Waiting for a parent named in `after` (`deps.rs`).
+    pub held_waiting: u64,
+    /// Blocked by a dead or cancelled parent (`deps.rs`).
+    pub held_blocked: u64,
     /// Enqueues whose write is in flight.
     pub pending: u64,
     /// Ready jobs (among `waiting`) a Scheduler has picked for a lease request
@@ -76,7 +80,7 @@ pub struct QueueCounts {
 impl QueueCounts {
     /// Jobs that count against `max_depth`: everything not dead.
     pub fn depth(&self) -> u64 {
-        self.waiting + self.leased + self.pending
+        self.waiting + self.leased + self.pending + self.held_waiting + self.held_blocked
     }
 
     /// The earliest ready time (Unix ms) of the queue's ready jobs: the Scheduler's
@@ -93,6 +97,8 @@ impl QueueCounts {
             State::Ready | State::Delayed => Some(&mut self.waiting),
             State::Leased => Some(&mut self.leased),
             State::Dead => Some(&mut self.dead),
+            State::Waiting => Some(&mut self.held_waiting),
+            State::Blocked => Some(&mut self.held_blocked),
             State::Succeeded | State::Cancelled => None,
         }
     }
@@ -304,7 +310,10 @@ impl BrokerState {
         if let Some(c) = self.counts.entry(queue.clone()).or_default().slot(state) {
             apply(c);
         }
-        if matches!(state, State::Ready | State::Delayed | State::Leased) {
+        if matches!(
+            state,
+            State::Ready | State::Delayed | State::Leased | State::Waiting | State::Blocked
+        ) {
             let key = (queue.clone(), tenant.clone());
             let depth = self.tenant_depth.entry(key).or_default();
             apply(depth);
@@ -549,16 +558,24 @@ impl BrokerState {
                 let job = record.job.clone();
                 let depth = self.depth_check(&job.queue);
                 let check = depth.clone();
+                let after = req.after;
                 self.write_enqueue(
                     check.as_ref(),
                     move |b| {
                         if let Some((queue, max)) = &depth {
                             shared::within_depth(b, queue, 1, *max)?;
                         }
-                        let inserted = b.enqueue(std::slice::from_ref(&record)).map(first)?;
-                        Ok((inserted, record.payload))
+                        let (inserted, state) = b
+                            .enqueue_after(std::slice::from_ref(&record), &[after], false)
+                            .map(first)?;
+                        Ok((inserted, record.payload, state))
                     },
                     move |result, back| {
+                        let mut job = job;
+                        let result = result.map(|(inserted, payload, state)| {
+                            job.state = state;
+                            (inserted, payload)
+                        });
                         back(BrokerMsg::Inserted(Box::new(job), result, reply));
                     },
                 );
@@ -651,7 +668,8 @@ impl BrokerState {
     ) {
         self.unreserve(&job);
         match &result {
-            Ok(_) | Err(StoreError::QueueFull { .. } | StoreError::Busy(_)) => {
+            Ok(_)
+            | Err(StoreError::QueueFull { .. } | StoreError::Busy(_) | StoreError::After { .. }) => {
                 self.store_accepted(now, mono)
             }
             Err(err) => self.store_refused(err),
@@ -675,7 +693,13 @@ impl BrokerState {
                 metrics::job_enqueued(&self.labels, &job.queue, &job.tenant);
                 let id = job.id;
                 self.hot.insert(id, payload);
-                events::ready(&mut self.out, &job);
+                if job.state.is_held() {
+                    if job.state == State::Blocked {
+                        metrics::dependencies_blocked(&job.queue);
+                    }
+                } else {
+                    events::ready(&mut self.out, &job);
+                }
                 self.replace(job);
                 Ok(Enqueued {
                     id,
@@ -694,6 +718,7 @@ impl BrokerState {
             }),
             Ok((Inserted::Duplicate { id, .. }, _)) => Err(key_conflict(&job, id)),
             Err(err @ (StoreError::QueueFull { .. } | StoreError::Busy(_))) => Err(refusal(err)),
+            Err(StoreError::After { error, .. }) => Err(after_refused(error)),
             Err(err) => {
                 static LOG: crate::log_every::Every =
                     crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
@@ -720,6 +745,7 @@ impl BrokerState {
         now: UnixMillis,
     ) {
         let queue = reqs.first().map(|r| r.queue.clone()).unwrap_or_default();
+        let afters: Vec<crate::deps::After> = reqs.iter().map(|r| r.after.clone()).collect();
         match self.admit_all(reqs, now) {
             Ok(records) => {
                 let jobs: Vec<Job> = records.iter().map(|r| r.job.clone()).collect();
@@ -731,11 +757,22 @@ impl BrokerState {
                         if let Some((queue, max)) = &depth {
                             shared::within_depth(b, queue, records.len() as u64, *max)?;
                         }
-                        let answers = b.enqueue_all(&records)?;
+                        let answers = b.enqueue_after(&records, &afters, true)?;
                         let payloads = records.into_iter().map(|r| r.payload);
-                        Ok(answers.into_iter().zip(payloads).collect())
+                        Ok(answers.into_iter().zip(payloads).collect::<Vec<_>>())
                     },
                     move |result, back| {
+                        let mut jobs = jobs;
+                        let result = result.map(|answers| {
+                            answers
+                                .into_iter()
+                                .zip(jobs.iter_mut())
+                                .map(|(((inserted, state), payload), job)| {
+                                    job.state = state;
+                                    (inserted, payload)
+                                })
+                                .collect()
+                        });
                         back(BrokerMsg::InsertedBatch(jobs, result, reply));
                     },
                 );
@@ -826,6 +863,13 @@ impl BrokerState {
             Err(StoreError::QueueFull { queue, depth, max }) => {
                 self.store_accepted(now, mono);
                 batch_past_depth(queue, depth, max, jobs.len())
+            }
+            Err(StoreError::After { index, error }) => {
+                self.store_accepted(now, mono);
+                BatchError {
+                    index: Some(index),
+                    error: after_refused(error),
+                }
             }
             Err(err @ StoreError::Busy(_)) => {
                 self.store_accepted(now, mono);
@@ -1467,6 +1511,14 @@ fn refusal(err: StoreError) -> BrokerError {
 /// (at `depth` across the cluster) past `max`: it names the first item past the
 /// limit, with the depth counting the items before it, as a batch refused by
 /// memory's count does.
+/// The Broker's error for an `after` the store refused.
+fn after_refused(error: crate::deps::AfterError) -> BrokerError {
+    match error {
+        crate::deps::AfterError::Unknown(id) => BrokerError::UnknownDependency(id),
+        other => BrokerError::Invalid(other.to_string()),
+    }
+}
+
 fn batch_past_depth(queue: String, depth: u64, max: u64, len: usize) -> BatchError {
     let room = usize::try_from(max.saturating_sub(depth)).unwrap_or(usize::MAX);
     let index = room.min(len.saturating_sub(1));

@@ -163,7 +163,17 @@ pub async fn cancel(
     body: Bytes,
 ) -> Response {
     attempt!(start(&ctx, &who, &body));
-    let answer = attempt!(run(&ctx, &who, Request::JobsCancel { id: id.clone() }).await);
+    let answer = attempt!(
+        run(
+            &ctx,
+            &who,
+            Request::JobsCancel {
+                id: id.clone(),
+                keep_dependents: false,
+            }
+        )
+        .await
+    );
     let note = match answer {
         AdminResponse::Cancelled { previous_state, .. } => {
             format!("Job cancelled (it was {previous_state}).")

@@ -166,6 +166,7 @@ impl From<BrokerError> for SqsError {
                 ErrorKind::RequestThrottled
             }
             BrokerError::Invalid(_)
+            | BrokerError::UnknownDependency(_)
             | BrokerError::KeyConflict { .. }
             | BrokerError::KeyConflictInBatch { .. }
             | BrokerError::PayloadTooLarge { .. }

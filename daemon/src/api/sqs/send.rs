@@ -82,6 +82,7 @@ fn read_message(ctx: &Ctx, queue: &str, p: &Map<String, Value>) -> Result<Outgoi
         idempotency_key: key,
         delay: Duration::from_secs(delay.unsigned_abs()),
         max_attempts: None,
+        after: Default::default(),
     };
     broker::validate(&request, max_payload)?;
     Ok(Outgoing {

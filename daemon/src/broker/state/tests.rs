@@ -157,6 +157,7 @@ fn request(queue: &str, tenant: Option<&str>) -> EnqueueRequest {
         idempotency_key: None,
         delay: Duration::ZERO,
         max_attempts: None,
+        after: Default::default(),
     }
 }
 
@@ -526,6 +527,7 @@ async fn every_reply_waits_until_its_message_effects_are_performed() {
         idempotency_key: None,
         delay: Duration::ZERO,
         max_attempts: None,
+        after: Default::default(),
     };
     let enqueue = BrokerMsg::Enqueue(unknown_queue, tx.into());
     let enqueue = answered_after_effects(&mut state, &store, enqueue, rx).await;
