@@ -583,6 +583,16 @@ impl Backend for FailingCommit {
     fn overrides(&mut self) -> Result<Vec<Override>, StoreError> {
         self.0.overrides()
     }
+    fn sqs_queues(&mut self) -> Result<Vec<super::SqsQueueRecord>, StoreError> {
+        self.0.sqs_queues()
+    }
+    fn set_sqs_queue(
+        &mut self,
+        name: &str,
+        record: Option<&super::SqsQueueRecord>,
+    ) -> Result<bool, StoreError> {
+        self.0.set_sqs_queue(name, record)
+    }
     fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError> {
         self.0.probe(now)
     }
