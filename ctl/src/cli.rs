@@ -66,6 +66,9 @@ pub enum Command {
     /// Pause or resume leasing from a queue.
     #[command(subcommand)]
     Queue(QueueCmd),
+    /// List, pause, resume or trigger the schedules (periodic jobs) of the config.
+    #[command(subcommand)]
+    Schedules(SchedulesCmd),
     /// Write a consistent snapshot of the store to PATH while qd keeps serving, and
     /// print its size and job counts. The daemon writes the file (as its own user).
     Backup(BackupArgs),
@@ -380,6 +383,32 @@ pub enum QueueCmd {
     Resume {
         /// Queue.
         queue: String,
+    },
+}
+
+/// `qctl schedules ...`
+#[derive(Debug, Subcommand)]
+pub enum SchedulesCmd {
+    /// Every schedule: queue, spec, time zone, next and last fire, last job and
+    /// its state, paused.
+    List,
+    /// Stop NAME from firing until it is resumed (stored: survives restarts and
+    /// holds on every node of a cluster).
+    Pause {
+        /// Schedule.
+        name: String,
+    },
+    /// Let NAME fire again, from its next tick after now (ticks that came while it
+    /// was paused are not caught up).
+    Resume {
+        /// Schedule.
+        name: String,
+    },
+    /// Enqueue one run of NAME now, keyed by the trigger time (also while paused);
+    /// prints the job id.
+    Trigger {
+        /// Schedule.
+        name: String,
     },
 }
 

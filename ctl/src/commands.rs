@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use qd_proto::{DlqSelection, Payload, PurgeResult, RedriveResult, Refusal, Request, Response};
 
 use crate::cli::{
-    BackupArgs, Command, DlqCmd, DlqTarget, EnqueueArgs, JobsCmd, LimitsCmd, QueueCmd, WorkersCmd,
+    BackupArgs, Command, DlqCmd, DlqTarget, EnqueueArgs, JobsCmd, LimitsCmd, QueueCmd,
+    SchedulesCmd, WorkersCmd,
 };
 use crate::client::{CliError, Client};
 use crate::format::now_ms;
@@ -137,6 +138,10 @@ fn request_for(cmd: Command) -> Request {
         Command::Queue(QueueCmd::Pause { queue }) => Request::QueuePause { queue },
         Command::Queue(QueueCmd::Resume { queue }) => Request::QueueResume { queue },
         Command::Reload => Request::Reload {},
+        Command::Schedules(SchedulesCmd::List) => Request::SchedulesList {},
+        Command::Schedules(SchedulesCmd::Pause { name }) => Request::SchedulesPause { name },
+        Command::Schedules(SchedulesCmd::Resume { name }) => Request::SchedulesResume { name },
+        Command::Schedules(SchedulesCmd::Trigger { name }) => Request::SchedulesTrigger { name },
         Command::Enqueue(_)
         | Command::Completions { .. }
         | Command::Top { .. }
@@ -182,6 +187,7 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
         Response::Limits(l) => render::limits(l),
         Response::Backup(b) => render::backup(b),
         Response::Reloaded(r) => render::reloaded(r),
+        Response::Schedules { schedules } => render::schedules(schedules),
         other @ (Response::Payload(_)
         | Response::Export { .. }
         | Response::Top(_)

@@ -10,6 +10,7 @@
 mod audit;
 mod inspect;
 mod ops;
+mod schedules;
 mod views;
 
 use std::sync::Arc;
@@ -406,6 +407,16 @@ impl AdminHandler for Handler {
             }
             Request::Backup { path, force } => ops::backup(&self.daemon, path, force, &by).await,
             Request::Reload {} => ops::reload(&self.daemon, &by).await,
+            Request::SchedulesList {} => schedules::list(&self.daemon).await,
+            Request::SchedulesPause { name } => {
+                schedules::set_paused(&self.daemon, peer.uid, req_op, &name, true).await
+            }
+            Request::SchedulesResume { name } => {
+                schedules::set_paused(&self.daemon, peer.uid, req_op, &name, false).await
+            }
+            Request::SchedulesTrigger { name } => {
+                schedules::trigger(&self.daemon, peer.uid, req_op, &name).await
+            }
         }
     }
 }

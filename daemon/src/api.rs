@@ -8,8 +8,8 @@
 //!
 //! The actor reads `daemon.api_tokens_file` and binds the listener in `pre_start` (a
 //! bad token file or a bind failure fails the start, naming the file or address) and
-//! serves from a spawned task, so its mailbox is never blocked by `accept`. It takes
-//! no messages. Supervised by the Supervisor.
+//! serves from a spawned task ([`serve`]: timeouts and a cap on connections), so its
+//! mailbox is never blocked by `accept`. It takes no messages. Supervised by the Supervisor.
 
 pub mod auth;
 mod body;
@@ -17,6 +17,7 @@ mod error;
 mod lessee;
 mod params;
 mod producer;
+mod serve;
 pub mod sqs;
 
 use std::net::SocketAddr;
@@ -82,13 +83,9 @@ impl Actor for Api {
             .map_err(|e| format!("cannot listen on api_listen {addr}: {e}"))?;
         let local_addr = listener.local_addr()?;
         let stop = CancellationToken::new();
+        let http = args.config().daemon.http;
         let app = router(args);
-        let shutdown = stop.clone().cancelled_owned();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await;
-        });
+        tokio::spawn(serve::serve(listener, app, http, stop.clone()));
         info!(listen = %local_addr, "HTTP API listening.");
         Ok(ApiState { stop, local_addr })
     }
@@ -137,6 +134,7 @@ pub fn batch_body_limit(max_payload: usize) -> usize {
 /// `max_payload` change).
 pub fn router(args: ApiArgs) -> Router {
     let max_payload = args.config().daemon.max_payload;
+    let body_timeout = args.config().daemon.http.body_timeout;
     let body_limit = body_limit(max_payload);
     let batch_limit = batch_body_limit(max_payload);
     let tokens = args.tokens.clone();
@@ -163,6 +161,10 @@ pub fn router(args: ApiArgs) -> Router {
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(
+            body_timeout,
+            serve::limit_body_time,
+        ))
         .layer(middleware::from_fn_with_state(
             BodyLimits {
                 single: body_limit,

@@ -26,6 +26,9 @@
 //!   ([`crate::scheduler::SchedulerMsg::Reopen`]): a lease of theirs may have ended
 //!   on another node, which sends no notification for it.
 //!
+//! - after each heartbeat it tells the Periodic actor, which fires schedules only
+//!   on the leader ([`crate::periodic`]).
+//!
 //! Messages: its own timers ([`ClusterMsg::Beat`], [`ClusterMsg::Poll`]).
 //! Supervised by the Supervisor; the listener task is aborted when it stops.
 
@@ -140,6 +143,7 @@ impl Actor for Cluster {
             ClusterMsg::Beat => {
                 state.beat().await;
                 state.reopen();
+                crate::periodic::beat();
             }
             ClusterMsg::Poll => {
                 broker::cast(BrokerMsg::Refresh);

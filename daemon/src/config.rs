@@ -46,6 +46,8 @@ pub struct Config {
     pub tenants: BTreeMap<String, TenantConfig>,
     /// `[sqs]`: the SQS-compatible API on `api_listen`.
     pub sqs: SqsConfig,
+    /// `[schedules.NAME]`, by name: periodic jobs (see `daemon/docs/schedules.md`).
+    pub schedules: BTreeMap<String, ScheduleConfig>,
     /// The file this was read from (as given to [`Config::load`], made absolute).
     pub source: PathBuf,
 }
@@ -80,6 +82,37 @@ pub struct DaemonConfig {
     /// The history cap: entries kept per job and error bytes per entry (default
     /// the first 5 and the last 20 entries, 2 KiB each).
     pub history: crate::store::HistoryLimits,
+    /// The HTTP API's connection limits (`daemon.http`).
+    pub http: HttpLimits,
+}
+
+/// `daemon.http`: how long the HTTP API waits for slow clients and how many
+/// connections it serves at once (see `daemon/docs/faults.md`). Fixed while the
+/// API runs: a change needs a restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Longest time from the start of a request (or of a new connection) to the end
+    /// of its headers; past it the connection is closed (default 10 s).
+    pub header_timeout: Duration,
+    /// Longest time a handler waits for a request's whole body; past it the
+    /// answer is `408 request_timeout` and the connection is closed (default 60 s).
+    pub body_timeout: Duration,
+    /// How long a keep-alive connection may sit idle between requests (default 60 s).
+    pub idle_timeout: Duration,
+    /// Most connections served at once; more are answered `503` and closed
+    /// (default 1024).
+    pub max_connections: u32,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+        }
+    }
 }
 
 /// `[sqs]`: the SQS-compatible API (`daemon/docs/sqs.md`).
@@ -98,6 +131,28 @@ pub struct SqsConfig {
     /// the store, not the file; a file queue of the same name wins), by name. Their
     /// qd settings are in [`Config::queues`] beside the file's.
     pub created: BTreeMap<String, crate::api::sqs::created::CreatedQueue>,
+}
+
+/// One periodic job: which job each tick of its timing enqueues, and how missed
+/// ticks and overlapping runs are handled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduleConfig {
+    /// The schedule's name (`[A-Za-z0-9_.-]{1,64}`), part of its jobs' keys.
+    pub name: String,
+    /// The queue its jobs go to (a configured queue).
+    pub queue: String,
+    /// When its ticks come and fire (cron in a time zone, or an interval; jitter).
+    pub timing: crate::schedule::Timing,
+    /// The payload of every job it enqueues.
+    pub payload: Vec<u8>,
+    /// The tenant of its jobs (default `default`).
+    pub tenant: Option<String>,
+    /// Its jobs' retry budget (default the queue's).
+    pub max_attempts: Option<u32>,
+    /// What to do with ticks that came while nobody fired them (default latest).
+    pub catch_up: crate::schedule::CatchUp,
+    /// Whether a run starts while the previous one is unfinished (default allow).
+    pub overlap: crate::schedule::Overlap,
 }
 
 /// Restart intensity, as in Erlang/OTP supervisors: more than `max_restarts`

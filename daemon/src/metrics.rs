@@ -84,6 +84,17 @@ pub const JOBS_PRUNED: &str = "qd_jobs_pruned_total";
 /// past its queue's retention, at the start of a prune pass (0 when none is).
 pub const PRUNE_BACKLOG_AGE: &str = "qd_prune_backlog_age_seconds";
 
+/// Counter `{schedule,result}`: ticks of a configured schedule, by
+/// [`ScheduleResult`]: run on time, run for missed ticks, missed, or skipped
+/// because the previous run was unfinished.
+pub const SCHEDULE_FIRES: &str = "qd_schedule_fires_total";
+/// Gauge `{schedule}`, Unix seconds: when the schedule fires next on this node (0
+/// when it does not fire here: paused, or another node of a cluster fires).
+pub const SCHEDULE_NEXT_FIRE: &str = "qd_schedule_next_fire_timestamp_seconds";
+/// Gauge `{schedule}`, Unix seconds: when this node last enqueued a run of the
+/// schedule (absent until it does).
+pub const SCHEDULE_LAST_FIRE: &str = "qd_schedule_last_fire_timestamp_seconds";
+
 /// Every exported series name (for histograms the base name, without
 /// `_bucket`/`_sum`/`_count`). Dashboards and alert rules may use only these;
 /// `daemon/tests/deploy.rs` checks that they do.
@@ -112,6 +123,9 @@ pub const METRIC_NAMES: &[&str] = &[
     PRUNE_BACKLOG_AGE,
     CLUSTER_LEADER,
     CLUSTER_QUEUE_DEPTH,
+    SCHEDULE_FIRES,
+    SCHEDULE_NEXT_FIRE,
+    SCHEDULE_LAST_FIRE,
 ];
 
 /// Histogram bucket upper bounds in seconds, 1 ms to 1 h, roughly 1-2.5-5 steps:
@@ -208,6 +222,21 @@ fn builder() -> PrometheusBuilder {
 /// Registers the help text and unit of every metric in [`METRIC_NAMES`] with the
 /// installed recorder (shown as `# HELP` lines). Idempotent.
 pub fn describe() {
+    describe_counter!(
+        SCHEDULE_FIRES,
+        Unit::Count,
+        "Ticks of each schedule by result (fired, caught_up, missed, skipped_overlap)."
+    );
+    describe_gauge!(
+        SCHEDULE_NEXT_FIRE,
+        Unit::Seconds,
+        "When each schedule fires next on this node, Unix seconds (0: not here, or paused)."
+    );
+    describe_gauge!(
+        SCHEDULE_LAST_FIRE,
+        Unit::Seconds,
+        "When this node last enqueued a run of each schedule, Unix seconds."
+    );
     describe_counter!(
         JOBS_ENQUEUED,
         Unit::Count,
@@ -557,3 +586,58 @@ pub fn register_actor(actor: &'static str) {
 
 #[cfg(test)]
 mod tests;
+
+/// How one tick of a schedule counts in [`SCHEDULE_FIRES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScheduleResult {
+    /// Its run was enqueued on time.
+    Fired,
+    /// A run was enqueued for ticks that came while nobody fired them.
+    CaughtUp,
+    /// It will never run (catch-up left it out, or its queue refused the job).
+    Missed,
+    /// Not run: the previous run was unfinished (`overlap = "skip"`).
+    SkippedOverlap,
+}
+
+impl ScheduleResult {
+    /// The `result` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            ScheduleResult::Fired => "fired",
+            ScheduleResult::CaughtUp => "caught_up",
+            ScheduleResult::Missed => "missed",
+            ScheduleResult::SkippedOverlap => "skipped_overlap",
+        }
+    }
+}
+
+/// `n` ticks of configured schedule `schedule` counted as `result`.
+pub fn schedule_ticks(schedule: &str, result: ScheduleResult, n: u64) {
+    counter!(SCHEDULE_FIRES, "schedule" => schedule.to_owned(), "result" => result.label())
+        .increment(n);
+}
+
+/// Registers every result of a configured schedule at 0, so rates and alerts see
+/// the series before its first tick.
+pub fn register_schedule(schedule: &str) {
+    for result in [
+        ScheduleResult::Fired,
+        ScheduleResult::CaughtUp,
+        ScheduleResult::Missed,
+        ScheduleResult::SkippedOverlap,
+    ] {
+        schedule_ticks(schedule, result, 0);
+    }
+}
+
+/// The next fire of `schedule` on this node, Unix ms (`None`: not here).
+pub fn schedule_next_fire(schedule: &str, at: Option<crate::job::UnixMillis>) {
+    let secs = at.map_or(0.0, |ms| ms as f64 / 1000.0);
+    gauge!(SCHEDULE_NEXT_FIRE, "schedule" => schedule.to_owned()).set(secs);
+}
+
+/// A run of `schedule` enqueued at `at` (Unix ms).
+pub fn schedule_last_fire(schedule: &str, at: crate::job::UnixMillis) {
+    gauge!(SCHEDULE_LAST_FIRE, "schedule" => schedule.to_owned()).set(at as f64 / 1000.0);
+}

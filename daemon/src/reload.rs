@@ -49,7 +49,7 @@ pub enum ReloadError {
 pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
     let mut refused = Vec::new();
     let (o, n) = (&old.daemon, &new.daemon);
-    let restart_only: [(&str, bool); 8] = [
+    let restart_only: [(&str, bool); 9] = [
         ("data_dir", o.data_dir != n.data_dir),
         ("database_url", o.database != n.database),
         ("admin_socket", o.admin_socket != n.admin_socket),
@@ -61,6 +61,7 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
         ("api_listen", o.api_listen != n.api_listen),
         ("metrics_listen", o.metrics_listen != n.metrics_listen),
         ("max_payload", o.max_payload != n.max_payload),
+        ("http", o.http != n.http),
     ];
     for (key, changed) in restart_only {
         if changed {
@@ -127,6 +128,17 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
                 &n.per_second,
             );
             diff(out, &format!("{at}.burst"), &o.burst, &n.burst);
+        },
+    );
+    map_changes(
+        &mut p.changes,
+        "schedules",
+        &old.schedules,
+        &new.schedules,
+        |out, at, o, n| {
+            if o != n {
+                out.push(format!("{at}: changed"));
+            }
         },
     );
     map_changes(

@@ -100,6 +100,7 @@ pub mod history;
 pub mod memory;
 pub mod postgres;
 pub mod prune;
+pub mod schedules;
 mod space;
 mod sql_filter;
 pub mod sqlite;
@@ -107,6 +108,7 @@ mod writer;
 
 pub use history::HistoryLimits;
 pub use prune::PruneScope;
+pub use schedules::{Advance, ScheduleRow};
 
 use writer::{OpTask, Queue, Task};
 
@@ -364,6 +366,34 @@ pub trait Backend: Send {
     /// dead, ordered by tenant then life-cycle order; only non-zero counts. For the
     /// per-tenant view of `qctl top`.
     fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError>;
+
+    /// Every stored schedule state ([`schedules`]), ordered by name.
+    fn schedules(&mut self) -> Result<Vec<ScheduleRow>, StoreError>;
+
+    /// Sets a schedule's next tick and spec if its stored next tick is still
+    /// `advance.expect` (a missing row counts as no next tick and is created);
+    /// answers whether it applied. Run in the same operation as the enqueue of the
+    /// tick's job, so both commit or neither does.
+    fn advance_schedule(&mut self, advance: &Advance) -> Result<bool, StoreError>;
+
+    /// Records a schedule's run: its tick and job (the row is created if missing).
+    fn record_schedule_run(
+        &mut self,
+        name: &str,
+        tick: UnixMillis,
+        job: JobId,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
+    /// Pauses or resumes a schedule (the row is created if missing). A resume
+    /// clears the next tick, so the firing node computes it from the time of the
+    /// resume: ticks that came while paused are not caught up.
+    fn set_schedule_paused(
+        &mut self,
+        name: &str,
+        paused: bool,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
 
     /// The operations of a store shared by several nodes ([`SharedStore`]), or `None` for
     /// a store only this process writes (SQLite, the model).

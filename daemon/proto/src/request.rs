@@ -258,12 +258,35 @@ pub enum Request {
     /// a change that cannot apply live with `conflict`; either way nothing changes.
     /// Answered with [`crate::Response::Reloaded`].
     Reload {},
+    /// Every configured schedule with its stored state. Answered with
+    /// [`crate::Response::Schedules`].
+    SchedulesList {},
+    /// Pauses a schedule: no tick fires until it is resumed (stored, on every
+    /// node). Answered with [`crate::Response::Schedules`].
+    SchedulesPause {
+        /// The schedule.
+        name: String,
+    },
+    /// Resumes a paused schedule from its next tick after now (the ticks that came
+    /// while it was paused are not caught up). Answered with
+    /// [`crate::Response::Schedules`].
+    SchedulesResume {
+        /// The schedule.
+        name: String,
+    },
+    /// One run of a schedule now, keyed by the trigger time (also while paused);
+    /// the schedule's next tick is unchanged. Answered with
+    /// [`crate::Response::Enqueued`].
+    SchedulesTrigger {
+        /// The schedule.
+        name: String,
+    },
 }
 
 impl Request {
     /// Every `op` name, in declaration order. `decode_request` answers `unknown_op` for
     /// any other name.
-    pub const OPS: [&'static str; 23] = [
+    pub const OPS: [&'static str; 27] = [
         "status",
         "queues",
         "jobs_list",
@@ -287,6 +310,10 @@ impl Request {
         "top",
         "backup",
         "reload",
+        "schedules_list",
+        "schedules_pause",
+        "schedules_resume",
+        "schedules_trigger",
     ];
 
     /// This request's `op` name (for logs and metrics labels).
@@ -315,6 +342,10 @@ impl Request {
             Request::Top { .. } => "top",
             Request::Backup { .. } => "backup",
             Request::Reload {} => "reload",
+            Request::SchedulesList {} => "schedules_list",
+            Request::SchedulesPause { .. } => "schedules_pause",
+            Request::SchedulesResume { .. } => "schedules_resume",
+            Request::SchedulesTrigger { .. } => "schedules_trigger",
         }
     }
 

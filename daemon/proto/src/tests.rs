@@ -92,6 +92,16 @@ fn sample_requests() -> Vec<Request> {
             force: false,
         },
         Request::Reload {},
+        Request::SchedulesList {},
+        Request::SchedulesPause {
+            name: "nightly".into(),
+        },
+        Request::SchedulesResume {
+            name: "nightly".into(),
+        },
+        Request::SchedulesTrigger {
+            name: "nightly".into(),
+        },
     ]
 }
 

@@ -139,7 +139,7 @@ pub async fn enqueue(
     let config = args.config();
     let req = counted(&config, &queue, || {
         let max = config.daemon.max_payload;
-        let body = body.map_err(|e| too_large(max, e.to_string()))?;
+        let body = body.map_err(|e| unreadable(e, |d| too_large(max, d)))?;
         known_queue(&config, &queue)?;
         parse_enqueue(&queue, &body, &headers, max)
     })?;
@@ -191,6 +191,16 @@ fn known_queue(config: &Config, queue: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A body that could not be read: too large (`too_large`), or broken on the wire
+/// (bad chunked encoding, the client went away): `400`, not `413`.
+fn unreadable(e: BytesRejection, too_large: impl FnOnce(String) -> ApiError) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        too_large(e.to_string())
+    } else {
+        ApiError::bad_request(format!("cannot read the request body: {e}"))
+    }
+}
+
 fn too_large(max: usize, detail: String) -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -234,7 +244,7 @@ pub async fn enqueue_batch(
     let config = args.config();
     let reqs = counted(&config, &queue, || {
         let max = config.daemon.max_payload;
-        let body = body.map_err(|e| batch_too_large(max, e.to_string()))?;
+        let body = body.map_err(|e| unreadable(e, |d| batch_too_large(max, d)))?;
         known_queue(&config, &queue)?;
         if headers.contains_key("idempotency-key") {
             return Err(ApiError::bad_request(
@@ -378,7 +388,7 @@ pub async fn job(
 pub fn job_json(d: &JobDetail, now: i64) -> Value {
     let j = &d.job;
     let state = j.shown_state(now);
-    json!({
+    let mut body = json!({
         "id": j.id,
         "queue": &*j.queue,
         "tenant": &*j.tenant,
@@ -395,7 +405,16 @@ pub fn job_json(d: &JobDetail, now: i64) -> Value {
         "history": d.history,
         "history_elided": d.history_elided,
         "history_elided_at": d.history_elided_at,
-    })
+    });
+    if let (Some(schedule), Some(map)) = (
+        j.idempotency_key
+            .as_deref()
+            .and_then(crate::schedule::JobSchedule::of_key),
+        body.as_object_mut(),
+    ) {
+        map.insert("schedule".into(), json!(schedule));
+    }
+    body
 }
 
 #[cfg(test)]

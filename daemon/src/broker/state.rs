@@ -20,7 +20,9 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+mod crashed;
 mod elsewhere;
+mod fire;
 mod settle;
 mod shared;
 
@@ -43,6 +45,7 @@ use crate::limits::Limits;
 use crate::metrics::{self, Completion, RejectReason, TenantLabels};
 use crate::scheduler::{Snapshot, Waiting};
 use crate::store::{Backend, Inserted, LeaseKind, NewRecord, StoreError};
+pub use fire::FireWrite;
 pub(crate) use settle::PROBE_EVERY;
 pub use settle::Settle;
 use settle::{Intent, Parked};

@@ -15,14 +15,15 @@ use super::diag::{self, Diagnostics, KeyPath};
 use super::raw::{self, Named, RawDaemon, RawRateLimiter, RawTenant};
 use super::units::{is_valid_name, parse_mode};
 use super::{
-    Config, ConfigError, DaemonConfig, DatabaseConfig, RateLimiterConfig, RestartIntensity,
-    TenantConfig,
+    Config, ConfigError, DaemonConfig, DatabaseConfig, HttpLimits, RateLimiterConfig,
+    RestartIntensity, TenantConfig,
 };
 use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
 
 mod environment;
 mod executor;
 mod queue;
+mod schedule;
 mod sqs;
 
 /// The tenant every job without one belongs to; it always exists.
@@ -56,6 +57,7 @@ pub(crate) fn compile(
         rate_limiters: names(&doc.rate_limiters),
     };
     let queues = queue::compile_queues(&mut diag, &doc, &scope);
+    let schedules = schedule::compile_schedules(&mut diag, &doc, &queues, daemon.max_payload);
     if environment {
         environment::check(&mut diag, &daemon, &queues);
     }
@@ -70,6 +72,7 @@ pub(crate) fn compile(
         rate_limiters,
         tenants,
         sqs,
+        schedules,
         source: source.to_path_buf(),
     })
 }
@@ -184,6 +187,47 @@ fn compile_daemon(diag: &mut Diagnostics<'_>, raw: &RawDaemon, base_dir: &Path) 
         api_tokens_file,
         restart: compile_restart(diag, raw),
         history: compile_history(diag, raw),
+        http: compile_http(diag, raw),
+    }
+}
+
+fn compile_http(diag: &mut Diagnostics<'_>, raw: &RawDaemon) -> HttpLimits {
+    let at = |key: &str| KeyPath::of(&["daemon", "http", key]);
+    let given = raw.http.as_ref();
+    let default = HttpLimits::default();
+    let mut timeout = |key: &str, value: Option<Duration>, default: Duration| {
+        let value = value.unwrap_or(default);
+        if value < Duration::from_millis(10) {
+            diag.error(&at(key), "must be at least 10ms");
+        }
+        value
+    };
+    let header_timeout = timeout(
+        "header_timeout",
+        given.and_then(|h| h.header_timeout).map(|d| d.0),
+        default.header_timeout,
+    );
+    let body_timeout = timeout(
+        "body_timeout",
+        given.and_then(|h| h.body_timeout).map(|d| d.0),
+        default.body_timeout,
+    );
+    let idle_timeout = timeout(
+        "idle_timeout",
+        given.and_then(|h| h.idle_timeout).map(|d| d.0),
+        default.idle_timeout,
+    );
+    let max_connections = given
+        .and_then(|h| h.max_connections)
+        .unwrap_or(default.max_connections);
+    if max_connections < 1 {
+        diag.error(&at("max_connections"), "must be at least 1");
+    }
+    HttpLimits {
+        header_timeout,
+        body_timeout,
+        idle_timeout,
+        max_connections: max_connections.max(1),
     }
 }
 

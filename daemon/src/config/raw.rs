@@ -3,7 +3,7 @@
 //! Every struct denies unknown keys and leaves every key optional (except the
 //! few that are required), so the compiler can tell "not given" from "given"
 //! and apply `[defaults]` key by key. Each section (`[daemon]`, `[defaults]`,
-//! each `[queues.X]`, `[rate_limiters.X]`, `[tenants.X]`) is read on its own, so
+//! each `[queues.X]`, `[rate_limiters.X]`, `[tenants.X]`, `[schedules.X]`) is read on its own, so
 //! a broken section does not hide the problems of the others.
 
 use std::collections::BTreeMap;
@@ -37,6 +37,20 @@ pub(crate) struct RawDaemon {
     pub poll_interval: Option<Dur>,
     pub restart: Option<RawRestart>,
     pub history: Option<RawHistory>,
+    pub http: Option<RawHttp>,
+}
+
+/// `daemon.http`: the HTTP API's connection limits.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { header_timeout = \"10s\", body_timeout = \"60s\", idle_timeout = \"60s\", max_connections = 1024 }"
+)]
+pub(crate) struct RawHttp {
+    pub header_timeout: Option<Dur>,
+    pub body_timeout: Option<Dur>,
+    pub idle_timeout: Option<Dur>,
+    pub max_connections: Option<u32>,
 }
 
 /// `daemon.history`: the history cap.
@@ -192,6 +206,45 @@ pub(crate) struct RawSqs {
     pub advertised_url: Option<String>,
 }
 
+/// `[schedules.X]`: a periodic job. Every key is optional here so that a missing
+/// one is reported by the compiler at the schedule's table, with the others.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { queue = \"reports\", cron = \"0 3 * * *\" }"
+)]
+pub(crate) struct RawSchedule {
+    pub queue: Option<String>,
+    pub cron: Option<String>,
+    pub every: Option<Dur>,
+    pub timezone: Option<String>,
+    pub payload: Option<String>,
+    pub payload_b64: Option<String>,
+    pub tenant: Option<String>,
+    pub max_attempts: Option<u32>,
+    pub jitter: Option<Dur>,
+    pub catch_up: Option<RawCatchUp>,
+    pub max_catch_up: Option<u32>,
+    pub overlap: Option<RawOverlap>,
+}
+
+/// `catch_up = "latest" | "none" | "all"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawCatchUp {
+    Latest,
+    None,
+    All,
+}
+
+/// `overlap = "allow" | "skip"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawOverlap {
+    Allow,
+    Skip,
+}
+
 /// A named entry of a `[section.NAME]` family; `raw` is `None` when its body
 /// could not be read (the errors are already recorded, the name still counts).
 #[derive(Debug)]
@@ -210,9 +263,10 @@ pub(crate) struct RawDoc {
     pub rate_limiters: Vec<Named<RawRateLimiter>>,
     pub tenants: Vec<Named<RawTenant>>,
     pub sqs: RawSqs,
+    pub schedules: Vec<Named<RawSchedule>>,
 }
 
-const SECTIONS: &str = "daemon, defaults, queues, rate_limiters, tenants, sqs";
+const SECTIONS: &str = "daemon, defaults, queues, rate_limiters, tenants, sqs, schedules";
 
 /// Reads every section of the document, recording every problem in `diag`.
 pub(crate) fn read(diag: &mut Diagnostics<'_>) -> RawDoc {
@@ -232,6 +286,7 @@ pub(crate) fn read(diag: &mut Diagnostics<'_>) -> RawDoc {
             "rate_limiters" => doc.rate_limiters = read_family(diag, node, &path),
             "tenants" => doc.tenants = read_family(diag, node, &path),
             "sqs" => doc.sqs = diag.deserialize(node, &path).unwrap_or_default(),
+            "schedules" => doc.schedules = read_family(diag, node, &path),
             other => diag.error_at(
                 &path,
                 key.span(),

@@ -43,6 +43,10 @@ fn every_event(tenants: &TenantLabels) {
     set_prune_backlog_age("email", Duration::from_secs(3));
     cluster_leader(true);
     set_cluster_depth("email", DepthState::Leased, 4);
+    register_schedule("nightly");
+    schedule_ticks("nightly", ScheduleResult::CaughtUp, 1);
+    schedule_next_fire("nightly", Some(1_764_550_800_000));
+    schedule_last_fire("nightly", 1_764_464_400_000);
 }
 
 #[derive(Debug, PartialEq)]
@@ -91,6 +95,9 @@ fn every_metric_name_is_exported_with_its_type_and_help() {
         ("qd_prune_backlog_age_seconds", Kind::Gauge),
         ("qd_cluster_leader", Kind::Gauge),
         ("qd_cluster_queue_depth", Kind::Gauge),
+        ("qd_schedule_fires_total", Kind::Counter),
+        ("qd_schedule_next_fire_timestamp_seconds", Kind::Gauge),
+        ("qd_schedule_last_fire_timestamp_seconds", Kind::Gauge),
     ]);
     assert_eq!(
         METRIC_NAMES.len(),

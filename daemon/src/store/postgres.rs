@@ -133,7 +133,16 @@ use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis}
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from version
 /// `i` to `i + 1` (recorded as a row of `qd_migrations`). Append only.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, LEASE_END, QUEUE_DEPTHS, SQS_QUEUES];
+const MIGRATIONS: &[&str] = &[
+    V1,
+    V2,
+    V3,
+    V4,
+    LEASE_END,
+    QUEUE_DEPTHS,
+    SCHEDULES,
+    SQS_QUEUES,
+];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
 const V1: &str = r#"
@@ -315,6 +324,21 @@ const DEPTH_LOCK_SEED: i64 = 0x0071_6464_6570_7468;
 /// commit may hold row locks another node's transaction waits on, and a wait here
 /// could close a cycle PostgreSQL would break by failing a statement.
 const DEPTH_LOCK_TRIES: u32 = 100;
+
+/// Schedules' stored state: next tick, last run, pause ([`super::schedules`]).
+const SCHEDULES: &str = r#"
+CREATE TABLE qd_schedules (
+    name       text    COLLATE "C" PRIMARY KEY,
+    spec       text    NOT NULL,
+    next_tick  bigint,
+    last_tick  bigint,
+    last_job   uuid,
+    paused     boolean NOT NULL DEFAULT false,
+    updated_at bigint  NOT NULL
+);
+"#;
+
+mod schedules;
 
 /// How often at most one queue's new jobs are announced to idle nodes
 /// (`NOTIFY qd_jobs`); jobs enqueued in between are found by the notified nodes'
@@ -1409,6 +1433,33 @@ impl Backend for PgBackend {
 
     fn release_space(&mut self, _keep_free: u32, _max_pages: u32) -> Result<u32, StoreError> {
         Ok(0)
+    }
+
+    fn schedules(&mut self) -> Result<Vec<super::ScheduleRow>, StoreError> {
+        self.block(async |c| schedules::all(c).await)
+    }
+
+    fn advance_schedule(&mut self, advance: &super::Advance) -> Result<bool, StoreError> {
+        self.block(async |c| schedules::advance(c, advance).await)
+    }
+
+    fn record_schedule_run(
+        &mut self,
+        name: &str,
+        tick: UnixMillis,
+        job: JobId,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.block(async |c| schedules::record_run(c, name, tick, job.0, now).await)
+    }
+
+    fn set_schedule_paused(
+        &mut self,
+        name: &str,
+        paused: bool,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.block(async |c| schedules::set_paused(c, name, paused, now).await)
     }
 
     fn set_override(

@@ -23,9 +23,11 @@ use super::{
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
+mod schedules;
+
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from
 /// `user_version` `i` to `i + 1`. Append only; never edit a released entry.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, SQS_QUEUES];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, SCHEDULES, SQS_QUEUES];
 
 /// Version 1: jobs (payload inline, leases stored), history, overrides.
 pub(super) const V1: &str = "
@@ -175,6 +177,19 @@ CREATE TABLE sqs_queues (
     tags        TEXT    NOT NULL,
     created_at  INTEGER NOT NULL,
     modified_at INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+";
+
+/// Schedules' stored state: next tick, last run, pause ([`super::schedules`]).
+const SCHEDULES: &str = "
+CREATE TABLE schedules (
+    name       TEXT    PRIMARY KEY NOT NULL,
+    spec       TEXT    NOT NULL,
+    next_tick  INTEGER,
+    last_tick  INTEGER,
+    last_job   BLOB    CHECK (last_job IS NULL OR length(last_job) = 16),
+    paused     INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1)),
+    updated_at INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
 ";
 
@@ -1141,6 +1156,33 @@ impl Backend for SqliteBackend {
             ),
         };
         result.map(drop).map_err(|e| self.err(e))
+    }
+
+    fn schedules(&mut self) -> Result<Vec<super::ScheduleRow>, StoreError> {
+        schedules::all(&self.conn).map_err(|e| self.err(e))
+    }
+
+    fn advance_schedule(&mut self, advance: &super::Advance) -> Result<bool, StoreError> {
+        schedules::advance(&self.conn, advance).map_err(|e| self.err(e))
+    }
+
+    fn record_schedule_run(
+        &mut self,
+        name: &str,
+        tick: UnixMillis,
+        job: JobId,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        schedules::record_run(&self.conn, name, tick, id_bytes(job), now).map_err(|e| self.err(e))
+    }
+
+    fn set_schedule_paused(
+        &mut self,
+        name: &str,
+        paused: bool,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        schedules::set_paused(&self.conn, name, paused, now).map_err(|e| self.err(e))
     }
 
     fn overrides(&mut self) -> Result<Vec<Override>, StoreError> {

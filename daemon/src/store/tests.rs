@@ -14,6 +14,7 @@ use crate::job::{Outcome, Token};
 mod model;
 mod pg;
 mod postgres;
+mod schedules;
 mod upkeep;
 
 const ANSWER_WITHIN: Duration = Duration::from_secs(60);
@@ -592,6 +593,29 @@ impl Backend for FailingCommit {
         record: Option<&super::SqsQueueRecord>,
     ) -> Result<bool, StoreError> {
         self.0.set_sqs_queue(name, record)
+    }
+    fn schedules(&mut self) -> Result<Vec<ScheduleRow>, StoreError> {
+        self.0.schedules()
+    }
+    fn advance_schedule(&mut self, advance: &Advance) -> Result<bool, StoreError> {
+        self.0.advance_schedule(advance)
+    }
+    fn record_schedule_run(
+        &mut self,
+        name: &str,
+        tick: UnixMillis,
+        job: JobId,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.0.record_schedule_run(name, tick, job, now)
+    }
+    fn set_schedule_paused(
+        &mut self,
+        name: &str,
+        paused: bool,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.0.set_schedule_paused(name, paused, now)
     }
     fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError> {
         self.0.probe(now)

@@ -80,7 +80,10 @@ impl SupervisorState {
         let mut new = (*old).clone();
         crate::api::sqs::created::merge(&mut new, &records);
         let plan = reload::plan(&old, &new).map_err(ReloadError::Refused)?;
-        self.check_removable(&plan.removed).await?;
+        let held = self.still_holding(&plan.removed).await?;
+        if !held.is_empty() {
+            return Err(ReloadError::Refused(held));
+        }
         let executors = Executors::build(&new, Some((&old, &self.daemon.executors)))
             .map_err(ReloadError::Refused)?;
         self.apply(myself, Arc::new(new), &plan, executors, None)
@@ -127,6 +130,10 @@ impl SupervisorState {
                 let _ = p.cast(PoolMsg::LimitsChanged);
             }
         }
+        for name in self.daemon.config().schedules.keys() {
+            metrics::register_schedule(name);
+        }
+        crate::periodic::reread();
     }
 
     /// Everything that can fail, before anything changes.
@@ -151,18 +158,35 @@ impl SupervisorState {
                 })?;
             crate::api::sqs::created::merge(&mut new, &records);
         }
-        let plan = reload::plan(old, &new).map_err(ReloadError::Refused)?;
-        self.check_removable(&plan.removed).await?;
-        let executors = Executors::build(&new, Some((old, &self.daemon.executors)))
-            .map_err(ReloadError::Refused)?;
+        // Every reason to refuse is named at once, not only the first found.
+        let removed: Vec<String> = old
+            .queues
+            .keys()
+            .filter(|q| !new.queues.contains_key(*q))
+            .cloned()
+            .collect();
+        let plan = reload::plan(old, &new);
+        let mut refused = plan.as_ref().err().cloned().unwrap_or_default();
+        refused.extend(self.still_holding(&removed).await?);
+        let executors = Executors::build(&new, Some((old, &self.daemon.executors)));
+        if let Err(errors) = &executors {
+            refused.extend(errors.iter().cloned());
+        }
+        let (Ok(plan), Ok(executors)) = (plan, executors) else {
+            return Err(ReloadError::Refused(refused));
+        };
+        if !refused.is_empty() {
+            return Err(ReloadError::Refused(refused));
+        }
         let tokens = Tokens::from_config(&new).map_err(|e| ReloadError::Invalid(e.to_string()))?;
         Ok((Arc::new(new), plan, executors, tokens))
     }
 
-    /// Refuses the removal of a queue that still holds jobs (waiting, leased, dead).
-    async fn check_removable(&self, removed: &[String]) -> Result<(), ReloadError> {
+    /// Why each removed queue that still holds jobs (waiting, leased, dead) cannot
+    /// be removed; empty when all can.
+    async fn still_holding(&self, removed: &[String]) -> Result<Vec<String>, ReloadError> {
         if removed.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let counts = broker::request(BrokerMsg::Counts, Duration::from_secs(10))
             .await
@@ -180,11 +204,7 @@ impl SupervisorState {
                 })
             })
             .collect();
-        if held.is_empty() {
-            Ok(())
-        } else {
-            Err(ReloadError::Refused(held))
-        }
+        Ok(held)
     }
 
     /// Stops a removed queue's pool (drained first) and scheduler.

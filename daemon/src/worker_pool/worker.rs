@@ -150,6 +150,8 @@ async fn run(state: &WorkerArgs, job: &LeasedJob, revoked: &CancellationToken) -
         attempt: job.attempt,
         idempotency_key: job.idempotency_key.clone(),
         payload: job.payload.clone(),
+        token: job.token,
+        lease: job.lease,
     };
     let Some(executor) = state.executors.get(&state.queue) else {
         return ExecResult::Failure(Failure::Interrupted {

@@ -38,6 +38,8 @@ fn job(payload: &[u8]) -> JobRun {
         attempt: 3,
         idempotency_key: "key-42".to_owned(),
         payload: payload.to_vec(),
+        token: 41,
+        lease: Duration::from_secs(30),
     }
 }
 
@@ -122,7 +124,7 @@ async fn success_sees_payload_env_and_cwd() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut s = spec(
         "printf '%s\\n' \"$QD_JOB_ID\" \"$QD_IDEMPOTENCY_KEY\" \"$QD_ATTEMPT\" \"$QD_QUEUE\" \
-         \"$QD_TENANT\" \"$EXTRA\" \"$PWD\" > env.txt; cat > stdin.txt; echo done",
+         \"$QD_TENANT\" \"$QD_LEASE_TOKEN\" \"$EXTRA\" \"$PWD\" > env.txt; cat > stdin.txt; echo done",
     );
     s.env.insert("EXTRA".into(), "from-spec".into());
     s.env.insert("QD_QUEUE".into(), "spoofed".into());
@@ -147,6 +149,7 @@ async fn success_sees_payload_env_and_cwd() {
         "3",
         "email",
         "acme",
+        "41",
         "from-spec",
         cwd.to_str().expect("utf-8 path"),
     ]
