@@ -8,6 +8,7 @@
 //! the live [`crate::limits::Limits`] and announced to the actors that enforce them.
 
 mod audit;
+pub use audit::Author;
 mod inspect;
 mod ops;
 mod schedules;
@@ -125,7 +126,21 @@ fn parse_id(id: &str) -> Result<JobId, ErrorBody> {
 
 impl AdminHandler for Handler {
     async fn handle(&self, req: Request, peer: Peer) -> Result<Response, ErrorBody> {
-        let by = format!("uid {}", peer.uid);
+        self.serve(req, Author::Uid(peer.uid)).await
+    }
+}
+
+impl Handler {
+    /// A handler for requests that do not come through the socket (the console).
+    pub fn new(daemon: Daemon) -> Self {
+        Handler { daemon }
+    }
+
+    /// Handles one request on behalf of `author`, who is named in the audit line
+    /// and in job history (`redriven by ...`).
+    pub async fn serve(&self, req: Request, author: Author) -> Result<Response, ErrorBody> {
+        let by = author.to_string();
+        let peer = &author;
         let req_op = req.op();
         match req {
             Request::Status {} => Ok(Response::Status(views::status(&self.daemon).await)),
@@ -167,7 +182,7 @@ impl AdminHandler for Handler {
                     self.revoke(id);
                 }
                 audit::change(
-                    peer.uid,
+                    peer,
                     req_op,
                     &format!("job {id}"),
                     previous.as_str(),
@@ -204,7 +219,7 @@ impl AdminHandler for Handler {
                 if !done.duplicate {
                     let state = if delayed { "delayed" } else { "ready" };
                     let job = format!("{what} job {}", done.id);
-                    audit::change(peer.uid, req_op, &job, "-", state);
+                    audit::change(peer, req_op, &job, "-", state);
                 }
                 Ok(Response::Enqueued(qd_proto::Enqueued {
                     id: done.id.to_string(),
@@ -217,7 +232,7 @@ impl AdminHandler for Handler {
                 job_texts,
             } => {
                 let jobs = batch_jobs(jobs, job_texts)?;
-                self.enqueue_batch(queue, jobs, peer.uid, req_op).await
+                self.enqueue_batch(queue, jobs, peer, req_op).await
             }
             Request::DlqList {
                 selection,
@@ -245,7 +260,7 @@ impl AdminHandler for Handler {
                     other => other?,
                 }
                 let after = format!("ready, payload {summary}");
-                audit::change(peer.uid, req_op, &format!("job {id}"), "dead", &after);
+                audit::change(peer, req_op, &format!("job {id}"), "dead", &after);
                 let moved = broker::BatchOutcome {
                     moved: vec![id],
                     refused: Vec::new(),
@@ -272,7 +287,7 @@ impl AdminHandler for Handler {
                     })
                     .await?;
                 if !dry_run {
-                    audit::jobs(peer.uid, req_op, &outcome.moved, "dead", "ready");
+                    audit::jobs(peer, req_op, &outcome.moved, "dead", "ready");
                 }
                 Ok(Response::Redrive(views::redrive(outcome, dry_run)))
             }
@@ -285,7 +300,7 @@ impl AdminHandler for Handler {
                 let pace = Pace::new(None, None);
                 let outcome = self.batched(sel, dry_run, pace, DlqMsg::Purge).await?;
                 if !dry_run {
-                    audit::jobs(peer.uid, req_op, &outcome.moved, "dead", "deleted");
+                    audit::jobs(peer, req_op, &outcome.moved, "dead", "deleted");
                 }
                 Ok(Response::Purge(views::purge(outcome, dry_run)))
             }
@@ -311,7 +326,7 @@ impl AdminHandler for Handler {
                         changes.push(("tenant", tenant.clone(), key, Some(v.to_string())));
                     }
                 }
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::LimitsReset {
                 tenant,
@@ -341,7 +356,7 @@ impl AdminHandler for Handler {
                         ));
                     }
                 };
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::LimiterSet {
                 limiter,
@@ -364,7 +379,7 @@ impl AdminHandler for Handler {
                 if changes.is_empty() {
                     return Err(err(ErrorCode::BadRequest, "give per_second or burst"));
                 }
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::WorkersSet { queue, min, max } => {
                 self.queue_exists(&queue)?;
@@ -386,12 +401,12 @@ impl AdminHandler for Handler {
                     ("queue", queue.clone(), "workers_min", Some(min.to_string())),
                     ("queue", queue, "workers_max", Some(max.to_string())),
                 ];
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::QueuePause { queue } => {
                 self.queue_exists(&queue)?;
                 let changes = vec![("queue", queue, "paused", Some("true".into()))];
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::JobsPayload { id } => self.jobs_payload(&id).await,
             Request::DlqExport {
@@ -403,19 +418,19 @@ impl AdminHandler for Handler {
             Request::QueueResume { queue } => {
                 self.queue_exists(&queue)?;
                 let changes = vec![("queue", queue, "paused", None)];
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::Backup { path, force } => ops::backup(&self.daemon, path, force, &by).await,
             Request::Reload {} => ops::reload(&self.daemon, &by).await,
             Request::SchedulesList {} => schedules::list(&self.daemon).await,
             Request::SchedulesPause { name } => {
-                schedules::set_paused(&self.daemon, peer.uid, req_op, &name, true).await
+                schedules::set_paused(&self.daemon, peer, req_op, &name, true).await
             }
             Request::SchedulesResume { name } => {
-                schedules::set_paused(&self.daemon, peer.uid, req_op, &name, false).await
+                schedules::set_paused(&self.daemon, peer, req_op, &name, false).await
             }
             Request::SchedulesTrigger { name } => {
-                schedules::trigger(&self.daemon, peer.uid, req_op, &name).await
+                schedules::trigger(&self.daemon, peer, req_op, &name).await
             }
         }
     }
@@ -544,7 +559,7 @@ impl Handler {
         &self,
         queue: String,
         jobs: Vec<BatchJob>,
-        uid: u32,
+        author: &Author,
         op: &str,
     ) -> Result<Response, ErrorBody> {
         self.queue_exists(&queue)?;
@@ -564,7 +579,7 @@ impl Handler {
         }
         let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), CALL).await??;
         let new: Vec<JobId> = done.iter().filter(|e| !e.duplicate).map(|e| e.id).collect();
-        audit::jobs(uid, op, &new, "-", &format!("enqueued in queue {queue}"));
+        audit::jobs(author, op, &new, "-", &format!("enqueued in queue {queue}"));
         let jobs = done
             .into_iter()
             .map(|e| qd_proto::Enqueued {
@@ -693,7 +708,7 @@ impl Handler {
     /// and writes one audit line per changed scope with its values before and after.
     async fn set_overrides(
         &self,
-        peer: &Peer,
+        peer: &Author,
         op: &'static str,
         changes: Vec<(&'static str, String, &'static str, Option<String>)>,
     ) -> Result<Response, ErrorBody> {
@@ -724,13 +739,7 @@ impl Handler {
         self.daemon.limits_changed();
         for ((scope, name), before) in scopes.iter().zip(before) {
             let after = audit::scope_state(&self.daemon, scope, name);
-            audit::change(
-                peer.uid,
-                op,
-                &audit::scope_name(scope, name),
-                &before,
-                &after,
-            );
+            audit::change(peer, op, &audit::scope_name(scope, name), &before, &after);
         }
         Ok(self.limits())
     }

@@ -37,6 +37,8 @@ mod tests;
 pub struct Config {
     /// `[daemon]`.
     pub daemon: DaemonConfig,
+    /// `[console]`: the web console, `None` when off.
+    pub console: Option<ConsoleConfig>,
     /// `[queues.NAME]`, by name; never empty.
     pub queues: BTreeMap<String, QueueConfig>,
     /// `[rate_limiters.NAME]`, by name.
@@ -77,6 +79,9 @@ pub struct DaemonConfig {
     pub max_payload: usize,
     /// File of API bearer tokens; required when `api_listen` is not loopback.
     pub api_tokens_file: Option<PathBuf>,
+    /// More `Host` names the API answers (`name` or `name:port`), beside its listen
+    /// address and `localhost`/`127.0.0.1`/`[::1]` with its port; others get 421.
+    pub api_allowed_hosts: Vec<String>,
     /// Supervisor restart intensity (default 10 restarts in 60 s).
     pub restart: RestartIntensity,
     /// The history cap: entries kept per job and error bytes per entry (default
@@ -153,6 +158,24 @@ pub struct ScheduleConfig {
     pub catch_up: crate::schedule::CatchUp,
     /// Whether a run starts while the previous one is unfinished (default allow).
     pub overlap: crate::schedule::Overlap,
+}
+
+/// `[console]`: the web console's listener and sessions (see `daemon/docs/console.md`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsoleConfig {
+    /// Its own listener (required); a non-loopback one needs `daemon.api_tokens_file`.
+    pub listen: SocketAddr,
+    /// Where a reverse proxy mounts it (`/qd`), or empty: every link, asset, form
+    /// action and stream URL starts with it.
+    pub path_prefix: String,
+    /// More `Host` names it answers, beside its address and loopback names.
+    pub allowed_hosts: Vec<String>,
+    /// A session unused this long ends (default 30 min).
+    pub session_idle: Duration,
+    /// A session ends this long after login however it is used (default 12 h).
+    pub session_max: Duration,
+    /// Most event streams open at once (default 32); more get 503.
+    pub max_streams: u32,
 }
 
 /// Restart intensity, as in Erlang/OTP supervisors: more than `max_restarts`

@@ -15,6 +15,7 @@ pub mod broker;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod console;
 pub mod data_lock;
 pub mod dlq;
 pub mod executor;

@@ -49,7 +49,7 @@ pub enum ReloadError {
 pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
     let mut refused = Vec::new();
     let (o, n) = (&old.daemon, &new.daemon);
-    let restart_only: [(&str, bool); 9] = [
+    let restart_only: [(&str, bool); 10] = [
         ("data_dir", o.data_dir != n.data_dir),
         ("database_url", o.database != n.database),
         ("admin_socket", o.admin_socket != n.admin_socket),
@@ -59,10 +59,19 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
         ),
         ("admin_group", o.admin_group != n.admin_group),
         ("api_listen", o.api_listen != n.api_listen),
+        (
+            "api_allowed_hosts",
+            o.api_allowed_hosts != n.api_allowed_hosts,
+        ),
         ("metrics_listen", o.metrics_listen != n.metrics_listen),
         ("max_payload", o.max_payload != n.max_payload),
         ("http", o.http != n.http),
     ];
+    if old.console != new.console {
+        refused.push(
+            "console: changed; the console's settings need a restart (systemctl restart qd)".into(),
+        );
+    }
     for (key, changed) in restart_only {
         if changed {
             refused.push(format!(

@@ -127,6 +127,8 @@ pub enum Child {
     Api,
     /// The AdminServer.
     Admin,
+    /// The web console (only with `[console]`).
+    Console,
 }
 
 impl Child {
@@ -143,6 +145,7 @@ impl Child {
             Child::Gauges => "gauges",
             Child::Api => "api",
             Child::Admin => "admin",
+            Child::Console => "console",
         }
     }
 }
@@ -306,6 +309,9 @@ impl SupervisorState {
             Child::Api,
             Child::Admin,
         ]);
+        if cfg.console.is_some() {
+            children.push(Child::Console);
+        }
         children
     }
 
@@ -426,6 +432,18 @@ impl SupervisorState {
             Child::Admin => {
                 let args = AdminArgs::new(d.clone(), myself.clone());
                 admin::spawn(args, sup).await?
+            }
+            Child::Console => {
+                let args = crate::console::ConsoleArgs { daemon: d.clone() };
+                Actor::spawn_linked(
+                    Some(crate::console::NAME.into()),
+                    crate::console::Console,
+                    args,
+                    sup,
+                )
+                .await?
+                .0
+                .get_cell()
             }
         };
         self.broker_started |= child == Child::Broker;

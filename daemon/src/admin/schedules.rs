@@ -5,7 +5,8 @@
 
 use qd_proto::{ErrorBody, ErrorCode, Response, ScheduleInfo};
 
-use super::{CALL, audit, err};
+use super::audit::{self, Author};
+use super::{CALL, err};
 use crate::broker::{self, BrokerError, BrokerMsg, Fire, Fired};
 use crate::clock::wall_ms;
 use crate::config::ScheduleConfig;
@@ -95,7 +96,7 @@ fn configured(d: &Daemon, name: &str) -> Result<ScheduleConfig, ErrorBody> {
 /// Pauses (`paused`) or resumes schedule `name`, audited with its state before and after.
 pub(super) async fn set_paused(
     d: &Daemon,
-    uid: u32,
+    by: &Author,
     op: &str,
     name: &str,
     paused: bool,
@@ -116,7 +117,7 @@ pub(super) async fn set_paused(
         .map_err(BrokerError::from)?;
     let word = |p: bool| if p { "paused=yes" } else { "paused=no" };
     audit::change(
-        uid,
+        by,
         op,
         &format!("schedule {name}"),
         word(before),
@@ -129,7 +130,7 @@ pub(super) async fn set_paused(
 /// One run of schedule `name` now, keyed by the trigger time.
 pub(super) async fn trigger(
     d: &Daemon,
-    uid: u32,
+    by: &Author,
     op: &str,
     name: &str,
 ) -> Result<Response, ErrorBody> {
@@ -152,7 +153,7 @@ pub(super) async fn trigger(
         ));
     };
     audit::change(
-        uid,
+        by,
         op,
         &format!("schedule {name}"),
         "-",

@@ -3,6 +3,9 @@
 //! Producers and workers post from shells (`curl -d '{…}'` sends
 //! `application/x-www-form-urlencoded`), scripts and SDKs; qd reads every body as
 //! JSON and names the problem when it is not, instead of refusing on a header.
+//! That is safe only because a browser's cross-site request never gets this far:
+//! a page can send a `text/plain` body without a preflight, and
+//! `api::browser_guard` refuses it by its `Sec-Fetch-Site`/`Origin`/`Host`.
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};

@@ -30,6 +30,7 @@ pub(crate) struct RawDaemon {
     pub shutdown_grace: Option<Dur>,
     pub max_payload: Option<Size>,
     pub api_tokens_file: Option<String>,
+    pub api_allowed_hosts: Option<Vec<String>>,
     pub database_url: Option<String>,
     pub database_password_file: Option<String>,
     pub node_name: Option<String>,
@@ -74,6 +75,18 @@ pub(crate) struct RawHistory {
 pub(crate) struct RawRestart {
     pub max_restarts: Option<u32>,
     pub window: Option<Dur>,
+}
+
+/// `[console]`: the web console (off unless the section is present).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "the [console] table")]
+pub(crate) struct RawConsole {
+    pub listen: Option<String>,
+    pub path_prefix: Option<String>,
+    pub allowed_hosts: Option<Vec<String>>,
+    pub session_idle: Option<Dur>,
+    pub session_max: Option<Dur>,
+    pub max_streams: Option<u32>,
 }
 
 /// `[queues.X]`, and `[defaults]` (which may not set the queue-only keys
@@ -257,6 +270,8 @@ pub(crate) struct Named<T> {
 #[derive(Debug, Default)]
 pub(crate) struct RawDoc {
     pub daemon: RawDaemon,
+    /// `None` when `[console]` is absent (the console is off).
+    pub console: Option<RawConsole>,
     pub defaults: RawQueue,
     /// `None` when `[queues]` is absent.
     pub queues: Option<Vec<Named<RawQueue>>>,
@@ -266,7 +281,7 @@ pub(crate) struct RawDoc {
     pub schedules: Vec<Named<RawSchedule>>,
 }
 
-const SECTIONS: &str = "daemon, defaults, queues, rate_limiters, tenants, sqs, schedules";
+const SECTIONS: &str = "daemon, console, defaults, queues, rate_limiters, tenants, sqs, schedules";
 
 /// Reads every section of the document, recording every problem in `diag`.
 pub(crate) fn read(diag: &mut Diagnostics<'_>) -> RawDoc {
@@ -281,6 +296,9 @@ pub(crate) fn read(diag: &mut Diagnostics<'_>) -> RawDoc {
         let path = KeyPath::of(&[name]);
         match name {
             "daemon" => doc.daemon = diag.deserialize(node, &path).unwrap_or_default(),
+            "console" => {
+                doc.console = Some(diag.deserialize(node, &path).unwrap_or_default());
+            }
             "defaults" => doc.defaults = diag.deserialize(node, &path).unwrap_or_default(),
             "queues" => doc.queues = Some(read_family(diag, node, &path)),
             "rate_limiters" => doc.rate_limiters = read_family(diag, node, &path),

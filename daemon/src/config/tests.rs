@@ -928,3 +928,19 @@ every = "1m"
     assert!(f.message.contains("missing key `cron` or `every`"), "{f:?}");
     assert!(errors.iter().all(|e| e.line.is_some()), "{errors:#?}");
 }
+
+#[test]
+fn api_allowed_hosts_are_host_names_and_a_url_is_refused_naming_the_key() {
+    let ok = format!(
+        "[daemon]\napi_allowed_hosts = [\"qd.internal\", \"qd.example.com:8443\"]\n{QUEUE}"
+    );
+    let config = parse(&ok).expect("valid");
+    assert_eq!(
+        config.daemon.api_allowed_hosts,
+        ["qd.internal", "qd.example.com:8443"]
+    );
+    let bad = format!("[daemon]\napi_allowed_hosts = [\"https://qd.internal/\"]\n{QUEUE}");
+    let errors = errors(&bad);
+    let err = error_at(&errors, "daemon.api_allowed_hosts");
+    assert!(err.message.contains("no scheme"), "{}", err.message);
+}
