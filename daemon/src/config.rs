@@ -132,6 +132,10 @@ pub struct SqsConfig {
     /// The base of queue URLs, without a trailing slash (default `http://` +
     /// `api_listen`).
     pub advertised_url: String,
+    /// The queues created through SQS's `CreateQueue` that are in force (stored in
+    /// the store, not the file; a file queue of the same name wins), by name. Their
+    /// qd settings are in [`Config::queues`] beside the file's.
+    pub created: BTreeMap<String, crate::api::sqs::created::CreatedQueue>,
 }
 
 /// One periodic job: which job each tick of its timing enqueues, and how missed

@@ -185,6 +185,17 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
     })?;
     command_executor::use_watchdog(exe, records);
     let store = open_store(&config)?;
+    let config = if config.sqs.enabled {
+        let records = store
+            .run(|b| b.sqs_queues())
+            .await
+            .map_err(|e| Failure::Runtime(format!("cannot read the SQS-created queues: {e}")))?;
+        let mut config = Arc::unwrap_or_clone(config);
+        qd::api::sqs::created::merge(&mut config, &records);
+        Arc::new(config)
+    } else {
+        config
+    };
     let overrides = store
         .run(|b| b.overrides())
         .await

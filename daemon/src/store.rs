@@ -64,6 +64,9 @@
 //! overrides(scope TEXT, name TEXT, key TEXT, value TEXT)
 //!                                               PK (scope, name, key) STRICT, WITHOUT ROWID
 //! meta(key TEXT PK, value INTEGER)     -- "probe": last write probe (Unix ms)
+//! sqs_queues(name TEXT PK, attributes TEXT, tags TEXT, created_at INTEGER,
+//!            modified_at INTEGER)       STRICT, WITHOUT ROWID
+//!                                      -- queues created by SQS CreateQueue (api/sqs)
 //! temp.leases(id BLOB PK, token INTEGER, worker TEXT, leased_at INTEGER)
 //!                                      -- per connection, in memory, never on disk
 //! ```
@@ -412,6 +415,17 @@ pub trait Backend: Send {
 
     /// Every override, ordered by (scope, name, key).
     fn overrides(&mut self) -> Result<Vec<Override>, StoreError>;
+
+    /// Every queue created through the SQS API, in name order.
+    fn sqs_queues(&mut self) -> Result<Vec<SqsQueueRecord>, StoreError>;
+
+    /// Creates or replaces (`Some`) or deletes (`None`) the SQS-created queue
+    /// `name`; answers whether a row of that name was there before.
+    fn set_sqs_queue(
+        &mut self,
+        name: &str,
+        record: Option<&SqsQueueRecord>,
+    ) -> Result<bool, StoreError>;
 
     /// Writes one small row (the time `now`, Unix ms) to learn whether the store
     /// accepts writes again after refusing one (disk full, I/O error).
@@ -884,6 +898,22 @@ pub struct Override {
     pub key: String,
     /// The value, as text; the owner of the setting parses it.
     pub value: String,
+}
+
+/// A queue created through the SQS API (`api/sqs/created.rs` owns its meaning;
+/// the store keeps the text).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqsQueueRecord {
+    /// The queue's name.
+    pub name: String,
+    /// Its SQS attributes as a JSON object of strings (`{"VisibilityTimeout": "30"}`).
+    pub attributes: String,
+    /// Its tags as a JSON object of strings.
+    pub tags: String,
+    /// When it was created (Unix ms).
+    pub created_at: UnixMillis,
+    /// When its attributes last changed (Unix ms).
+    pub modified_at: UnixMillis,
 }
 
 /// Why a store operation failed. Messages name the database path where there is one.

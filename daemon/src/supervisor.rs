@@ -162,6 +162,10 @@ pub enum SupervisorMsg {
     /// Re-read the config file and apply it live (SIGHUP, or `qctl reload` with a
     /// reply port for the changes made or the reason nothing was).
     Reload(Option<RpcReplyPort<Result<Vec<String>, ReloadError>>>),
+    /// The SQS API created, changed or deleted a queue in the store: read the
+    /// store's SQS queues and apply them to the config in force as a reload would
+    /// (the file is not reread). Replies with the changes made.
+    SqsQueuesChanged(RpcReplyPort<Result<Vec<String>, ReloadError>>),
 }
 
 /// The supervisor's state.
@@ -235,6 +239,14 @@ impl Actor for Supervisor {
                 if let Some(reply) = reply {
                     let _ = reply.send(outcome);
                 }
+            }
+            SupervisorMsg::SqsQueuesChanged(reply) => {
+                let outcome = if state.shutting_down {
+                    Err(ReloadError::Unavailable("qd is shutting down".into()))
+                } else {
+                    state.sync_sqs_queues(&myself).await
+                };
+                let _ = reply.send(outcome);
             }
             SupervisorMsg::Fatal(reason) => {
                 if !state.shutting_down {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{
     Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override,
-    PruneScope, StoreError, history, prune, sort_counts,
+    PruneScope, SqsQueueRecord, StoreError, history, prune, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
@@ -19,6 +19,7 @@ pub struct MemoryBackend {
     /// `(queue, idempotency_key)` of every stored job that has a key.
     keys: HashMap<(Arc<str>, String), JobId>,
     overrides: BTreeMap<OverrideKey, String>,
+    sqs_queues: BTreeMap<String, SqsQueueRecord>,
     schedules: BTreeMap<String, super::ScheduleRow>,
     /// Writes of the open transaction, newest last, as the values they replaced.
     undo: Vec<Undo>,
@@ -78,6 +79,7 @@ type OverrideKey = (String, String, String);
 enum Undo {
     Job(JobId, Option<Row>),
     Override(OverrideKey, Option<String>),
+    SqsQueue(String, Option<SqsQueueRecord>),
     Schedule(String, Option<super::ScheduleRow>),
 }
 
@@ -171,6 +173,12 @@ impl MemoryBackend {
                 }
                 Some(Undo::Override(key, None)) => {
                     self.overrides.remove(&key);
+                }
+                Some(Undo::SqsQueue(name, Some(record))) => {
+                    self.sqs_queues.insert(name, record);
+                }
+                Some(Undo::SqsQueue(name, None)) => {
+                    self.sqs_queues.remove(&name);
                 }
                 Some(Undo::Schedule(name, Some(row))) => {
                     self.schedules.insert(name, row);
@@ -447,6 +455,26 @@ impl Backend for MemoryBackend {
         let at = (scope.to_owned(), name.to_owned(), key.to_owned());
         self.write_override(at, value.map(str::to_owned));
         Ok(())
+    }
+
+    fn sqs_queues(&mut self) -> Result<Vec<SqsQueueRecord>, StoreError> {
+        Ok(self.sqs_queues.values().cloned().collect())
+    }
+
+    fn set_sqs_queue(
+        &mut self,
+        name: &str,
+        record: Option<&SqsQueueRecord>,
+    ) -> Result<bool, StoreError> {
+        let old = match record {
+            Some(r) => self.sqs_queues.insert(name.to_string(), r.clone()),
+            None => self.sqs_queues.remove(name),
+        };
+        let existed = old.is_some();
+        if self.in_transaction {
+            self.undo.push(Undo::SqsQueue(name.to_string(), old));
+        }
+        Ok(existed)
     }
 
     fn schedules(&mut self) -> Result<Vec<super::ScheduleRow>, StoreError> {

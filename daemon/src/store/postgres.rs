@@ -102,6 +102,8 @@
 //! -- version 6: queue depths across the cluster
 //! qd_queue_depths(queue, shard, depth bigint) PK (queue, shard)
 //!   -- statement triggers on qd_jobs keep sum(depth) = its ready/delayed rows
+//! -- SQS-created queues
+//! qd_sqs_queues(name PK, attributes text, tags text, created_at, modified_at bigint)
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -126,14 +128,23 @@ use uuid::Uuid;
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
     Backend, Claim, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, LeaseCheck, LeaseKind,
-    NewClaim, NewRecord, NodeInfo, Override, PruneScope, SharedStore, StoreError, TenantCap,
-    history, sort_counts,
+    NewClaim, NewRecord, NodeInfo, Override, PruneScope, SharedStore, SqsQueueRecord, StoreError,
+    TenantCap, history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from version
 /// `i` to `i + 1` (recorded as a row of `qd_migrations`). Append only.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, LEASE_END, QUEUE_DEPTHS, SCHEDULES];
+const MIGRATIONS: &[&str] = &[
+    V1,
+    V2,
+    V3,
+    V4,
+    LEASE_END,
+    QUEUE_DEPTHS,
+    SCHEDULES,
+    SQS_QUEUES,
+];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
 const V1: &str = r#"
@@ -295,6 +306,18 @@ CREATE TRIGGER qd_jobs_depth_update AFTER UPDATE ON qd_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION qd_count_depths();
 CREATE TRIGGER qd_jobs_depth_delete AFTER DELETE ON qd_jobs
     REFERENCING OLD TABLE AS qd_old_rows FOR EACH STATEMENT EXECUTE FUNCTION qd_count_depths();
+"#;
+
+/// The queues created through the SQS API (`CreateQueue`), with their SQS
+/// attributes and tags as JSON text; every node adds them to its config in force.
+const SQS_QUEUES: &str = r#"
+CREATE TABLE qd_sqs_queues (
+    name        text   COLLATE "C" PRIMARY KEY,
+    attributes  text   NOT NULL,
+    tags        text   NOT NULL,
+    created_at  bigint NOT NULL,
+    modified_at bigint NOT NULL
+);
 "#;
 
 /// The seed of a queue's depth lock key (`hashtextextended(queue, DEPTH_LOCK_SEED)`,
@@ -1614,6 +1637,56 @@ impl Backend for PgBackend {
                 value: r.get(3),
             })
             .collect())
+    }
+
+    fn sqs_queues(&mut self) -> Result<Vec<SqsQueueRecord>, StoreError> {
+        let rows = self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "SELECT name, attributes, tags, created_at, modified_at \
+                     FROM qd_sqs_queues ORDER BY name",
+                )
+                .await?;
+            c.query(&stmt, &[]).await
+        })?;
+        Ok(rows
+            .iter()
+            .map(|r| SqsQueueRecord {
+                name: r.get(0),
+                attributes: r.get(1),
+                tags: r.get(2),
+                created_at: r.get(3),
+                modified_at: r.get(4),
+            })
+            .collect())
+    }
+
+    fn set_sqs_queue(
+        &mut self,
+        name: &str,
+        record: Option<&SqsQueueRecord>,
+    ) -> Result<bool, StoreError> {
+        self.block(async |c| {
+            let delete = c
+                .prepare_cached("DELETE FROM qd_sqs_queues WHERE name = $1")
+                .await?;
+            let existed = c.execute(&delete, &[&name]).await? > 0;
+            if let Some(r) = record {
+                let insert = c
+                    .prepare_cached(
+                        "INSERT INTO qd_sqs_queues \
+                         (name, attributes, tags, created_at, modified_at) \
+                         VALUES ($1, $2, $3, $4, $5)",
+                    )
+                    .await?;
+                c.execute(
+                    &insert,
+                    &[&name, &r.attributes, &r.tags, &r.created_at, &r.modified_at],
+                )
+                .await?;
+            }
+            Ok(existed)
+        })
     }
 
     fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError> {

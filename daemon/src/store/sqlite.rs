@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
     Backend, Edges, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewRecord, Override,
-    PruneScope, SqliteOptions, StoreError, history, prune, sort_counts, space,
+    PruneScope, SqliteOptions, SqsQueueRecord, StoreError, history, prune, sort_counts, space,
 };
 use crate::deps::{self, After, AfterError, AfterPolicy, Counts, Edge};
 use crate::job::{HistoryEntry, Job, JobId, Outcome, State, Token, Transition, UnixMillis};
@@ -28,7 +28,7 @@ mod schedules;
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from
 /// `user_version` `i` to `i + 1`. Append only; never edit a released entry.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, SCHEDULES, DEPENDENCIES];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, SCHEDULES, DEPENDENCIES, SQS_QUEUES];
 
 /// Version 1: jobs (payload inline, leases stored), history, overrides.
 pub(super) const V1: &str = "
@@ -166,6 +166,19 @@ CREATE UNIQUE INDEX jobs_queue_key ON jobs (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX jobs_queue_ended ON jobs (queue, state, updated_at)
     WHERE state NOT IN ('ready', 'delayed');
+";
+
+/// The queues created through the SQS API (`CreateQueue`), with their SQS
+/// attributes and tags as JSON text: they are queues of qd's config in force beside
+/// the config file's, so they must survive a restart.
+const SQS_QUEUES: &str = "
+CREATE TABLE sqs_queues (
+    name        TEXT    PRIMARY KEY NOT NULL,
+    attributes  TEXT    NOT NULL,
+    tags        TEXT    NOT NULL,
+    created_at  INTEGER NOT NULL,
+    modified_at INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
 ";
 
 /// Schedules' stored state: next tick, last run, pause ([`super::schedules`]).
@@ -1565,6 +1578,51 @@ impl Backend for SqliteBackend {
             .collect::<rusqlite::Result<Vec<_>>>()
         };
         read().map_err(|e| self.err(e))
+    }
+
+    fn sqs_queues(&mut self) -> Result<Vec<SqsQueueRecord>, StoreError> {
+        let read = || {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT name, attributes, tags, created_at, modified_at FROM sqs_queues \
+                 ORDER BY name",
+            )?;
+            stmt.query_map([], |r| {
+                Ok(SqsQueueRecord {
+                    name: r.get(0)?,
+                    attributes: r.get(1)?,
+                    tags: r.get(2)?,
+                    created_at: r.get(3)?,
+                    modified_at: r.get(4)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        };
+        read().map_err(|e| self.err(e))
+    }
+
+    fn set_sqs_queue(
+        &mut self,
+        name: &str,
+        record: Option<&SqsQueueRecord>,
+    ) -> Result<bool, StoreError> {
+        let write =
+            || -> rusqlite::Result<bool> {
+                let existed = self
+                    .conn
+                    .prepare_cached("DELETE FROM sqs_queues WHERE name = ?1")?
+                    .execute([name])?
+                    > 0;
+                if let Some(r) = record {
+                    self.conn
+                    .prepare_cached(
+                        "INSERT INTO sqs_queues (name, attributes, tags, created_at, modified_at) \
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )?
+                    .execute(params![name, r.attributes, r.tags, r.created_at, r.modified_at])?;
+                }
+                Ok(existed)
+            };
+        write().map_err(|e| self.err(e))
     }
 
     fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError> {

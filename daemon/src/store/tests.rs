@@ -226,6 +226,44 @@ fn jobs_history_and_overrides_survive_reopen() {
 }
 
 #[test]
+fn sqs_queues_are_written_replaced_deleted_and_survive_reopen() {
+    let record = |name: &str, vt: &str| super::SqsQueueRecord {
+        name: name.into(),
+        attributes: format!(r#"{{"VisibilityTimeout":"{vt}"}}"#),
+        tags: "{}".into(),
+        created_at: 1_000,
+        modified_at: 2_000,
+    };
+    let (_dir, path) = temp_db();
+    for store in [open(&path), Store::open_memory()] {
+        let (a, b2) = (record("a", "30"), record("b", "5"));
+        let existed = block(&store, move |b| {
+            Ok((
+                b.set_sqs_queue("b", Some(&b2))?,
+                b.set_sqs_queue("a", Some(&a))?,
+            ))
+        })
+        .expect("create");
+        assert_eq!(existed, (false, false));
+        let replaced = record("a", "60");
+        let r = replaced.clone();
+        assert!(block(&store, move |b| b.set_sqs_queue("a", Some(&r))).expect("replace"));
+        assert!(block(&store, |b| b.set_sqs_queue("b", None)).expect("delete"));
+        assert!(!block(&store, |b| b.set_sqs_queue("b", None)).expect("delete again"));
+        assert_eq!(
+            block(&store, |b| b.sqs_queues()).expect("read"),
+            vec![replaced]
+        );
+        store.close();
+    }
+    let store = open(&path);
+    assert_eq!(
+        block(&store, |b| b.sqs_queues()).expect("read after reopen"),
+        vec![record("a", "60")]
+    );
+}
+
+#[test]
 fn full_disk_fails_inserts_with_full_and_keeps_earlier_rows() {
     let (_dir, path) = temp_db();
     let small = SqliteOptions {
@@ -583,6 +621,16 @@ impl Backend for FailingCommit {
     }
     fn overrides(&mut self) -> Result<Vec<Override>, StoreError> {
         self.0.overrides()
+    }
+    fn sqs_queues(&mut self) -> Result<Vec<super::SqsQueueRecord>, StoreError> {
+        self.0.sqs_queues()
+    }
+    fn set_sqs_queue(
+        &mut self,
+        name: &str,
+        record: Option<&super::SqsQueueRecord>,
+    ) -> Result<bool, StoreError> {
+        self.0.set_sqs_queue(name, record)
     }
     fn schedules(&mut self) -> Result<Vec<ScheduleRow>, StoreError> {
         self.0.schedules()
