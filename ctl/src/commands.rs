@@ -87,6 +87,8 @@ fn request_for(cmd: Command) -> Request {
             queue,
             tenant,
             state,
+            error_contains: None,
+            since_secs: None,
             limit: Some(limit),
             after,
         },

@@ -153,9 +153,20 @@ impl Handler {
                 queue,
                 tenant,
                 state,
+                error_contains,
+                since_secs,
                 limit,
                 after,
-            } => self.jobs_list(queue, tenant, state, limit, after).await,
+            } => {
+                let selection = DlqSelection {
+                    queue,
+                    tenant,
+                    error_contains,
+                    since_secs,
+                    ..DlqSelection::default()
+                };
+                self.jobs_list(&selection, state, limit, after).await
+            }
             Request::JobsShow { id } => Ok(Response::Job(Box::new(views::detail(
                 &self.stored(&id).await?,
             )))),

@@ -11,7 +11,8 @@ use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use common::{Qd, free_port, json_of, ok, wait_for};
+use common::{Qd, free_port, json_of, lease_one, ok, wait_for};
+use serde_json::json;
 
 const ADMIN: &str = "admin-secret-0123456789";
 const READER: &str = "reader-secret-0123456789";
@@ -140,6 +141,83 @@ fn start() -> (Qd, Console) {
         TcpStream::connect(&console.addr).ok()
     });
     (qd, console)
+}
+
+/// qd with an open console at `/qd` (loopback, no token file: nobody logs in, so
+/// the tests' requests carry no cookie), queue `ext` (external workers, one
+/// attempt) and `extra` config.
+fn start_open(extra: &str) -> (Qd, Console) {
+    let port = free_port();
+    let qd = Qd::start(&format!(
+        "[console]\nlisten = \"127.0.0.1:{port}\"\npath_prefix = \"{PREFIX}\"\n\n\
+         [queues.ext]\nexecutor = {{ kind = \"external\" }}\nmax_attempts = 1\n{extra}"
+    ));
+    let console = Console {
+        addr: qd.console_addr().expect("console listen"),
+    };
+    wait_for("the console", Duration::from_secs(30), || {
+        TcpStream::connect(&console.addr).ok()
+    });
+    (qd, console)
+}
+
+/// Enqueues on `ext` for `tenant`; returns the id.
+fn enqueue_for(qd: &Qd, tenant: &str, payload: &str) -> String {
+    ok(
+        qd,
+        &["enqueue", "ext", "--tenant", tenant, "--payload", payload],
+    )
+    .trim()
+    .to_string()
+}
+
+/// Leases the one ready job of `ext` (which must be `id`) and fails it for good
+/// with `error`, so it is dead with that last error.
+fn kill_with(qd: &Qd, id: &str, error: &str) {
+    let job = lease_one(qd, "ext", "w", "5s").expect("a ready job");
+    assert_eq!(job["id"], json!(id), "the only ready job");
+    nack_dead(qd, &job, error);
+}
+
+fn nack_dead(qd: &Qd, job: &serde_json::Value, error: &str) {
+    let id = job["id"].as_str().expect("id");
+    let (status, body) = qd.post(
+        &format!("/v1/jobs/{id}/nack"),
+        &json!({"token": job["token"], "error": error, "kind": "permanent"}),
+    );
+    assert_eq!(status, 200, "nack: {body}");
+}
+
+/// The job ids a page links to, in page order.
+fn job_ids(html: &str) -> Vec<String> {
+    html.split("href=\"/qd/jobs/")
+        .skip(1)
+        .filter_map(|part| part.split('"').next())
+        .filter(|id| !id.contains('/'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The target of the page's `rel="next"` link, unescaped, if there is one.
+fn next_link(html: &str) -> Option<String> {
+    let (before, _) = html.split_once("\" rel=\"next\"")?;
+    let href = before.rsplit("href=\"").next()?;
+    Some(href.replace("&amp;", "&"))
+}
+
+/// `text` as a query value.
+fn enc(text: &str) -> String {
+    serde_urlencoded::to_string([("", text)])
+        .expect("encode")
+        .trim_start_matches('=')
+        .to_string()
+}
+
+fn wall_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch");
+    i64::try_from(since.as_millis()).expect("fits")
 }
 
 fn enqueue(qd: &Qd, payload: &str) -> String {
@@ -490,4 +568,213 @@ fn a_public_console_without_a_token_file_is_refused_at_start() {
         text.contains("console.listen") && text.contains("api_tokens_file"),
         "{text}"
     );
+}
+
+#[test]
+fn job_filters_error_and_since_narrow_the_list() {
+    let (qd, c) = start_open("");
+    let disk = enqueue_for(&qd, "acme", "one");
+    kill_with(&qd, &disk, "disk full on /var");
+    let refused = enqueue_for(&qd, "acme", "two");
+    kill_with(&qd, &refused, "connection refused by smtp.example");
+    let waiting = enqueue_for(&qd, "acme", "three");
+
+    let all = c.get("/jobs", "");
+    assert_eq!(all.status, 200, "{}", all.body);
+    let mut ids = job_ids(&all.body);
+    ids.sort();
+    let mut expected = vec![disk.clone(), refused.clone(), waiting.clone()];
+    expected.sort();
+    assert_eq!(ids, expected);
+
+    // `error`: a substring of the last error, ASCII case-insensitive as in `qctl
+    // dlq list --error`, over jobs in any state; a job without an error never matches.
+    let a = c.get("/jobs?error=disk+full", "");
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(job_ids(&a.body), vec![disk.clone()]);
+    assert!(
+        a.body.contains("name=\"error\" value=\"disk full\""),
+        "the form keeps the filter: {}",
+        a.body
+    );
+    let a = c.get("/jobs?error=REFUSED&tenant=acme&state=dead", "");
+    assert_eq!(job_ids(&a.body), vec![refused.clone()]);
+    let a = c.get("/jobs?error=no+such+text", "");
+    assert_eq!(a.status, 200);
+    assert!(job_ids(&a.body).is_empty(), "{}", a.body);
+
+    // `since` as an RFC 3339 time between the jobs so far and one enqueued later:
+    // it is kept to the second, so the cut is 1.5 s after the last job and the new
+    // one comes a second after the cut.
+    let last = qd.job(&waiting)["updated_at"].as_i64().expect("updated_at");
+    let cut = last + 1500;
+    wait_for("the clock to pass the cut", Duration::from_secs(30), || {
+        (wall_ms() > cut + 1000).then_some(())
+    });
+    let late = enqueue_for(&qd, "acme", "four");
+    let at = humantime::format_rfc3339_millis(
+        std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(cut).expect("positive")),
+    )
+    .to_string();
+    let a = c.get(&format!("/jobs?since={}", enc(&at)), "");
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(job_ids(&a.body), vec![late.clone()], "since {at}");
+    // The same instant with an offset.
+    let offset = chrono::DateTime::parse_from_rfc3339(&at)
+        .expect("rfc3339")
+        .with_timezone(&chrono::FixedOffset::east_opt(2 * 3600).expect("offset"))
+        .to_rfc3339();
+    let a = c.get(&format!("/jobs?since={}", enc(&offset)), "");
+    assert_eq!(job_ids(&a.body), vec![late.clone()], "since {offset}");
+    // A duration, as `qctl dlq list --since` takes it: everything changed this hour.
+    let a = c.get("/jobs?since=1h", "");
+    assert_eq!(job_ids(&a.body).len(), 4, "{}", a.body);
+    // Both filters at once.
+    let a = c.get(&format!("/jobs?since={}&error=disk", enc(&at)), "");
+    assert!(job_ids(&a.body).is_empty(), "{}", a.body);
+    let a = c.get("/jobs?since=1h&error=disk", "");
+    assert_eq!(job_ids(&a.body), vec![disk.clone()]);
+}
+
+#[test]
+fn bad_job_filters_answer_400_with_the_message_in_the_page() {
+    let (qd, c) = start_open("");
+    let id = enqueue_for(&qd, "acme", "keep me");
+    for (query, status, says) in [
+        (
+            "since=yesterday",
+            400,
+            "&quot;yesterday&quot; is neither a duration",
+        ),
+        ("since=2999-01-01T00:00:00Z", 400, "is in the future"),
+        (
+            "since=%3Cb%3Esoon%3C%2Fb%3E",
+            400,
+            "&quot;&lt;b&gt;soon&lt;/b&gt;&quot; is neither",
+        ),
+        ("state=stuck", 400, "stuck"),
+        ("after=not-a-cursor", 400, "not a job id"),
+        ("queue=nope", 404, "nope"),
+    ] {
+        let a = c.get(&format!("/jobs?{query}"), "");
+        assert_eq!(a.status, status, "{query}: {}", a.body);
+        assert!(a.body.contains("class=\"error\""), "{query}: {}", a.body);
+        assert!(a.body.contains(says), "{query}: {}", a.body);
+        assert!(!a.body.contains("<b>soon"), "{query}: escaped");
+        assert!(
+            job_ids(&a.body).is_empty() && !a.body.contains("class=\"jobs\""),
+            "{query}: no list under a refused filter: {}",
+            a.body
+        );
+        assert!(
+            a.body.contains("<form method=\"get\" action=\"/qd/jobs\""),
+            "{query}: the form is there to fix it"
+        );
+    }
+    // The job is untouched and the unfiltered list still shows it.
+    assert_eq!(json_of(&qd, &["jobs", "show", &id])["state"], "ready");
+    assert_eq!(job_ids(&c.get("/jobs", "").body), vec![id]);
+    // `/dlq` reads `since` the same way.
+    assert_eq!(c.get("/dlq?since=yesterday", "").status, 400);
+    assert_eq!(c.get("/dlq?since=2000-01-01T00:00:00Z", "").status, 200);
+}
+
+#[test]
+fn job_paging_keeps_every_filter() {
+    let (qd, c) = start_open("");
+    // 55 dead jobs of tenant bulk with one error, and jobs each filter leaves out:
+    // another tenant with the same error, the same tenant with another error, the
+    // same tenant and error not dead.
+    let other_tenant = enqueue_for(&qd, "other", "x");
+    kill_with(&qd, &other_tenant, "bulk failure 1");
+    let other_error = enqueue_for(&qd, "bulk", "x");
+    kill_with(&qd, &other_error, "something else");
+    let lines: String = (0..55)
+        .map(|i| format!("{{\"payload\":\"job {i}\",\"tenant\":\"bulk\"}}\n"))
+        .collect();
+    let file = tempfile::NamedTempFile::new().expect("tempfile");
+    std::fs::write(file.path(), lines).expect("write");
+    let path = file.path().display().to_string();
+    let mut bulk: Vec<String> = ok(&qd, &["enqueue", "ext", "--ndjson", &path])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(bulk.len(), 55);
+    let mut leased = 0;
+    while leased < 55 {
+        let (status, body) = qd.post(
+            "/v1/queues/ext/leases",
+            &json!({"worker_id": "w", "max_jobs": 100, "wait": "5s"}),
+        );
+        assert_eq!(status, 200, "{body}");
+        for job in body["jobs"].as_array().expect("jobs") {
+            nack_dead(&qd, job, &format!("bulk failure {leased}"));
+            leased += 1;
+        }
+    }
+    let waiting = enqueue_for(&qd, "bulk", "not dead");
+
+    let query = "queue=ext&tenant=bulk&state=dead&error=BULK+failure&since=1h";
+    let first = c.get(&format!("/jobs?{query}"), "");
+    assert_eq!(first.status, 200, "{}", first.body);
+    let page1 = job_ids(&first.body);
+    assert_eq!(page1.len(), 50, "{}", first.body);
+    let next = next_link(&first.body).expect("a next page");
+    assert!(next.starts_with("/qd/jobs?"), "{next}");
+    for part in [
+        "queue=ext",
+        "tenant=bulk",
+        "state=dead",
+        "error=BULK+failure",
+        "since=1h",
+        "after=",
+    ] {
+        assert!(next.contains(part), "{next} lacks {part}");
+    }
+    let second = c.get(next.trim_start_matches(PREFIX), "");
+    assert_eq!(second.status, 200, "{}", second.body);
+    let page2 = job_ids(&second.body);
+    assert_eq!(page2.len(), 5, "{}", second.body);
+    assert!(next_link(&second.body).is_none(), "the last page");
+    let mut seen: Vec<String> = page1.into_iter().chain(page2).collect();
+    seen.sort();
+    bulk.sort();
+    assert_eq!(seen, bulk, "the two pages are the 55 bulk jobs, each once");
+    for left_out in [&other_tenant, &other_error, &waiting] {
+        assert!(!seen.contains(left_out));
+    }
+}
+
+#[test]
+fn a_scheduled_job_shows_its_schedule_and_tick() {
+    // A yearly schedule that does not fire during the test; a trigger runs it now.
+    let (qd, c) = start_open(
+        "\n[schedules.nightly]\nqueue = \"ext\"\ncron = \"0 3 1 1 *\"\npayload = \"report\"\n",
+    );
+    ok(&qd, &["schedules", "trigger", "nightly"]);
+    let listed = json_of(&qd, &["jobs", "list", "--queue", "ext"]);
+    let id = listed["jobs"][0]["id"]
+        .as_str()
+        .expect("the run")
+        .to_string();
+    let api = qd.job(&id);
+    let tick = api["schedule"]["tick"]
+        .as_str()
+        .expect("a tick")
+        .to_string();
+    assert_eq!(api["schedule"]["name"], json!("nightly"), "{api}");
+
+    let page = c.get(&format!("/jobs/{id}"), "");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains(&format!(
+            "<th>Schedule</th><td class=\"schedule\">nightly, tick <time datetime=\"{tick}\">{tick}</time></td>"
+        )),
+        "{}",
+        page.body
+    );
+    let plain = enqueue_for(&qd, "acme", "no schedule");
+    let page = c.get(&format!("/jobs/{plain}"), "");
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains("<th>Schedule</th>"), "{}", page.body);
 }

@@ -44,6 +44,14 @@ pub enum Request {
         /// Only jobs in this state (one of [`JOB_STATES`]).
         #[serde(default)]
         state: Option<String>,
+        /// Only jobs whose last error contains this text: the filter of
+        /// [`DlqSelection::error_contains`], over jobs in any state.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error_contains: Option<String>,
+        /// Only jobs changed (enqueued, leased, ended, ...) within the last
+        /// this-many seconds: the filter of [`DlqSelection::since_secs`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since_secs: Option<u64>,
         /// At most this many jobs (the daemon picks a default when absent).
         #[serde(default)]
         limit: Option<u32>,

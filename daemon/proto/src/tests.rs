@@ -15,6 +15,8 @@ fn sample_requests() -> Vec<Request> {
             queue: Some("email".into()),
             tenant: None,
             state: Some("ready".into()),
+            error_contains: Some("timeout".into()),
+            since_secs: Some(3600),
             limit: Some(5),
             after: None,
         },
@@ -134,6 +136,27 @@ fn every_request_round_trips_and_its_op_is_listed() {
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
         assert_eq!(decode_request(&line), Ok(frame));
     }
+}
+
+#[test]
+fn jobs_list_error_and_since_filters_are_optional_on_the_wire() {
+    let req: Request =
+        serde_json::from_str(r#"{"op":"jobs_list","queue":"email"}"#).expect("a request");
+    let Request::JobsList {
+        error_contains,
+        since_secs,
+        ..
+    } = &req
+    else {
+        panic!("{req:?}");
+    };
+    assert_eq!((error_contains, since_secs), (&None, &None));
+    // Absent filters are left out, so a request without them reads as before.
+    let text = serde_json::to_string(&req).expect("json");
+    assert!(
+        !text.contains("error_contains") && !text.contains("since_secs"),
+        "{text}"
+    );
 }
 
 #[test]

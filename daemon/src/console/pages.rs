@@ -122,17 +122,21 @@ pub fn error_page(ctx: &Ctx, status: StatusCode, message: &str) -> Response {
     )
 }
 
-/// The answer to an admin error: its code as a status, its message on the page.
-pub fn admin_error(ctx: &Ctx, e: &qd_proto::ErrorBody) -> Response {
+/// The status that answers an admin error.
+fn admin_status(e: &qd_proto::ErrorBody) -> StatusCode {
     use qd_proto::ErrorCode as C;
-    let status = match e.code {
+    match e.code {
         C::NotFound => StatusCode::NOT_FOUND,
         C::BadRequest => StatusCode::BAD_REQUEST,
         C::Conflict => StatusCode::CONFLICT,
         C::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    error_page(ctx, status, &e.message)
+    }
+}
+
+/// The answer to an admin error: its code as a status, its message on the page.
+pub fn admin_error(ctx: &Ctx, e: &qd_proto::ErrorBody) -> Response {
+    error_page(ctx, admin_status(e), &e.message)
 }
 
 /// Any path the console does not serve.
@@ -365,56 +369,121 @@ fn jobs_table(ctx: &Ctx, jobs: &[qd_proto::JobSummary], select: bool) -> Markup 
     }
 }
 
-/// `GET /jobs?queue&state&tenant&after`: a keyset-paged list.
+/// The filters of `/jobs`, in the order its links carry them.
+const JOB_FILTERS: [&str; 5] = ["queue", "tenant", "state", "error", "since"];
+
+/// `GET /jobs?queue&state&tenant&error&since&after`: a keyset-paged list, newest
+/// first. A filter the daemon refuses (a bad `since`, state or cursor, an unknown
+/// queue) answers its status with the message above the form, and no list.
 pub async fn jobs(
     State(ctx): State<Arc<Ctx>>,
     Extension(who): Extension<Who>,
     Query(params): Params,
 ) -> Response {
     let get = |k| param(&params, k).map(str::to_string);
-    let req = Request::JobsList {
-        queue: get("queue"),
-        tenant: get("tenant"),
-        state: get("state"),
-        limit: Some(PAGE),
-        after: get("after"),
+    let listed = match get("since").as_deref().map(parse_since).transpose() {
+        Err(e) => Err((StatusCode::BAD_REQUEST, e)),
+        Ok(since_secs) => {
+            let req = Request::JobsList {
+                queue: get("queue"),
+                tenant: get("tenant"),
+                state: get("state"),
+                error_contains: get("error"),
+                since_secs,
+                limit: Some(PAGE),
+                after: get("after"),
+            };
+            match ctx.admin(req, &who).await {
+                Ok(AdminResponse::Jobs { jobs, next_after }) => Ok((jobs, next_after)),
+                Ok(_) => Err((
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "unexpected answer".into(),
+                )),
+                Err(e) => Err((admin_status(&e), e.message)),
+            }
+        }
     };
-    let (jobs, next) = match ctx.admin(req, &who).await {
-        Ok(AdminResponse::Jobs { jobs, next_after }) => (jobs, next_after),
-        Ok(_) => return error_page(&ctx, StatusCode::INTERNAL_SERVER_ERROR, "unexpected answer"),
-        Err(e) => return admin_error(&ctx, &e),
-    };
-    let filters: Vec<(&str, String)> = ["queue", "tenant", "state"]
+    let filters: Vec<(&str, String)> = JOB_FILTERS
         .into_iter()
         .filter_map(|k| Some((k, get(k)?)))
         .collect();
-    let next_link = next.map(|after| {
+    let next_link = |after: &str| {
         let mut q: Vec<(&str, String)> = filters.clone();
-        q.push(("after", after));
+        q.push(("after", after.to_string()));
         ctx.url(&format!(
             "/jobs?{}",
             serde_urlencoded::to_string(&q).unwrap_or_default()
         ))
-    });
-    let body = html! {
+    };
+    let v = |k| get(k).unwrap_or_default();
+    let form = html! {
         form method="get" action=(ctx.url("/jobs")) class="filters" {
-            label { "Queue " input name="queue" value=(get("queue").unwrap_or_default()); }
-            label { "Tenant " input name="tenant" value=(get("tenant").unwrap_or_default()); }
+            label { "Queue " input name="queue" value=(v("queue")); }
+            label { "Tenant " input name="tenant" value=(v("tenant")); }
             label { "State " select name="state" {
                 option value="" { "any" }
                 @for s in ["ready", "delayed", "leased", "succeeded", "dead", "cancelled"] {
                     option value=(s) selected[get("state").as_deref() == Some(s)] { (s) }
                 }
             } }
+            label { "Error contains " input name="error" value=(v("error")); }
+            label { "Changed since " input name="since" placeholder="1h or 2026-03-01T12:00:00Z" value=(v("since")); }
             button type="submit" { "Filter" }
         }
-        (jobs_table(&ctx, &jobs, false))
-        @if let Some(link) = next_link { p { a href=(link) rel="next" { "Next page" } } }
+    };
+    let (status, body) = match listed {
+        Ok((jobs, next)) => (
+            StatusCode::OK,
+            html! {
+                (form)
+                (jobs_table(&ctx, &jobs, false))
+                @if let Some(after) = next { p { a href=(next_link(&after)) rel="next" { "Next page" } } }
+            },
+        ),
+        Err((status, message)) => (
+            status,
+            html! {
+                p class="error" role="alert" { (message) }
+                (form)
+            },
+        ),
     };
     respond(
-        StatusCode::OK,
+        status,
         page(&ctx, Some(&who), "Jobs", notice(&params).as_deref(), body),
     )
+}
+
+/// A `since` filter as seconds before now: a duration as `qctl dlq list --since`
+/// takes it (`90m`, `1h 30m`, `2d`), bare seconds (what the DLQ forms carry), or
+/// an RFC 3339 time
+/// (`2026-03-01T12:00:00Z`, any offset), rounded to whole seconds so that the
+/// window includes the time given. A time in the future is refused: it matches
+/// nothing and is most likely a mistake.
+pub fn parse_since(text: &str) -> Result<u64, String> {
+    parse_since_at(text, crate::clock::wall_ms())
+}
+
+fn parse_since_at(text: &str, now_ms: i64) -> Result<u64, String> {
+    let text = text.trim();
+    if let Ok(d) = humantime::parse_duration(text) {
+        return Ok(d.as_secs());
+    }
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(secs);
+    }
+    match chrono::DateTime::parse_from_rfc3339(text) {
+        Ok(at) => {
+            let ago_ms = now_ms.saturating_sub(at.timestamp_millis());
+            if ago_ms < 0 {
+                return Err(format!("since {text:?} is in the future"));
+            }
+            Ok(u64::try_from(ago_ms).unwrap_or(0).div_ceil(1000))
+        }
+        Err(_) => Err(format!(
+            "since {text:?} is neither a duration like 1h or 90m nor an RFC 3339 time like 2026-03-01T12:00:00Z"
+        )),
+    }
 }
 
 /// `GET /jobs/{id}`: state, history, payload (escaped, cut at 64 KiB), actions.
@@ -442,6 +511,11 @@ pub async fn job(
     };
     let shown = String::from_utf8_lossy(&payload[..payload.len().min(PAYLOAD_SHOWN)]).into_owned();
     let s = &detail.summary;
+    // Read back from the key, as `GET /v1/jobs/{id}` shows it.
+    let schedule = detail
+        .idempotency_key
+        .as_deref()
+        .and_then(crate::schedule::JobSchedule::of_key);
     let cancellable = matches!(s.state.as_str(), "ready" | "delayed" | "leased" | "dead");
     let body = html! {
         table {
@@ -450,6 +524,9 @@ pub async fn job(
             tr { th { "State" } td class="state" { (s.state) } }
             tr { th { "Attempts" } td { (s.attempts) " of " (s.max_attempts) } }
             tr { th { "Idempotency key" } td { (detail.idempotency_key.as_deref().unwrap_or("-")) } }
+            @if let Some(schedule) = &schedule {
+                tr { th { "Schedule" } td class="schedule" { (schedule.name) ", tick " time datetime=(schedule.tick) { (schedule.tick) } } }
+            }
             tr { th { "Created" } td { (time(s.created_at)) } }
             tr { th { "Updated" } td { (time(s.updated_at)) } }
         }
@@ -518,18 +595,11 @@ pub async fn payload(
     }
 }
 
-/// The DLQ filters of a query or form: `queue`, `tenant`, `error`, `since` (seconds).
+/// The DLQ filters of a query or form: `queue`, `tenant`, `error`, `since` (see
+/// [`parse_since`]).
 pub fn selection(params: &[(String, String)]) -> Result<DlqSelection, String> {
     let get = |k| param(params, k).map(str::to_string);
-    let since_secs = match get("since") {
-        None => None,
-        Some(s) => Some(
-            humantime::parse_duration(&s)
-                .map(|d| d.as_secs())
-                .or_else(|_| s.parse::<u64>())
-                .map_err(|_| format!("since {s:?} is not a duration like 1h or 90m"))?,
-        ),
-    };
+    let since_secs = get("since").as_deref().map(parse_since).transpose()?;
     Ok(DlqSelection {
         ids: Vec::new(),
         queue: get("queue"),
@@ -787,4 +857,41 @@ pub async fn cluster(State(ctx): State<Arc<Ctx>>, Extension(who): Extension<Who>
         StatusCode::OK,
         page(&ctx, Some(&who), "Cluster", None, body),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_since_at;
+
+    /// 2026-03-01T12:00:00Z.
+    const NOON: i64 = 1_772_366_400_000;
+
+    #[test]
+    fn since_takes_durations_and_seconds() {
+        assert_eq!(parse_since_at("1h", NOON), Ok(3600));
+        assert_eq!(parse_since_at(" 90m ", NOON), Ok(5400));
+        assert_eq!(parse_since_at("1h 30m", NOON), Ok(5400));
+        assert_eq!(parse_since_at("2d", NOON), Ok(172_800));
+        assert_eq!(parse_since_at("600", NOON), Ok(600));
+    }
+
+    #[test]
+    fn since_takes_rfc3339_times_rounded_to_include_them() {
+        assert_eq!(parse_since_at("2026-03-01T11:00:00Z", NOON), Ok(3600));
+        assert_eq!(parse_since_at("2026-03-01T12:00:00+01:00", NOON), Ok(3600));
+        // 0.5 s ago is 1 s ago, so the window reaches back to the time given.
+        assert_eq!(parse_since_at("2026-03-01T11:59:59.500Z", NOON), Ok(1));
+        assert_eq!(parse_since_at("2026-03-01T12:00:00Z", NOON), Ok(0));
+    }
+
+    #[test]
+    fn since_refuses_the_future_and_nonsense_naming_the_value() {
+        let future = parse_since_at("2026-03-01T12:00:01Z", NOON).expect_err("a future time");
+        assert!(future.contains("in the future"), "{future}");
+        for bad in ["yesterday", "1 fortnight", "-1h", "2026-03-01", "", "1e3"] {
+            let e = parse_since_at(bad, NOON).expect_err(bad);
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+            assert!(e.contains("RFC 3339"), "{bad}: {e}");
+        }
+    }
 }
