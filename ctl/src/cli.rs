@@ -66,6 +66,9 @@ pub enum Command {
     /// Pause or resume leasing from a queue.
     #[command(subcommand)]
     Queue(QueueCmd),
+    /// List, pause, resume or trigger the schedules (periodic jobs) of the config.
+    #[command(subcommand)]
+    Schedules(SchedulesCmd),
     /// Write a consistent snapshot of the store to PATH while qd keeps serving, and
     /// print its size and job counts. The daemon writes the file (as its own user).
     Backup(BackupArgs),
@@ -129,6 +132,10 @@ pub enum JobsCmd {
     Cancel {
         /// Job id.
         id: String,
+        /// Leave its unfinished dependents (jobs enqueued with --after it) blocked
+        /// instead of cancelling them too.
+        #[arg(long)]
+        keep_dependents: bool,
     },
     /// The exact bytes of a job's payload, to stdout or a file (with --json: base64
     /// in a JSON object).
@@ -179,6 +186,14 @@ pub struct EnqueueArgs {
     /// usually a forgotten pipe).
     #[arg(long)]
     pub allow_empty: bool,
+    /// Run only after these jobs (1 to 1,000 ids); the job waits until they reach
+    /// a final state as --after-policy says.
+    #[arg(long, value_name = "ID", num_args = 1..)]
+    pub after: Vec<String>,
+    /// When a parent counts as done: "succeeded" (default; a dead or cancelled
+    /// parent blocks the job) or "finished" (any final state).
+    #[arg(long, value_name = "POLICY", requires = "after")]
+    pub after_policy: Option<String>,
     /// Enqueue many jobs from FILE ("-" for stdin): one JSON job object per line.
     ///
     /// Each line has the shape of the HTTP single enqueue body:
@@ -193,7 +208,7 @@ pub struct EnqueueArgs {
     /// batches before stay accepted and the error says how many jobs were accepted
     /// and from which line to resume. Give jobs idempotency keys to make a rerun of
     /// the whole file harmless.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["tenant", "key", "delay", "max_attempts", "priority", "payload", "allow_empty"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tenant", "key", "delay", "max_attempts", "priority", "payload", "allow_empty", "after", "after_policy"])]
     pub ndjson: Option<PathBuf>,
 }
 
@@ -395,6 +410,32 @@ pub enum QueueCmd {
     Resume {
         /// Queue.
         queue: String,
+    },
+}
+
+/// `qctl schedules ...`
+#[derive(Debug, Subcommand)]
+pub enum SchedulesCmd {
+    /// Every schedule: queue, spec, time zone, next and last fire, last job and
+    /// its state, paused.
+    List,
+    /// Stop NAME from firing until it is resumed (stored: survives restarts and
+    /// holds on every node of a cluster).
+    Pause {
+        /// Schedule.
+        name: String,
+    },
+    /// Let NAME fire again, from its next tick after now (ticks that came while it
+    /// was paused are not caught up).
+    Resume {
+        /// Schedule.
+        name: String,
+    },
+    /// Enqueue one run of NAME now, keyed by the trigger time (also while paused);
+    /// prints the job id.
+    Trigger {
+        /// Schedule.
+        name: String,
     },
 }
 

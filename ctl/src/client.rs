@@ -124,7 +124,20 @@ impl Client {
             path: path.to_path_buf(),
             reason: reason(&e),
         };
-        let stream = UnixStream::connect(path).map_err(unreachable)?;
+        let stream = UnixStream::connect(path).map_err(|e| {
+            // A regular file (a typo'd --socket, a log file) refuses the connection
+            // like a stale socket would; say what it really is.
+            match std::fs::metadata(path) {
+                Ok(meta) if e.kind() == io::ErrorKind::ConnectionRefused && !is_socket(&meta) => {
+                    CliError::Unreachable {
+                        path: path.to_path_buf(),
+                        reason: "not a socket (is --socket or QD_SOCKET the admin socket of qd?)"
+                            .into(),
+                    }
+                }
+                _ => unreachable(e),
+            }
+        })?;
         stream
             .set_read_timeout(Some(timeout))
             .map_err(unreachable)?;
@@ -222,9 +235,27 @@ fn reason(e: &io::Error) -> String {
     }
 }
 
+fn is_socket(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    meta.file_type().is_socket()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connecting_to_a_regular_file_says_it_is_not_a_socket() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("qd.log");
+        std::fs::write(&file, "not a socket").expect("write");
+        let err = Client::connect(&file, Duration::from_secs(1))
+            .err()
+            .expect("unreachable");
+        let text = err.to_string();
+        assert!(text.contains("not a socket"), "{text}");
+        assert!(!text.contains("stale socket"), "{text}");
+    }
 
     #[test]
     fn flag_beats_env_beats_config_beats_default() {

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use qd_proto::{DlqSelection, Payload, PurgeResult, RedriveResult, Refusal, Request, Response};
 
 use crate::cli::{
-    BackupArgs, Command, DlqCmd, DlqTarget, EnqueueArgs, JobsCmd, LimitsCmd, QueueCmd, WorkersCmd,
+    BackupArgs, Command, DlqCmd, DlqTarget, EnqueueArgs, JobsCmd, LimitsCmd, QueueCmd,
+    SchedulesCmd, WorkersCmd,
 };
 use crate::client::{CliError, Client};
 use crate::format::now_ms;
@@ -87,11 +88,19 @@ fn request_for(cmd: Command) -> Request {
             queue,
             tenant,
             state,
+            error_contains: None,
+            since_secs: None,
             limit: Some(limit),
             after,
         },
         Command::Jobs(JobsCmd::Show { id }) => Request::JobsShow { id },
-        Command::Jobs(JobsCmd::Cancel { id }) => Request::JobsCancel { id },
+        Command::Jobs(JobsCmd::Cancel {
+            id,
+            keep_dependents,
+        }) => Request::JobsCancel {
+            id,
+            keep_dependents,
+        },
         Command::Dlq(DlqCmd::List {
             filter,
             limit,
@@ -138,6 +147,10 @@ fn request_for(cmd: Command) -> Request {
         Command::Queue(QueueCmd::Pause { queue }) => Request::QueuePause { queue },
         Command::Queue(QueueCmd::Resume { queue }) => Request::QueueResume { queue },
         Command::Reload => Request::Reload {},
+        Command::Schedules(SchedulesCmd::List) => Request::SchedulesList {},
+        Command::Schedules(SchedulesCmd::Pause { name }) => Request::SchedulesPause { name },
+        Command::Schedules(SchedulesCmd::Resume { name }) => Request::SchedulesResume { name },
+        Command::Schedules(SchedulesCmd::Trigger { name }) => Request::SchedulesTrigger { name },
         Command::Enqueue(_)
         | Command::Completions { .. }
         | Command::Top { .. }
@@ -167,8 +180,16 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
             render::jobs(jobs, now_ms()) + &render::next_page(next_after.as_deref())
         }
         Response::Job(d) => render::job(d, now_ms()),
-        Response::Cancelled { id, previous_state } => {
-            format!("cancelled {id} (was {previous_state})\n")
+        Response::Cancelled {
+            id,
+            previous_state,
+            dependents,
+        } => {
+            let mut out = format!("cancelled {id} (was {previous_state})\n");
+            for d in dependents {
+                out.push_str(&format!("cancelled {d} (a dependent of {id})\n"));
+            }
+            out
         }
         Response::Enqueued(e) => {
             if e.duplicate {
@@ -184,6 +205,7 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
         Response::Limits(l) => render::limits(l),
         Response::Backup(b) => render::backup(b),
         Response::Reloaded(r) => render::reloaded(r),
+        Response::Schedules { schedules } => render::schedules(schedules),
         other @ (Response::Payload(_)
         | Response::JobResult(_)
         | Response::Export { .. }
@@ -221,6 +243,8 @@ fn enqueue_request(args: EnqueueArgs) -> Result<Request, CliError> {
         max_attempts: args.max_attempts,
         priority: args.priority,
         payload: qd_proto::Payload::from_bytes(payload),
+        after: args.after,
+        after_policy: args.after_policy,
     })
 }
 

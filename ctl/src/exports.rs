@@ -126,7 +126,8 @@ pub fn dlq_export(
         |e: io::Error| CliError::Usage(format!("cannot create {}: {e}", shown.display()));
     let mut options = File::options();
     options.write(true).create_new(true);
-    options.mode(if existing.is_some() { 0o600 } else { 0o666 });
+    // A new file holds payloads: readable by its owner only, as backups are.
+    options.mode(0o600);
     let file = options.open(&tmp).map_err(cannot_create)?;
     if let Some(meta) = &existing {
         // Best effort for the owner (only root may give a file away).
@@ -196,12 +197,21 @@ fn export(
     Ok(count)
 }
 
-/// Where the data goes: the file (created or truncated) or stdout.
+/// Where the data goes: the file (truncated, or created 0600: it holds payloads)
+/// or stdout.
 fn sink(output: Option<&Path>) -> Result<Box<dyn Write>, CliError> {
+    use std::os::unix::fs::OpenOptionsExt;
     Ok(match output {
-        Some(path) => Box::new(BufWriter::new(File::create(path).map_err(|e| {
-            CliError::Usage(format!("cannot create {}: {e}", path.display()))
-        })?)),
+        Some(path) => {
+            let file = File::options()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| CliError::Usage(format!("cannot create {}: {e}", path.display())))?;
+            Box::new(BufWriter::new(file))
+        }
         None => Box::new(BufWriter::new(io::stdout().lock())),
     })
 }

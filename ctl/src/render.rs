@@ -108,6 +108,35 @@ pub fn queues(qs: &[QueueInfo]) -> String {
     finish(&t)
 }
 
+/// `qctl schedules list`: one row per schedule.
+pub fn schedules(list: &[qd_proto::ScheduleInfo]) -> String {
+    let mut t = table(&[
+        "SCHEDULE",
+        "QUEUE",
+        "SPEC",
+        "TIME ZONE",
+        "NEXT FIRE",
+        "LAST FIRE",
+        "LAST JOB",
+        "STATE",
+        "PAUSED",
+    ]);
+    for s in list {
+        t.add_row(vec![
+            s.name.clone(),
+            s.queue.clone(),
+            s.spec.clone(),
+            s.timezone.clone().unwrap_or_else(|| "-".into()),
+            s.next_fire_at.map_or("-".into(), crate::format::time),
+            s.last_fire_at.map_or("-".into(), crate::format::time),
+            s.last_job.clone().unwrap_or_else(|| "-".into()),
+            s.last_job_state.clone().unwrap_or_else(|| "-".into()),
+            yes_no(s.paused).into(),
+        ]);
+    }
+    finish(&t)
+}
+
 fn yes_no(b: bool) -> &'static str {
     if b { "yes" } else { "no" }
 }
@@ -272,6 +301,12 @@ pub fn confirmation(req: &Request) -> Option<String> {
             "paused queue {queue}: nothing is leased from it until `qctl queue resume {queue}`; enqueues are still accepted\n"
         )),
         Request::QueueResume { queue } => Some(format!("resumed queue {queue}\n")),
+        Request::SchedulesPause { name } => Some(format!(
+            "paused schedule {name}: no tick fires until `qctl schedules resume {name}`\n"
+        )),
+        Request::SchedulesResume { name } => Some(format!(
+            "resumed schedule {name}: it fires from its next tick\n"
+        )),
         _ => None,
     }
 }

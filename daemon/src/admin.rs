@@ -8,8 +8,10 @@
 //! the live [`crate::limits::Limits`] and announced to the actors that enforce them.
 
 mod audit;
+pub use audit::Author;
 mod inspect;
 mod ops;
+mod schedules;
 mod views;
 
 use std::sync::Arc;
@@ -90,7 +92,9 @@ impl From<BrokerError> for ErrorBody {
             BrokerError::KeyConflict { .. }
             | BrokerError::KeyConflictInBatch { .. }
             | BrokerError::Transition(_) => ErrorCode::Conflict,
-            BrokerError::Invalid(_) | BrokerError::PayloadTooLarge { .. } => ErrorCode::BadRequest,
+            BrokerError::Invalid(_)
+            | BrokerError::PayloadTooLarge { .. }
+            | BrokerError::UnknownDependency(_) => ErrorCode::BadRequest,
             BrokerError::QueueFull { .. }
             | BrokerError::TenantFull { .. }
             | BrokerError::ShuttingDown
@@ -124,7 +128,21 @@ fn parse_id(id: &str) -> Result<JobId, ErrorBody> {
 
 impl AdminHandler for Handler {
     async fn handle(&self, req: Request, peer: Peer) -> Result<Response, ErrorBody> {
-        let by = format!("uid {}", peer.uid);
+        self.serve(req, Author::Uid(peer.uid)).await
+    }
+}
+
+impl Handler {
+    /// A handler for requests that do not come through the socket (the console).
+    pub fn new(daemon: Daemon) -> Self {
+        Handler { daemon }
+    }
+
+    /// Handles one request on behalf of `author`, who is named in the audit line
+    /// and in job history (`redriven by ...`).
+    pub async fn serve(&self, req: Request, author: Author) -> Result<Response, ErrorBody> {
+        let by = author.to_string();
+        let peer = &author;
         let req_op = req.op();
         match req {
             Request::Status {} => Ok(Response::Status(views::status(&self.daemon).await)),
@@ -135,9 +153,20 @@ impl AdminHandler for Handler {
                 queue,
                 tenant,
                 state,
+                error_contains,
+                since_secs,
                 limit,
                 after,
-            } => self.jobs_list(queue, tenant, state, limit, after).await,
+            } => {
+                let selection = DlqSelection {
+                    queue,
+                    tenant,
+                    error_contains,
+                    since_secs,
+                    ..DlqSelection::default()
+                };
+                self.jobs_list(&selection, state, limit, after).await
+            }
             Request::JobsShow { id } => Ok(Response::Job(Box::new(views::detail(
                 &self.stored(&id).await?,
             )))),
@@ -154,7 +183,10 @@ impl AdminHandler for Handler {
                 }
                 Ok(Response::Job(Box::new(views::detail(&detail))))
             }
-            Request::JobsCancel { id } => {
+            Request::JobsCancel {
+                id,
+                keep_dependents,
+            } => {
                 let id = parse_id(&id)?;
                 let previous = match broker::request(|tx| BrokerMsg::Cancel(id, by, tx), CALL)
                     .await?
@@ -166,15 +198,21 @@ impl AdminHandler for Handler {
                     self.revoke(id);
                 }
                 audit::change(
-                    peer.uid,
+                    peer,
                     req_op,
                     &format!("job {id}"),
                     previous.as_str(),
                     "cancelled",
                 );
+                let dependents = if keep_dependents {
+                    Vec::new()
+                } else {
+                    self.cancel_dependents(id, peer, req_op).await?
+                };
                 Ok(Response::Cancelled {
                     id: id.to_string(),
                     previous_state: previous.to_string(),
+                    dependents,
                 })
             }
             Request::Enqueue {
@@ -185,8 +223,13 @@ impl AdminHandler for Handler {
                 max_attempts,
                 priority,
                 payload,
+                after,
+                after_policy,
             } => {
                 self.queue_exists(&queue)?;
+                let after =
+                    crate::deps::parse_after((!after.is_empty()).then_some(after), after_policy)
+                        .map_err(|e| err(ErrorCode::BadRequest, e))?;
                 let payload = payload
                     .into_bytes()
                     .map_err(|e| err(ErrorCode::BadRequest, e))?;
@@ -203,13 +246,14 @@ impl AdminHandler for Handler {
                             .map_err(|e| err(ErrorCode::BadRequest, e))?,
                         None => 0,
                     },
+                    after,
                 };
                 let what = format!("queue {}", req.queue);
                 let done = broker::request(|tx| BrokerMsg::Enqueue(req, tx), CALL).await??;
                 if !done.duplicate {
                     let state = if delayed { "delayed" } else { "ready" };
                     let job = format!("{what} job {}", done.id);
-                    audit::change(peer.uid, req_op, &job, "-", state);
+                    audit::change(peer, req_op, &job, "-", state);
                 }
                 Ok(Response::Enqueued(qd_proto::Enqueued {
                     id: done.id.to_string(),
@@ -222,7 +266,7 @@ impl AdminHandler for Handler {
                 job_texts,
             } => {
                 let jobs = batch_jobs(jobs, job_texts)?;
-                self.enqueue_batch(queue, jobs, peer.uid, req_op).await
+                self.enqueue_batch(queue, jobs, peer, req_op).await
             }
             Request::DlqList {
                 selection,
@@ -250,7 +294,7 @@ impl AdminHandler for Handler {
                     other => other?,
                 }
                 let after = format!("ready, payload {summary}");
-                audit::change(peer.uid, req_op, &format!("job {id}"), "dead", &after);
+                audit::change(peer, req_op, &format!("job {id}"), "dead", &after);
                 let moved = broker::BatchOutcome {
                     moved: vec![id],
                     refused: Vec::new(),
@@ -277,7 +321,7 @@ impl AdminHandler for Handler {
                     })
                     .await?;
                 if !dry_run {
-                    audit::jobs(peer.uid, req_op, &outcome.moved, "dead", "ready");
+                    audit::jobs(peer, req_op, &outcome.moved, "dead", "ready");
                 }
                 Ok(Response::Redrive(views::redrive(outcome, dry_run)))
             }
@@ -290,7 +334,7 @@ impl AdminHandler for Handler {
                 let pace = Pace::new(None, None);
                 let outcome = self.batched(sel, dry_run, pace, DlqMsg::Purge).await?;
                 if !dry_run {
-                    audit::jobs(peer.uid, req_op, &outcome.moved, "dead", "deleted");
+                    audit::jobs(peer, req_op, &outcome.moved, "dead", "deleted");
                 }
                 Ok(Response::Purge(views::purge(outcome, dry_run)))
             }
@@ -316,7 +360,7 @@ impl AdminHandler for Handler {
                         changes.push(("tenant", tenant.clone(), key, Some(v.to_string())));
                     }
                 }
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::LimitsReset {
                 tenant,
@@ -346,7 +390,7 @@ impl AdminHandler for Handler {
                         ));
                     }
                 };
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::LimiterSet {
                 limiter,
@@ -369,7 +413,7 @@ impl AdminHandler for Handler {
                 if changes.is_empty() {
                     return Err(err(ErrorCode::BadRequest, "give per_second or burst"));
                 }
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::WorkersSet { queue, min, max } => {
                 self.queue_exists(&queue)?;
@@ -391,12 +435,12 @@ impl AdminHandler for Handler {
                     ("queue", queue.clone(), "workers_min", Some(min.to_string())),
                     ("queue", queue, "workers_max", Some(max.to_string())),
                 ];
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::QueuePause { queue } => {
                 self.queue_exists(&queue)?;
                 let changes = vec![("queue", queue, "paused", Some("true".into()))];
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::JobsPayload { id } => self.jobs_payload(&id).await,
             Request::JobsResult { id } => self.jobs_result(&id).await,
@@ -409,10 +453,20 @@ impl AdminHandler for Handler {
             Request::QueueResume { queue } => {
                 self.queue_exists(&queue)?;
                 let changes = vec![("queue", queue, "paused", None)];
-                self.set_overrides(&peer, req_op, changes).await
+                self.set_overrides(peer, req_op, changes).await
             }
             Request::Backup { path, force } => ops::backup(&self.daemon, path, force, &by).await,
             Request::Reload {} => ops::reload(&self.daemon, &by).await,
+            Request::SchedulesList {} => schedules::list(&self.daemon).await,
+            Request::SchedulesPause { name } => {
+                schedules::set_paused(&self.daemon, peer, req_op, &name, true).await
+            }
+            Request::SchedulesResume { name } => {
+                schedules::set_paused(&self.daemon, peer, req_op, &name, false).await
+            }
+            Request::SchedulesTrigger { name } => {
+                schedules::trigger(&self.daemon, peer, req_op, &name).await
+            }
         }
     }
 }
@@ -540,7 +594,7 @@ impl Handler {
         &self,
         queue: String,
         jobs: Vec<BatchJob>,
-        uid: u32,
+        author: &Author,
         op: &str,
     ) -> Result<Response, ErrorBody> {
         self.queue_exists(&queue)?;
@@ -560,7 +614,7 @@ impl Handler {
         }
         let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), CALL).await??;
         let new: Vec<JobId> = done.iter().filter(|e| !e.duplicate).map(|e| e.id).collect();
-        audit::jobs(uid, op, &new, "-", &format!("enqueued in queue {queue}"));
+        audit::jobs(author, op, &new, "-", &format!("enqueued in queue {queue}"));
         let jobs = done
             .into_iter()
             .map(|e| qd_proto::Enqueued {
@@ -601,6 +655,46 @@ impl Handler {
     /// error, never an empty answer.
     fn queue_filter(&self, queue: Option<&str>) -> Result<(), ErrorBody> {
         queue.map_or(Ok(()), |q| self.queue_exists(q))
+    }
+
+    /// Cancels the unfinished transitive dependents of `root` (`deps.rs`), each
+    /// through the Broker as an operator's cancel, in id order (parents before
+    /// children: ids are time-ordered and a child names only earlier jobs);
+    /// answers the ids cancelled. One that finished meanwhile is skipped.
+    async fn cancel_dependents(
+        &self,
+        root: JobId,
+        author: &Author,
+        req_op: &str,
+    ) -> Result<Vec<String>, ErrorBody> {
+        let ids = self
+            .daemon
+            .store
+            .run(move |b| b.dependents(root))
+            .await
+            .map_err(BrokerError::from)?;
+        let mut cancelled = Vec::new();
+        for id in ids {
+            let by = format!("{author} (cascade from {root})");
+            match broker::request(|tx| BrokerMsg::Cancel(id, by, tx), CALL).await? {
+                Ok(previous) => {
+                    if previous == State::Leased {
+                        self.revoke(id);
+                    }
+                    audit::change(
+                        author,
+                        req_op,
+                        &format!("job {id}"),
+                        previous.as_str(),
+                        "cancelled",
+                    );
+                    cancelled.push(id.to_string());
+                }
+                Err(BrokerError::UnknownJob(_) | BrokerError::Transition(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(cancelled)
     }
 
     /// One stored job with payload and history; `not_found` when there is none.
@@ -689,7 +783,7 @@ impl Handler {
     /// and writes one audit line per changed scope with its values before and after.
     async fn set_overrides(
         &self,
-        peer: &Peer,
+        peer: &Author,
         op: &'static str,
         changes: Vec<(&'static str, String, &'static str, Option<String>)>,
     ) -> Result<Response, ErrorBody> {
@@ -720,13 +814,7 @@ impl Handler {
         self.daemon.limits_changed();
         for ((scope, name), before) in scopes.iter().zip(before) {
             let after = audit::scope_state(&self.daemon, scope, name);
-            audit::change(
-                peer.uid,
-                op,
-                &audit::scope_name(scope, name),
-                &before,
-                &after,
-            );
+            audit::change(peer, op, &audit::scope_name(scope, name), &before, &after);
         }
         Ok(self.limits())
     }

@@ -6,17 +6,23 @@
 //! send one message to the Broker or a Scheduler, and map the answer to a status
 //! code. The endpoints are specified in `daemon/docs/http-api.md`.
 //!
+//! Before any route, [`browser_guard`] refuses what a web page could make a browser
+//! send (`api/origin.rs`): a cross-site `POST` gets `403 cross_origin`, a `Host` not
+//! naming this listener `421 misdirected_request`.
+//!
 //! The actor reads `daemon.api_tokens_file` and binds the listener in `pre_start` (a
 //! bad token file or a bind failure fails the start, naming the file or address) and
-//! serves from a spawned task, so its mailbox is never blocked by `accept`. It takes
-//! no messages. Supervised by the Supervisor.
+//! serves from a spawned task ([`serve`]: timeouts and a cap on connections), so its
+//! mailbox is never blocked by `accept`. It takes no messages. Supervised by the Supervisor.
 
 pub mod auth;
 mod body;
 mod error;
 mod lessee;
+pub(crate) mod origin;
 mod params;
 mod producer;
+mod serve;
 pub mod sqs;
 
 use std::net::SocketAddr;
@@ -82,13 +88,11 @@ impl Actor for Api {
             .map_err(|e| format!("cannot listen on api_listen {addr}: {e}"))?;
         let local_addr = listener.local_addr()?;
         let stop = CancellationToken::new();
-        let app = router(args);
-        let shutdown = stop.clone().cancelled_owned();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await;
-        });
+        let hosts =
+            origin::HostAllow::new(addr, local_addr, &args.config().daemon.api_allowed_hosts);
+        let http = args.config().daemon.http;
+        let app = router(args, hosts);
+        tokio::spawn(serve::serve(listener, app, http, stop.clone()));
         info!(listen = %local_addr, "HTTP API listening.");
         Ok(ApiState { stop, local_addr })
     }
@@ -139,12 +143,14 @@ pub fn ack_body_limit(max_payload: usize) -> usize {
     body_limit(max_payload).max(body_limit(crate::results::MAX_RESULT_LIMIT))
 }
 
-/// The route table. Every `/v1` route goes through [`auth::authenticate`] with
-/// `args.tokens`; `/healthz` is open. Body size is bounded at the transport by
+/// The route table. Every request first passes [`browser_guard`] with `hosts`;
+/// every `/v1` route goes through [`auth::authenticate`] with `args.tokens`;
+/// `/healthz` is open. Body size is bounded at the transport by
 /// [`body_limit`] (fixed while the Api runs, which is why a reload refuses a
 /// `max_payload` change).
-pub fn router(args: ApiArgs) -> Router {
+pub fn router(args: ApiArgs, hosts: origin::HostAllow) -> Router {
     let max_payload = args.config().daemon.max_payload;
+    let body_timeout = args.config().daemon.http.body_timeout;
     let body_limit = body_limit(max_payload);
     let batch_limit = batch_body_limit(max_payload);
     let ack_limit = ack_body_limit(max_payload);
@@ -176,6 +182,10 @@ pub fn router(args: ApiArgs) -> Router {
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(
+            body_timeout,
+            serve::limit_body_time,
+        ))
+        .layer(middleware::from_fn_with_state(
             BodyLimits {
                 single: body_limit,
                 batch: batch_limit,
@@ -184,6 +194,10 @@ pub fn router(args: ApiArgs) -> Router {
                 limits: args.limits.clone(),
             },
             refuse_oversized,
+        ))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(hosts),
+            browser_guard,
         ))
         .with_state(Arc::new(args))
 }
@@ -208,6 +222,43 @@ async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiEr
             uri.path()
         ),
     )
+}
+
+/// Refuses what a browser page may not send (see `api/origin.rs`): a `Host` that
+/// does not name this listener gets `421 misdirected_request`, a cross-site
+/// unsafe request `403 cross_origin`, both with the JSON error body. Runs before
+/// authentication and before the body is read.
+async fn browser_guard(
+    axum::extract::State(hosts): axum::extract::State<Arc<origin::HostAllow>>,
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let host = req
+        .headers()
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok());
+    if !hosts.allows(host) {
+        return ApiError::new(
+            axum::http::StatusCode::MISDIRECTED_REQUEST,
+            "misdirected_request",
+            format!(
+                "Host {:?} does not name this listener; add it to daemon.api_allowed_hosts \
+                 if clients reach qd by that name",
+                host.unwrap_or("")
+            ),
+        )
+        .into_response();
+    }
+    if let Err(refused) = origin::cross_origin(req.method(), req.headers()) {
+        return ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "cross_origin",
+            refused.to_string(),
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 /// The body limits [`refuse_oversized`] checks, in bytes.

@@ -48,7 +48,7 @@ use crate::store::{Inserted, Store, StoreError};
 use effects::Effects;
 use state::BrokerState;
 pub(crate) use state::MAX_EXTEND;
-pub use state::{DlqStats, QueueCounts, Settle};
+pub use state::{DlqStats, FireWrite, QueueCounts, Settle};
 
 /// The registered actor name of the broker.
 pub const NAME: &str = "broker";
@@ -70,6 +70,38 @@ pub struct EnqueueRequest {
     pub max_attempts: Option<u32>,
     /// Priority within the tenant, milliseconds ([`crate::job::Job::priority_ms`]).
     pub priority_ms: i64,
+    /// Parents the job waits for (`deps.rs`), and when their edges count as met.
+    pub after: crate::deps::After,
+}
+
+/// A schedule's tick to enqueue ([`BrokerMsg::Fire`]).
+#[derive(Clone, Debug)]
+pub struct Fire {
+    /// The job; its idempotency key is `schedule:NAME:TICK`
+    /// ([`crate::schedule::idempotency_key`]).
+    pub req: EnqueueRequest,
+    /// The schedule's name.
+    pub schedule: String,
+    /// The tick (a trigger's time for a manual run), recorded as its last run.
+    pub tick: UnixMillis,
+    /// The compare-and-set of the schedule's next tick, in the same commit as the
+    /// job (`None` for a manual trigger, which leaves the next tick alone).
+    pub advance: Option<crate::store::Advance>,
+    /// `overlap = "skip"`: the previous run's job; while it is unfinished, only the
+    /// schedule advances.
+    pub unless_running: Option<JobId>,
+}
+
+/// What became of a [`Fire`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fired {
+    /// The tick's job is stored (or was already: `duplicate`).
+    Enqueued(Enqueued),
+    /// The previous run is unfinished (`overlap = "skip"`); the schedule advanced.
+    SkippedOverlap,
+    /// The stored next tick was not the one expected, or the schedule is paused:
+    /// nothing was written; reread the schedule's state.
+    Stale,
 }
 
 /// A successful enqueue.
@@ -215,6 +247,9 @@ pub enum BrokerError {
     /// The request itself is malformed (bad name, out-of-range value).
     #[error("{0}")]
     Invalid(String),
+    /// A parent named in `after` is not a stored job.
+    #[error("unknown_dependency: job {0} does not exist")]
+    UnknownDependency(JobId),
     /// The payload is larger than `daemon.max_payload`.
     #[error("payload is {size} bytes; max_payload is {max} bytes")]
     PayloadTooLarge {
@@ -274,6 +309,15 @@ pub enum BrokerMsg {
         Result<Vec<(Inserted, Vec<u8>)>, StoreError>,
         RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
     ),
+    /// Enqueue a schedule's tick and advance the schedule in one commit (from the
+    /// Periodic actor and `qctl schedules trigger`); answered after it is durable.
+    Fire(Box<Fire>, RpcReplyPort<Result<Fired, BrokerError>>),
+    /// Internal: a fire's store write finished (with the payload back).
+    FireWritten(
+        Box<Job>,
+        Result<(FireWrite, Vec<u8>), StoreError>,
+        RpcReplyPort<Result<Fired, BrokerError>>,
+    ),
     /// Lease these jobs (chosen by the queue's Scheduler) to `worker`; the reply goes
     /// straight to the worker once the store recorded the claims and read the
     /// payloads (nothing is written to disk; while the store refuses writes the
@@ -305,6 +349,10 @@ pub enum BrokerMsg {
     Substituted(Vec<(Job, Job)>, Vec<Job>),
     /// Internal: a lessee went away before receiving its jobs; return them uncharged.
     Abandoned(Vec<(JobId, Token)>),
+    /// From the Supervisor at the first start: attempts an earlier run of qd was
+    /// running when it died, with the reason to record for each (see
+    /// [`crate::attempt_groups`]).
+    LeftBehind(Vec<(JobId, String)>),
     /// Renew a lease for `extend` (default: the queue's lease).
     Heartbeat(
         JobId,
@@ -472,6 +520,14 @@ pub fn validate(req: &EnqueueRequest, max_payload: usize) -> Result<(), BrokerEr
             "idempotency_key must be 1 to {MAX_KEY_BYTES} bytes"
         )));
     }
+    if let Some(key) = &req.idempotency_key
+        && key.starts_with(crate::schedule::KEY_PREFIX)
+    {
+        return Err(BrokerError::Invalid(format!(
+            "idempotency_key may not start with {:?}: it is reserved for the jobs of schedules",
+            crate::schedule::KEY_PREFIX
+        )));
+    }
     if req.delay > MAX_DELAY {
         return Err(BrokerError::Invalid(
             "delay must be at most 365 days".to_string(),
@@ -490,6 +546,8 @@ pub fn validate(req: &EnqueueRequest, max_payload: usize) -> Result<(), BrokerEr
             "max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {n}"
         )));
     }
+    crate::deps::check_after(&req.after.parents)
+        .map_err(|e| BrokerError::Invalid(e.to_string()))?;
     if req.payload.len() > max_payload {
         return Err(BrokerError::PayloadTooLarge {
             size: req.payload.len(),
@@ -637,6 +695,10 @@ impl BrokerState {
             BrokerMsg::InsertedBatch(jobs, result, reply) => {
                 state.inserted_batch(jobs, result, reply, now, mono)
             }
+            BrokerMsg::Fire(fire, reply) => state.fire(*fire, reply, now),
+            BrokerMsg::FireWritten(job, result, reply) => {
+                state.fire_written(*job, result, reply, now, mono)
+            }
             BrokerMsg::Settle(settle) => settle.run(state, now, mono),
             BrokerMsg::Probe => state.probe(now),
             BrokerMsg::Lease {
@@ -649,6 +711,7 @@ impl BrokerState {
             BrokerMsg::AtCap(refused) => state.at_cap(refused),
             BrokerMsg::Substituted(replaced, taken) => state.substituted(replaced, taken, mono),
             BrokerMsg::Abandoned(leases) => state.abandoned(leases, now),
+            BrokerMsg::LeftBehind(attempts) => state.left_behind(attempts, now),
             BrokerMsg::Heartbeat(id, token, extend, reply) => {
                 state.heartbeat_any((id, token), extend, &[], reply, now, mono)
             }
@@ -721,6 +784,7 @@ mod tests {
             delay,
             max_attempts: None,
             priority_ms: 0,
+            after: Default::default(),
         }
     }
 

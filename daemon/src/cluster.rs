@@ -26,8 +26,19 @@
 //!   ([`crate::scheduler::SchedulerMsg::Reopen`]): a lease of theirs may have ended
 //!   on another node, which sends no notification for it.
 //!
+//! - it keeps this node's fence (`fence.rs`): each successful heartbeat moves it,
+//!   and a task of its own looks every [`fence::CHECK_EVERY`] whether the last one
+//!   is `node_timeout` old, without waiting for a hung store call. Then the node
+//!   is fenced (its workers stop their attempts); it stops being the leader
+//!   (`qd_cluster_leader` 0, no sweep, no pruning) one heartbeat period earlier,
+//!   before its leader lease in the database can end, whatever the hung heartbeat
+//!   answers later.
+//! - after each heartbeat it tells the Periodic actor, which fires schedules only
+//!   on the leader ([`crate::periodic`]).
+//!
 //! Messages: its own timers ([`ClusterMsg::Beat`], [`ClusterMsg::Poll`]).
-//! Supervised by the Supervisor; the listener task is aborted when it stops.
+//! Supervised by the Supervisor; the listener and fencing tasks are aborted when it
+//! stops.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -39,6 +50,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::broker::{self, BrokerMsg};
 use crate::config::DatabaseConfig;
+use crate::fence;
 use crate::metrics::DepthState;
 use crate::scheduler::SchedulerMsg;
 use crate::store::StoreError;
@@ -96,6 +108,8 @@ pub struct ClusterState {
     /// Whether the last heartbeat failed (logged once per outage).
     failing: bool,
     listener: JoinHandle<()>,
+    fencing: JoinHandle<()>,
+    node_timeout: Duration,
 }
 
 impl Actor for Cluster {
@@ -112,11 +126,16 @@ impl Actor for Cluster {
         myself.send_interval(beat_every, || ClusterMsg::Beat);
         myself.send_interval(args.database.poll_interval, || ClusterMsg::Poll);
         let _ = myself.cast(ClusterMsg::Beat);
+        let node_timeout = args.database.node_timeout;
+        fence::arm(node_timeout);
+        let fencing = tokio::spawn(watch_fence(args.daemon.cluster.clone(), node_timeout));
         let listener = tokio::spawn(listen(args.database));
         Ok(ClusterState {
             daemon: args.daemon,
             failing: false,
             listener,
+            fencing,
+            node_timeout,
         })
     }
 
@@ -126,6 +145,7 @@ impl Actor for Cluster {
         state: &mut ClusterState,
     ) -> Result<(), ActorProcessingErr> {
         state.listener.abort();
+        state.fencing.abort();
         state.daemon.cluster.epoch.store(0, Ordering::Relaxed);
         Ok(())
     }
@@ -140,6 +160,7 @@ impl Actor for Cluster {
             ClusterMsg::Beat => {
                 state.beat().await;
                 state.reopen();
+                crate::periodic::beat();
             }
             ClusterMsg::Poll => {
                 broker::cast(BrokerMsg::Refresh);
@@ -163,6 +184,7 @@ impl ClusterState {
     }
 
     async fn beat(&mut self) {
+        let started = tokio::time::Instant::now();
         let result = self
             .daemon
             .store
@@ -178,6 +200,9 @@ impl ClusterState {
             Ok((epoch, overrides)) => {
                 if std::mem::take(&mut self.failing) {
                     info!("Node heartbeat written again.");
+                }
+                if fence::beat_ok(started) {
+                    info!("Node heartbeat written again; this node takes and runs jobs again.");
                 }
                 if self.daemon.limits.replace_overrides(overrides) {
                     info!("Limits changed on another node; now in force here.");
@@ -202,6 +227,10 @@ impl ClusterState {
                 None
             }
         };
+        // A heartbeat that took longer than node_timeout (a store call hung, then
+        // answered) must not make this node the leader again: others may already
+        // have taken it for dead.
+        let epoch = epoch.filter(|_| started.elapsed() < self.node_timeout);
         let before = self
             .daemon
             .cluster
@@ -256,6 +285,40 @@ impl ClusterState {
                     .map(|(_, _, n)| *n)
                     .sum();
                 crate::metrics::set_cluster_depth(queue, state, jobs);
+            }
+        }
+    }
+}
+
+/// Every [`fence::CHECK_EVERY`]: raises this node's fence once its last
+/// successful heartbeat is `node_timeout` old, and stops it acting as the leader
+/// (epoch 0, `qd_cluster_leader` 0) one heartbeat period before that, however
+/// long the heartbeat in flight hangs.
+async fn watch_fence(view: std::sync::Arc<ClusterView>, node_timeout: Duration) {
+    let mut tick = tokio::time::interval(fence::CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if fence::check() {
+            error!(
+                node_timeout = ?node_timeout,
+                "No node heartbeat written for node_timeout: this node is fenced. It stops \
+                 its running attempts (SIGTERM, then SIGKILL after kill_grace) before the \
+                 leader may hand their jobs to another node, and takes no job until a \
+                 heartbeat is written again."
+            );
+        }
+        // One heartbeat period early: the leader lease this node wrote lasts
+        // node_timeout from its last heartbeat, and another node may take it
+        // the moment it ends.
+        if fence::heartbeat_age().is_some_and(|age| age >= node_timeout - node_timeout / 5) {
+            let epoch = view.epoch.swap(0, Ordering::Relaxed);
+            if epoch != 0 {
+                warn!(
+                    epoch,
+                    "This node is no longer the cluster's leader: its heartbeat is older than node_timeout."
+                );
+                crate::metrics::cluster_leader(false);
             }
         }
     }

@@ -37,6 +37,8 @@ mod tests;
 pub struct Config {
     /// `[daemon]`.
     pub daemon: DaemonConfig,
+    /// `[console]`: the web console, `None` when off.
+    pub console: Option<ConsoleConfig>,
     /// `[queues.NAME]`, by name; never empty.
     pub queues: BTreeMap<String, QueueConfig>,
     /// `[rate_limiters.NAME]`, by name.
@@ -46,6 +48,8 @@ pub struct Config {
     pub tenants: BTreeMap<String, TenantConfig>,
     /// `[sqs]`: the SQS-compatible API on `api_listen`.
     pub sqs: SqsConfig,
+    /// `[schedules.NAME]`, by name: periodic jobs (see `daemon/docs/schedules.md`).
+    pub schedules: BTreeMap<String, ScheduleConfig>,
     /// The file this was read from (as given to [`Config::load`], made absolute).
     pub source: PathBuf,
 }
@@ -75,11 +79,45 @@ pub struct DaemonConfig {
     pub max_payload: usize,
     /// File of API bearer tokens; required when `api_listen` is not loopback.
     pub api_tokens_file: Option<PathBuf>,
+    /// More `Host` names the API answers (`name` or `name:port`), beside its listen
+    /// address and `localhost`/`127.0.0.1`/`[::1]` with its port; others get 421.
+    pub api_allowed_hosts: Vec<String>,
     /// Supervisor restart intensity (default 10 restarts in 60 s).
     pub restart: RestartIntensity,
     /// The history cap: entries kept per job and error bytes per entry (default
     /// the first 5 and the last 20 entries, 2 KiB each).
     pub history: crate::store::HistoryLimits,
+    /// The HTTP API's connection limits (`daemon.http`).
+    pub http: HttpLimits,
+}
+
+/// `daemon.http`: how long the HTTP API waits for slow clients and how many
+/// connections it serves at once (see `daemon/docs/faults.md`). Fixed while the
+/// API runs: a change needs a restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Longest time from the start of a request (or of a new connection) to the end
+    /// of its headers; past it the connection is closed (default 10 s).
+    pub header_timeout: Duration,
+    /// Longest time a handler waits for a request's whole body; past it the
+    /// answer is `408 request_timeout` and the connection is closed (default 60 s).
+    pub body_timeout: Duration,
+    /// How long a keep-alive connection may sit idle between requests (default 60 s).
+    pub idle_timeout: Duration,
+    /// Most connections served at once; more are answered `503` and closed
+    /// (default 1024).
+    pub max_connections: u32,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+        }
+    }
 }
 
 /// `[sqs]`: the SQS-compatible API (`daemon/docs/sqs.md`).
@@ -94,6 +132,50 @@ pub struct SqsConfig {
     /// The base of queue URLs, without a trailing slash (default `http://` +
     /// `api_listen`).
     pub advertised_url: String,
+    /// The queues created through SQS's `CreateQueue` that are in force (stored in
+    /// the store, not the file; a file queue of the same name wins), by name. Their
+    /// qd settings are in [`Config::queues`] beside the file's.
+    pub created: BTreeMap<String, crate::api::sqs::created::CreatedQueue>,
+}
+
+/// One periodic job: which job each tick of its timing enqueues, and how missed
+/// ticks and overlapping runs are handled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduleConfig {
+    /// The schedule's name (`[A-Za-z0-9_.-]{1,64}`), part of its jobs' keys.
+    pub name: String,
+    /// The queue its jobs go to (a configured queue).
+    pub queue: String,
+    /// When its ticks come and fire (cron in a time zone, or an interval; jitter).
+    pub timing: crate::schedule::Timing,
+    /// The payload of every job it enqueues.
+    pub payload: Vec<u8>,
+    /// The tenant of its jobs (default `default`).
+    pub tenant: Option<String>,
+    /// Its jobs' retry budget (default the queue's).
+    pub max_attempts: Option<u32>,
+    /// What to do with ticks that came while nobody fired them (default latest).
+    pub catch_up: crate::schedule::CatchUp,
+    /// Whether a run starts while the previous one is unfinished (default allow).
+    pub overlap: crate::schedule::Overlap,
+}
+
+/// `[console]`: the web console's listener and sessions (see `daemon/docs/console.md`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsoleConfig {
+    /// Its own listener (required); a non-loopback one needs `daemon.api_tokens_file`.
+    pub listen: SocketAddr,
+    /// Where a reverse proxy mounts it (`/qd`), or empty: every link, asset, form
+    /// action and stream URL starts with it.
+    pub path_prefix: String,
+    /// More `Host` names it answers, beside its address and loopback names.
+    pub allowed_hosts: Vec<String>,
+    /// A session unused this long ends (default 30 min).
+    pub session_idle: Duration,
+    /// A session ends this long after login however it is used (default 12 h).
+    pub session_max: Duration,
+    /// Most event streams open at once (default 32); more get 503.
+    pub max_streams: u32,
 }
 
 /// Restart intensity, as in Erlang/OTP supervisors: more than `max_restarts`
@@ -244,6 +326,27 @@ impl fmt::Display for ConfigErrors {
 impl std::error::Error for ConfigErrors {}
 
 impl Config {
+    /// How much longer than `node_timeout` the leader waits before it ends a
+    /// silent node's leases (`None` without a database): `daemon.fence_wait` when
+    /// written, else the longest `kill_grace` of a command queue plus
+    /// [`database::FENCE_MARGIN`] (the margin alone without command queues), so
+    /// a fenced node has stopped its attempts by then (`daemon/docs/cluster.md`).
+    pub fn fence_wait(&self) -> Option<Duration> {
+        let database = self.daemon.database.as_ref()?;
+        Some(database.fence_wait.unwrap_or_else(|| {
+            let grace = self
+                .queues
+                .values()
+                .filter_map(|q| match &q.executor {
+                    crate::executor::ExecutorSpec::Command(c) => Some(c.kill_grace),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or_default();
+            grace + database::FENCE_MARGIN
+        }))
+    }
+
     /// Reads and compiles the config file at `path`. Errors: the file cannot be
     /// read, or any problem [`Config::parse`] reports.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {

@@ -116,6 +116,13 @@ pub struct JobRun {
     pub payload: Vec<u8>,
     /// The largest result the attempt may hand back (the queue's `max_result`).
     pub max_result: usize,
+    /// This attempt's lease token (`QD_LEASE_TOKEN` / `Qd-Lease-Token`): a fencing
+    /// value that grows with every lease of the job, so a downstream can refuse the
+    /// writes of an attempt older than one it has seen.
+    pub token: crate::job::Token,
+    /// The lease length: how long qd may be silent before the attempt's watchdog
+    /// takes it for frozen (at least 5 s).
+    pub lease: Duration,
 }
 
 /// How one attempt ended.

@@ -119,6 +119,8 @@ async fn refresh(config: &Config) -> bool {
         metrics::set_queue_depth(queue, DepthState::Delayed, sched.delayed);
         metrics::set_queue_depth(queue, DepthState::Leased, c.leased);
         metrics::set_queue_depth(queue, DepthState::Dead, c.dead);
+        metrics::set_queue_depth(queue, DepthState::Waiting, c.held_waiting);
+        metrics::set_queue_depth(queue, DepthState::Blocked, c.held_blocked);
         let oldest = c.oldest_ready_at(sched.oldest_ready_at);
         metrics::set_oldest_ready_age(queue, age(oldest, now));
         let d = dead.get(queue.as_str()).copied().unwrap_or_default();

@@ -5,6 +5,7 @@
 //! every transition is deterministic and property-testable.
 //!
 //! ```text
+//!   waiting/blocked --last parent final (deps.rs)--> ready/delayed
 //!   delayed --due--> ready --lease--> leased --ack--> succeeded
 //!      ^               ^               |
 //!      |  backoff      | interrupted   | fail (transient, timeout, lease expired, crash)
@@ -84,6 +85,13 @@ pub enum State {
     Dead,
     /// Removed by an operator; kept for `retention`, then pruned.
     Cancelled,
+    /// Waits for a parent named in `after` to reach a final state (`deps.rs`). Not
+    /// leasable; counts toward `max_depth`.
+    Waiting,
+    /// A parent named in `after` died or was cancelled (`deps.rs`): waits for a
+    /// redrive of the parent or an operator's release. Not leasable; counts toward
+    /// `max_depth`.
+    Blocked,
 }
 
 impl State {
@@ -96,6 +104,8 @@ impl State {
             State::Succeeded => "succeeded",
             State::Dead => "dead",
             State::Cancelled => "cancelled",
+            State::Waiting => "waiting",
+            State::Blocked => "blocked",
         }
     }
 
@@ -105,14 +115,22 @@ impl State {
     }
 
     /// All states, in life-cycle order.
-    pub const ALL: [State; 6] = [
+    pub const ALL: [State; 8] = [
         State::Delayed,
         State::Ready,
         State::Leased,
         State::Succeeded,
         State::Dead,
         State::Cancelled,
+        State::Waiting,
+        State::Blocked,
     ];
+
+    /// Waiting on parents named in `after` (waiting or blocked): not leasable, no
+    /// concurrency slot, counted toward `max_depth`.
+    pub fn is_held(self) -> bool {
+        matches!(self, State::Waiting | State::Blocked)
+    }
 }
 
 impl fmt::Display for State {
@@ -156,6 +174,11 @@ pub enum Outcome {
     /// An operator cancelled the job: an event, or the end of the attempt it
     /// stopped (not charged).
     Cancelled,
+    /// A parent named in `after` died or was cancelled: the job is blocked (an
+    /// event naming the parent, not an attempt).
+    Blocked,
+    /// An operator counted the job's broken edges as met (an event, not an attempt).
+    Released,
 }
 
 impl Outcome {
@@ -172,13 +195,19 @@ impl Outcome {
             Outcome::Throttled => "throttled",
             Outcome::Redriven => "redriven",
             Outcome::Cancelled => "cancelled",
+            Outcome::Blocked => "blocked",
+            Outcome::Released => "released",
         }
     }
 
     /// Whether an attempt can end with this outcome: all but [`Outcome::Redriven`],
-    /// which only ever names an operator's event in the history.
+    /// [`Outcome::Blocked`] and [`Outcome::Released`], which only ever name events
+    /// in the history.
     pub fn ends_attempts(self) -> bool {
-        self != Outcome::Redriven
+        !matches!(
+            self,
+            Outcome::Redriven | Outcome::Blocked | Outcome::Released
+        )
     }
 
     /// Whether an attempt with this outcome uses up one unit of the retry budget.
@@ -195,7 +224,7 @@ impl Outcome {
     }
 
     /// All outcomes (for metrics label sets and parsing).
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 12] = [
         Outcome::Succeeded,
         Outcome::Failed,
         Outcome::Permanent,
@@ -206,6 +235,8 @@ impl Outcome {
         Outcome::Throttled,
         Outcome::Redriven,
         Outcome::Cancelled,
+        Outcome::Blocked,
+        Outcome::Released,
     ];
 }
 
@@ -630,7 +661,10 @@ pub fn apply(
                 now,
             ))
         }
-        (State::Ready | State::Delayed | State::Dead, Event::Cancel { by }) => {
+        (
+            State::Ready | State::Delayed | State::Dead | State::Waiting | State::Blocked,
+            Event::Cancel { by },
+        ) => {
             next.state = State::Cancelled;
             Some(event_entry(
                 job,

@@ -7,12 +7,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use qd::api::auth::{LiveTokens, Tokens};
 use qd::config::Config;
 use qd::data_lock::DataDirLock;
 use qd::executor::Executors;
+use qd::executor::command::{self as command_executor, watchdog};
 use qd::limits::Limits;
 use qd::rate_limit::Limiters;
 use qd::store::postgres::PgOptions;
@@ -43,12 +45,39 @@ enum Command {
         /// The TOML config file.
         config: PathBuf,
     },
+    /// Internal: lead one command attempt's process group and stop it when the qd
+    /// that started it dies or freezes (see `executor::command::watchdog`).
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog {
+        /// Time between SIGTERM and SIGKILL of the group once qd is gone.
+        #[arg(long)]
+        grace_ms: u64,
+        /// Longest silence of qd before it is taken for frozen.
+        #[arg(long)]
+        stall_ms: u64,
+        /// The program and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
 }
 
 const EX_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Watchdog {
+        grace_ms,
+        stall_ms,
+        command,
+    } = cli.command
+    {
+        // No logging set up: the watchdog's stderr is the job's.
+        return watchdog::run(watchdog::Orders {
+            grace: Duration::from_millis(grace_ms),
+            stall: Duration::from_millis(stall_ms),
+            command,
+        });
+    }
     init_logging();
     match cli.command {
         Command::CheckConfig { config } => match load(&config) {
@@ -61,6 +90,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Watchdog { .. } => unreachable!("handled before logging starts"),
         Command::Run { config: path } => {
             // The runtime and the signal handlers come first, before the config is
             // read (building HTTP executors takes a while): a SIGHUP from then on is
@@ -145,7 +175,27 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
     qd::admin_server::ensure_not_served(&config.daemon.admin_socket)
         .await
         .map_err(|e| Failure::Runtime(e.to_string()))?;
+    // Under the lock, before anything is dispatched: stop what a crashed run left.
+    let records = qd::attempt_groups::dir(data_dir);
+    let left_behind = qd::attempt_groups::sweep(&records);
+    let exe = std::env::current_exe().map_err(|e| {
+        Failure::Runtime(format!(
+            "cannot find the qd binary to run job watchdogs: {e}"
+        ))
+    })?;
+    command_executor::use_watchdog(exe, records);
     let store = open_store(&config)?;
+    let config = if config.sqs.enabled {
+        let records = store
+            .run(|b| b.sqs_queues())
+            .await
+            .map_err(|e| Failure::Runtime(format!("cannot read the SQS-created queues: {e}")))?;
+        let mut config = Arc::unwrap_or_clone(config);
+        qd::api::sqs::created::merge(&mut config, &records);
+        Arc::new(config)
+    } else {
+        config
+    };
     let overrides = store
         .run(|b| b.overrides())
         .await
@@ -182,6 +232,7 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
         restarts: Default::default(),
         failure: Arc::new(Mutex::new(None)),
         cluster: Default::default(),
+        left_behind: Arc::new(Mutex::new(left_behind)),
     };
     let failure = daemon.failure.clone();
     let (root, handle) = Actor::spawn(Some(supervisor::NAME.into()), Supervisor, daemon)
@@ -214,6 +265,8 @@ fn open_store(config: &Config) -> Result<Store, Failure> {
                 node: database.node_name.clone(),
                 node_id: node_id(&config.daemon.data_dir)?,
                 node_timeout: database.node_timeout,
+                fence_wait: config.fence_wait().unwrap_or_default(),
+                call_timeout: PgOptions::call_timeout_for(database.node_timeout),
                 ..PgOptions::default()
             };
             let store = qd::store::postgres::describe(&client);
@@ -315,4 +368,19 @@ async fn forward_signals(root: ActorRef<SupervisorMsg>, signals: Signals) {
     };
     info!(signal = name, "Signal received.");
     let _ = root.cast(SupervisorMsg::Shutdown(name.to_string()));
+    // A second SIGINT/SIGTERM during the grace means "now": qd exits at once, as
+    // after a crash (every accepted job is durable; each running attempt's watchdog
+    // stops its processes when qd is gone; the next start records them).
+    let again = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::warn!(
+        signal = again,
+        "Second signal during the shutdown grace; exiting now without waiting for running attempts."
+    );
+    std::process::exit(i32::from(EX_FORCED));
 }
+
+/// Exit code of a shutdown forced by a second signal (128 + SIGINT, as a shell reports).
+const EX_FORCED: u8 = 130;

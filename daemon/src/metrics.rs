@@ -83,6 +83,23 @@ pub const JOBS_PRUNED: &str = "qd_jobs_pruned_total";
 /// Gauge `{queue}`, seconds: how long the oldest finished job not yet pruned has been
 /// past its queue's retention, at the start of a prune pass (0 when none is).
 pub const PRUNE_BACKLOG_AGE: &str = "qd_prune_backlog_age_seconds";
+/// Counter `{queue}`: jobs whose last dependency was met, moved from waiting or
+/// blocked to ready or delayed (`deps.rs`).
+pub const DEPENDENCIES_RELEASED: &str = "qd_dependencies_released_total";
+/// Counter `{queue}`: jobs blocked by a dead or cancelled parent, at enqueue or
+/// when the parent failed.
+pub const DEPENDENCIES_BLOCKED: &str = "qd_dependencies_blocked_total";
+
+/// Counter `{schedule,result}`: ticks of a configured schedule, by
+/// [`ScheduleResult`]: run on time, run for missed ticks, missed, or skipped
+/// because the previous run was unfinished.
+pub const SCHEDULE_FIRES: &str = "qd_schedule_fires_total";
+/// Gauge `{schedule}`, Unix seconds: when the schedule fires next on this node (0
+/// when it does not fire here: paused, or another node of a cluster fires).
+pub const SCHEDULE_NEXT_FIRE: &str = "qd_schedule_next_fire_timestamp_seconds";
+/// Gauge `{schedule}`, Unix seconds: when this node last enqueued a run of the
+/// schedule (absent until it does).
+pub const SCHEDULE_LAST_FIRE: &str = "qd_schedule_last_fire_timestamp_seconds";
 
 /// Every exported series name (for histograms the base name, without
 /// `_bucket`/`_sum`/`_count`). Dashboards and alert rules may use only these;
@@ -112,6 +129,11 @@ pub const METRIC_NAMES: &[&str] = &[
     PRUNE_BACKLOG_AGE,
     CLUSTER_LEADER,
     CLUSTER_QUEUE_DEPTH,
+    SCHEDULE_FIRES,
+    SCHEDULE_NEXT_FIRE,
+    SCHEDULE_LAST_FIRE,
+    DEPENDENCIES_RELEASED,
+    DEPENDENCIES_BLOCKED,
 ];
 
 /// Histogram bucket upper bounds in seconds, 1 ms to 1 h, roughly 1-2.5-5 steps:
@@ -209,6 +231,21 @@ fn builder() -> PrometheusBuilder {
 /// installed recorder (shown as `# HELP` lines). Idempotent.
 pub fn describe() {
     describe_counter!(
+        SCHEDULE_FIRES,
+        Unit::Count,
+        "Ticks of each schedule by result (fired, caught_up, missed, skipped_overlap)."
+    );
+    describe_gauge!(
+        SCHEDULE_NEXT_FIRE,
+        Unit::Seconds,
+        "When each schedule fires next on this node, Unix seconds (0: not here, or paused)."
+    );
+    describe_gauge!(
+        SCHEDULE_LAST_FIRE,
+        Unit::Seconds,
+        "When this node last enqueued a run of each schedule, Unix seconds."
+    );
+    describe_counter!(
         JOBS_ENQUEUED,
         Unit::Count,
         "Jobs durably accepted by enqueue."
@@ -294,6 +331,16 @@ pub fn describe() {
     describe_gauge!(
         BUILD_INFO,
         "Always 1; the version label names the running build."
+    );
+    describe_counter!(
+        DEPENDENCIES_RELEASED,
+        Unit::Count,
+        "Jobs moved from waiting or blocked to ready or delayed once their last dependency was met."
+    );
+    describe_counter!(
+        DEPENDENCIES_BLOCKED,
+        Unit::Count,
+        "Jobs blocked by a dead or cancelled parent."
     );
     describe_counter!(
         JOBS_PRUNED,
@@ -433,6 +480,18 @@ pub fn store_batch(took: Duration) {
     histogram!(STORE_BATCH).record(took);
 }
 
+/// A waiting or blocked job's last edge was met:
+/// `qd_dependencies_released_total{queue} += 1`.
+pub fn dependencies_released(queue: &str) {
+    counter!(DEPENDENCIES_RELEASED, "queue" => queue.to_owned()).increment(1);
+}
+
+/// A job became blocked by a dead or cancelled parent:
+/// `qd_dependencies_blocked_total{queue} += 1`.
+pub fn dependencies_blocked(queue: &str) {
+    counter!(DEPENDENCIES_BLOCKED, "queue" => queue.to_owned()).increment(1);
+}
+
 /// A lease expired without an ack: `qd_leases_expired_total{queue} += 1`.
 pub fn lease_expired(queue: &str) {
     counter!(LEASES_EXPIRED, "queue" => queue.to_owned()).increment(1);
@@ -547,6 +606,8 @@ pub fn register_queue(queue: &str) {
     }
     counter!(LEASES_EXPIRED, "queue" => queue.to_owned()).increment(0);
     counter!(JOBS_PRUNED, "queue" => queue.to_owned()).increment(0);
+    counter!(DEPENDENCIES_RELEASED, "queue" => queue.to_owned()).increment(0);
+    counter!(DEPENDENCIES_BLOCKED, "queue" => queue.to_owned()).increment(0);
 }
 
 /// Creates `qd_actor_restarts_total{actor}` at 0, so the `QdActorRestarts` alert
@@ -557,3 +618,58 @@ pub fn register_actor(actor: &'static str) {
 
 #[cfg(test)]
 mod tests;
+
+/// How one tick of a schedule counts in [`SCHEDULE_FIRES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScheduleResult {
+    /// Its run was enqueued on time.
+    Fired,
+    /// A run was enqueued for ticks that came while nobody fired them.
+    CaughtUp,
+    /// It will never run (catch-up left it out, or its queue refused the job).
+    Missed,
+    /// Not run: the previous run was unfinished (`overlap = "skip"`).
+    SkippedOverlap,
+}
+
+impl ScheduleResult {
+    /// The `result` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            ScheduleResult::Fired => "fired",
+            ScheduleResult::CaughtUp => "caught_up",
+            ScheduleResult::Missed => "missed",
+            ScheduleResult::SkippedOverlap => "skipped_overlap",
+        }
+    }
+}
+
+/// `n` ticks of configured schedule `schedule` counted as `result`.
+pub fn schedule_ticks(schedule: &str, result: ScheduleResult, n: u64) {
+    counter!(SCHEDULE_FIRES, "schedule" => schedule.to_owned(), "result" => result.label())
+        .increment(n);
+}
+
+/// Registers every result of a configured schedule at 0, so rates and alerts see
+/// the series before its first tick.
+pub fn register_schedule(schedule: &str) {
+    for result in [
+        ScheduleResult::Fired,
+        ScheduleResult::CaughtUp,
+        ScheduleResult::Missed,
+        ScheduleResult::SkippedOverlap,
+    ] {
+        schedule_ticks(schedule, result, 0);
+    }
+}
+
+/// The next fire of `schedule` on this node, Unix ms (`None`: not here).
+pub fn schedule_next_fire(schedule: &str, at: Option<crate::job::UnixMillis>) {
+    let secs = at.map_or(0.0, |ms| ms as f64 / 1000.0);
+    gauge!(SCHEDULE_NEXT_FIRE, "schedule" => schedule.to_owned()).set(secs);
+}
+
+/// A run of `schedule` enqueued at `at` (Unix ms).
+pub fn schedule_last_fire(schedule: &str, at: crate::job::UnixMillis) {
+    gauge!(SCHEDULE_LAST_FIRE, "schedule" => schedule.to_owned()).set(at as f64 / 1000.0);
+}

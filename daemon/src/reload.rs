@@ -49,7 +49,7 @@ pub enum ReloadError {
 pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
     let mut refused = Vec::new();
     let (o, n) = (&old.daemon, &new.daemon);
-    let restart_only: [(&str, bool); 8] = [
+    let restart_only: [(&str, bool); 10] = [
         ("data_dir", o.data_dir != n.data_dir),
         ("database_url", o.database != n.database),
         ("admin_socket", o.admin_socket != n.admin_socket),
@@ -59,15 +59,38 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
         ),
         ("admin_group", o.admin_group != n.admin_group),
         ("api_listen", o.api_listen != n.api_listen),
+        (
+            "api_allowed_hosts",
+            o.api_allowed_hosts != n.api_allowed_hosts,
+        ),
         ("metrics_listen", o.metrics_listen != n.metrics_listen),
         ("max_payload", o.max_payload != n.max_payload),
+        ("http", o.http != n.http),
     ];
+    if old.console != new.console {
+        refused.push(
+            "console: changed; the console's settings need a restart (systemctl restart qd)".into(),
+        );
+    }
     for (key, changed) in restart_only {
         if changed {
             refused.push(format!(
                 "daemon.{key}: changed; this setting needs a restart (systemctl restart qd)"
             ));
         }
+    }
+    // The leader's wait for a fenced node is fixed at start: a kill_grace raised
+    // past it would let two runs of a job overlap (`cluster.md`).
+    if let (Some(in_force), Some(wanted)) = (old.fence_wait(), new.fence_wait())
+        && wanted > in_force
+    {
+        refused.push(format!(
+            "daemon.fence_wait: the new config needs the leader to wait {} for a fenced \
+             node (a longer kill_grace), {} is in force since start; this needs a restart \
+             (systemctl restart qd)",
+            humantime::format_duration(wanted),
+            humantime::format_duration(in_force)
+        ));
     }
     // The SQS routes are added to the API's router when it starts; the account,
     // region and advertised URL are read per request and reload live.
@@ -127,6 +150,17 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
                 &n.per_second,
             );
             diff(out, &format!("{at}.burst"), &o.burst, &n.burst);
+        },
+    );
+    map_changes(
+        &mut p.changes,
+        "schedules",
+        &old.schedules,
+        &new.schedules,
+        |out, at, o, n| {
+            if o != n {
+                out.push(format!("{at}: changed"));
+            }
         },
     );
     map_changes(

@@ -64,6 +64,9 @@
 //! overrides(scope TEXT, name TEXT, key TEXT, value TEXT)
 //!                                               PK (scope, name, key) STRICT, WITHOUT ROWID
 //! meta(key TEXT PK, value INTEGER)     -- "probe": last write probe (Unix ms)
+//! sqs_queues(name TEXT PK, attributes TEXT, tags TEXT, created_at INTEGER,
+//!            modified_at INTEGER)       STRICT, WITHOUT ROWID
+//!                                      -- queues created by SQS CreateQueue (api/sqs)
 //! temp.leases(id BLOB PK, token INTEGER, worker TEXT, leased_at INTEGER)
 //!                                      -- per connection, in memory, never on disk
 //! ```
@@ -97,6 +100,7 @@ pub mod history;
 pub mod memory;
 pub mod postgres;
 pub mod prune;
+pub mod schedules;
 mod space;
 mod sql_filter;
 pub mod sqlite;
@@ -104,6 +108,7 @@ mod writer;
 
 pub use history::HistoryLimits;
 pub use prune::PruneScope;
+pub use schedules::{Advance, ScheduleRow};
 
 use writer::{OpTask, Queue, Task};
 
@@ -161,6 +166,79 @@ pub trait Backend: Send {
             Some((index, id)) => Err(StoreError::KeyConflict { index, id }),
             None => Ok(answers),
         }
+    }
+
+    /// [`Backend::enqueue`] (or, with `all`, [`Backend::enqueue_all`]) for jobs
+    /// that may name parents: `after[i]` is item `i`'s (no parents: stored as by
+    /// `enqueue`). Each parent must be a stored job (one earlier in the batch
+    /// counts); a parent already final counts at once (`deps::edge_after`), and an
+    /// item with an edge not met is stored `waiting` or `blocked`
+    /// (`deps::child_state`) with its edges and counters. Answers per item, in
+    /// order, the insert's outcome and the state stored. A duplicate key whose
+    /// holder names other parents is answered as a different payload (a key
+    /// conflict). Errors: [`StoreError::After`] for an unknown parent; otherwise
+    /// as `enqueue`. A backend without dependencies refuses any parent.
+    fn enqueue_after(
+        &mut self,
+        batch: &[NewRecord],
+        after: &[crate::deps::After],
+        all: bool,
+    ) -> Result<Vec<(Inserted, State)>, StoreError> {
+        if after.iter().any(|a| !a.parents.is_empty()) {
+            return Err(StoreError::Other(
+                "this store engine does not support job dependencies (after)".into(),
+            ));
+        }
+        let answers = if all {
+            self.enqueue_all(batch)?
+        } else {
+            self.enqueue(batch)?
+        };
+        Ok(answers
+            .into_iter()
+            .zip(batch)
+            .map(|(a, r)| (a, r.job.state))
+            .collect())
+    }
+
+    /// Moves the edges of jobs this operation just changed (`changed`: each job's
+    /// id and new state, written and applied already) and settles their children,
+    /// at wall time `now`, in the same transaction: the children's counters change
+    /// under their row locks, then each child whose counters call for it changes
+    /// state (`deps::settle_child`). Answers the children's new records, in id
+    /// order. Called by the Broker after every write of job states.
+    fn move_edges(
+        &mut self,
+        changed: &[(JobId, State)],
+        now: UnixMillis,
+    ) -> Result<Vec<Job>, StoreError> {
+        let _ = (changed, now);
+        Ok(Vec::new())
+    }
+
+    /// Counts `child`'s broken edges as met (an operator's release) and settles
+    /// it at `now`: answers its new record if it changed state, and the parents
+    /// released; `None` for an unknown job or one with no broken edge.
+    fn release_edges(
+        &mut self,
+        child: JobId,
+        now: UnixMillis,
+    ) -> Result<Option<Released>, StoreError> {
+        let _ = (child, now);
+        Ok(None)
+    }
+
+    /// The edges of `id`: its parents and its direct children, each with the edge's
+    /// state, in id order.
+    fn edges(&mut self, id: JobId) -> Result<Edges, StoreError> {
+        let _ = id;
+        Ok(Edges::default())
+    }
+
+    /// Every unfinished job that depends on `root`, directly or not, in id order.
+    fn dependents(&mut self, root: JobId) -> Result<Vec<JobId>, StoreError> {
+        let _ = root;
+        Ok(Vec::new())
     }
 
     /// Takes leases: each of `leased` is the job's record after the lease (state
@@ -338,6 +416,17 @@ pub trait Backend: Send {
     /// Every override, ordered by (scope, name, key).
     fn overrides(&mut self) -> Result<Vec<Override>, StoreError>;
 
+    /// Every queue created through the SQS API, in name order.
+    fn sqs_queues(&mut self) -> Result<Vec<SqsQueueRecord>, StoreError>;
+
+    /// Creates or replaces (`Some`) or deletes (`None`) the SQS-created queue
+    /// `name`; answers whether a row of that name was there before.
+    fn set_sqs_queue(
+        &mut self,
+        name: &str,
+        record: Option<&SqsQueueRecord>,
+    ) -> Result<bool, StoreError>;
+
     /// Writes one small row (the time `now`, Unix ms) to learn whether the store
     /// accepts writes again after refusing one (disk full, I/O error).
     fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError>;
@@ -350,6 +439,34 @@ pub trait Backend: Send {
     /// dead, ordered by tenant then life-cycle order; only non-zero counts. For the
     /// per-tenant view of `qctl top`.
     fn tenant_counts(&mut self, queue: &str) -> Result<Vec<(String, State, u64)>, StoreError>;
+
+    /// Every stored schedule state ([`schedules`]), ordered by name.
+    fn schedules(&mut self) -> Result<Vec<ScheduleRow>, StoreError>;
+
+    /// Sets a schedule's next tick and spec if its stored next tick is still
+    /// `advance.expect` (a missing row counts as no next tick and is created);
+    /// answers whether it applied. Run in the same operation as the enqueue of the
+    /// tick's job, so both commit or neither does.
+    fn advance_schedule(&mut self, advance: &Advance) -> Result<bool, StoreError>;
+
+    /// Records a schedule's run: its tick and job (the row is created if missing).
+    fn record_schedule_run(
+        &mut self,
+        name: &str,
+        tick: UnixMillis,
+        job: JobId,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
+    /// Pauses or resumes a schedule (the row is created if missing). A resume
+    /// clears the next tick, so the firing node computes it from the time of the
+    /// resume: ticks that came while paused are not caught up.
+    fn set_schedule_paused(
+        &mut self,
+        name: &str,
+        paused: bool,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
 
     /// The operations of a store shared by several nodes ([`SharedStore`]), or `None` for
     /// a store only this process writes (SQLite, the model).
@@ -649,6 +766,15 @@ pub(crate) trait Engine: Backend {
     fn rollback(&mut self);
     /// Called once when the writer stops: checkpoint the WAL and close.
     fn shutdown(&mut self);
+    /// Takes, right after [`Engine::begin`], the `max_depth` locks of `queues`
+    /// (distinct) that operations of the batch will ask for
+    /// ([`SharedStore::queue_depth`]): all at once, in one order every node uses,
+    /// before the batch holds any other lock, so two nodes' batches wait for each
+    /// other at most briefly and never in a cycle. A lock not taken here is left to
+    /// the operation, which then tries it. Engines without such locks do nothing.
+    fn lock_depths(&mut self, _queues: &[&str]) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// The outcome of one item of [`Backend::enqueue`].
@@ -665,6 +791,19 @@ pub enum Inserted {
         /// Whether the stored payload equals the one just offered.
         same_payload: bool,
     },
+}
+
+/// What [`Backend::release_edges`] did: the child's new record if it changed
+/// state, and the parents whose broken edges now count as met.
+pub type Released = (Option<Job>, Vec<JobId>);
+
+/// The edges of one job ([`Backend::edges`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Edges {
+    /// Its parents, with the edge's state.
+    pub parents: Vec<(JobId, crate::deps::Edge)>,
+    /// Its direct children, with the edge's state.
+    pub children: Vec<(JobId, crate::deps::Edge)>,
 }
 
 /// A job with everything the store holds about it: what `qctl jobs show` prints.
@@ -763,6 +902,22 @@ pub struct Override {
     pub value: String,
 }
 
+/// A queue created through the SQS API (`api/sqs/created.rs` owns its meaning;
+/// the store keeps the text).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqsQueueRecord {
+    /// The queue's name.
+    pub name: String,
+    /// Its SQS attributes as a JSON object of strings (`{"VisibilityTimeout": "30"}`).
+    pub attributes: String,
+    /// Its tags as a JSON object of strings.
+    pub tags: String,
+    /// When it was created (Unix ms).
+    pub created_at: UnixMillis,
+    /// When its attributes last changed (Unix ms).
+    pub modified_at: UnixMillis,
+}
+
 /// Why a store operation failed. Messages name the database path where there is one.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
@@ -825,6 +980,16 @@ pub enum StoreError {
     /// leases stored under its name are the new node's.
     #[error("node replaced: {0}")]
     Replaced(String),
+    /// An enqueue's `after` (`deps.rs`) was refused: item `index` (0-based) names
+    /// an unknown parent, too many or the same one twice. Nothing was written; the
+    /// store itself is fine.
+    #[error("item {index}: {error}")]
+    After {
+        /// The item's position in the batch.
+        index: usize,
+        /// What is wrong with its `after`.
+        error: crate::deps::AfterError,
+    },
     /// Anything else: a constraint violation, an unknown job, an I/O error, a
     /// panicking operation.
     #[error("store error: {0}")]
@@ -1022,7 +1187,19 @@ impl Store {
         Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
         Done: FnOnce(Result<R, StoreError>) + Send + 'static,
     {
-        let task: Box<dyn Task> = Box::new(OpTask::new(op, done));
+        self.submit_locking_depth(None, op, done);
+    }
+
+    /// [`Store::submit`] for an operation that takes `queue`'s `max_depth` lock
+    /// ([`SharedStore::queue_depth`]): the writer takes it with the batch's other
+    /// depth locks before any operation runs ([`Engine::lock_depths`]).
+    pub fn submit_locking_depth<R, Op, Done>(&self, queue: Option<String>, op: Op, done: Done)
+    where
+        R: Send + 'static,
+        Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
+        Done: FnOnce(Result<R, StoreError>) + Send + 'static,
+    {
+        let task: Box<dyn Task> = Box::new(OpTask::new(op, done).locking_depth(queue));
         let rejected = {
             let sender = self
                 .shared

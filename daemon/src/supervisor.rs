@@ -2,6 +2,7 @@
 //!
 //! It spawns, linked to itself: the Broker, one Scheduler per queue, the Dlq, one
 //! WorkerPool per queue with an in-process executor, the Pruner (retention), the
+//! Periodic actor (schedules), the
 //! Gauges (metrics and watchdog), the HTTP Api and the AdminServer — listeners last,
 //! so nothing is accepted before the tree is up. It restarts a failed child
 //! one-for-one after a short delay, under the same name; the derived actors rebuild
@@ -32,6 +33,7 @@ use tracing::{error, info, warn};
 use crate::admin::{self, AdminArgs};
 use crate::api::auth::LiveTokens;
 use crate::api::{Api, ApiArgs};
+use crate::attempt_groups::LeftBehind;
 use crate::broker::{self, Broker, BrokerArgs, BrokerMsg};
 use crate::cluster::{self, Cluster, ClusterArgs, ClusterView};
 use crate::config::Config;
@@ -40,6 +42,7 @@ use crate::executor::Executors;
 use crate::gauges::{self, Gauges, GaugesArgs};
 use crate::limits::Limits;
 use crate::metrics;
+use crate::periodic::{self, Periodic};
 use crate::pruner::{self, Pruner, PrunerArgs};
 use crate::rate_limit::Limiters;
 use crate::reload::ReloadError;
@@ -70,6 +73,9 @@ pub struct Daemon {
     pub failure: Arc<Mutex<Option<String>>>,
     /// This node's standing in a cluster sharing one database (unused on SQLite).
     pub cluster: Arc<ClusterView>,
+    /// Attempts an earlier run of qd left when it died (found at start-up, their
+    /// processes already stopped); handed to the Broker once, at its first start.
+    pub left_behind: Arc<Mutex<Vec<LeftBehind>>>,
 }
 
 impl Daemon {
@@ -113,12 +119,16 @@ pub enum Child {
     Pool(Arc<str>),
     /// The Pruner: retention of finished jobs.
     Pruner,
+    /// The Periodic actor (schedules).
+    Periodic,
     /// The Gauges: state gauges and the watchdog.
     Gauges,
     /// The HTTP Api.
     Api,
     /// The AdminServer.
     Admin,
+    /// The web console (only with `[console]`).
+    Console,
 }
 
 impl Child {
@@ -131,9 +141,11 @@ impl Child {
             Child::Dlq => "dlq",
             Child::Pool(_) => "worker_pool",
             Child::Pruner => "pruner",
+            Child::Periodic => "periodic",
             Child::Gauges => "gauges",
             Child::Api => "api",
             Child::Admin => "admin",
+            Child::Console => "console",
         }
     }
 }
@@ -150,6 +162,10 @@ pub enum SupervisorMsg {
     /// Re-read the config file and apply it live (SIGHUP, or `qctl reload` with a
     /// reply port for the changes made or the reason nothing was).
     Reload(Option<RpcReplyPort<Result<Vec<String>, ReloadError>>>),
+    /// The SQS API created, changed or deleted a queue in the store: read the
+    /// store's SQS queues and apply them to the config in force as a reload would
+    /// (the file is not reread). Replies with the changes made.
+    SqsQueuesChanged(RpcReplyPort<Result<Vec<String>, ReloadError>>),
 }
 
 /// The supervisor's state.
@@ -224,6 +240,14 @@ impl Actor for Supervisor {
                     let _ = reply.send(outcome);
                 }
             }
+            SupervisorMsg::SqsQueuesChanged(reply) => {
+                let outcome = if state.shutting_down {
+                    Err(ReloadError::Unavailable("qd is shutting down".into()))
+                } else {
+                    state.sync_sqs_queues(&myself).await
+                };
+                let _ = reply.send(outcome);
+            }
             SupervisorMsg::Fatal(reason) => {
                 if !state.shutting_down {
                     state.give_up(&myself, reason);
@@ -278,7 +302,16 @@ impl SupervisorState {
                 .filter(|q| self.daemon.executors.has(q))
                 .map(Child::Pool),
         );
-        children.extend([Child::Pruner, Child::Gauges, Child::Api, Child::Admin]);
+        children.extend([
+            Child::Pruner,
+            Child::Periodic,
+            Child::Gauges,
+            Child::Api,
+            Child::Admin,
+        ]);
+        if cfg.console.is_some() {
+            children.push(Child::Console);
+        }
         children
     }
 
@@ -297,10 +330,19 @@ impl SupervisorState {
                     limits: d.limits.clone(),
                     restarted: self.broker_started,
                 };
-                Actor::spawn_linked(Some(broker::NAME.into()), Broker, args, sup)
+                let broker = Actor::spawn_linked(Some(broker::NAME.into()), Broker, args, sup)
                     .await?
-                    .0
-                    .get_cell()
+                    .0;
+                // Before any Scheduler or pool exists, so before any dispatch.
+                let left: Vec<_> =
+                    std::mem::take(&mut *d.left_behind.lock().unwrap_or_else(|e| e.into_inner()))
+                        .into_iter()
+                        .map(|l| (l.record.job, l.reason()))
+                        .collect();
+                if !left.is_empty() {
+                    broker.cast(BrokerMsg::LeftBehind(left))?;
+                }
+                broker.get_cell()
             }
             Child::Cluster => {
                 let database = config
@@ -361,6 +403,12 @@ impl SupervisorState {
                     .0
                     .get_cell()
             }
+            Child::Periodic => {
+                Actor::spawn_linked(Some(periodic::NAME.into()), Periodic, d.clone(), sup)
+                    .await?
+                    .0
+                    .get_cell()
+            }
             Child::Gauges => {
                 let args = GaugesArgs {
                     limits: d.limits.clone(),
@@ -384,6 +432,18 @@ impl SupervisorState {
             Child::Admin => {
                 let args = AdminArgs::new(d.clone(), myself.clone());
                 admin::spawn(args, sup).await?
+            }
+            Child::Console => {
+                let args = crate::console::ConsoleArgs { daemon: d.clone() };
+                Actor::spawn_linked(
+                    Some(crate::console::NAME.into()),
+                    crate::console::Console,
+                    args,
+                    sup,
+                )
+                .await?
+                .0
+                .get_cell()
             }
         };
         self.broker_started |= child == Child::Broker;

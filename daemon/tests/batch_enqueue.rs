@@ -164,7 +164,7 @@ fn declared_only(qd: &Qd, path: &str, length: u64) -> String {
         .set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
     let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: qd\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
     );
     stream.write_all(head.as_bytes()).expect("write");
     // Read until the JSON error body is complete (it ends with "}}") or the

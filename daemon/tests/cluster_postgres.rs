@@ -423,7 +423,7 @@ fn a_node_whose_name_was_taken_over_leaves_the_new_holders_leases_alone() {
         Duration::from_secs(30),
         || {
             let stale = db.psql(
-                "SELECT heartbeat_at < now() - interval '2500 milliseconds' \
+                "SELECT heartbeat_at < now() - interval '3500 milliseconds' \
                  FROM qd_nodes WHERE name = 'node-0'",
             );
             (stale.trim() == "t").then_some(())

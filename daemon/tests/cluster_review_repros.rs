@@ -1,13 +1,11 @@
 //! Defects of the PostgreSQL cluster found in review, each as a test of the real
 //! binaries:
 //!
-//! - a steady enqueue load on two nodes gets `503 unavailable` from the
-//!   `max_depth` lock tried inside the group commit, although no queue is near
-//!   its limit (every configured queue has a `max_depth`, 100,000 by default).
-//!   Only with two queues: one group commit takes queue a's depth lock then
-//!   tries b's while the other node's holds b's and tries a's, and both give up
-//!   after 200 ms (one queue: 777 enqueues, no 503). Not fixed yet: kept `#[ignore]`; run with
-//!   `cargo test -p qd --test cluster_review_repros -- --ignored --nocapture`;
+//! - a steady enqueue load on two nodes got `503 unavailable` from the
+//!   `max_depth` lock although no queue was near its limit: with two queues, one
+//!   group commit took queue a's depth lock then tried b's while the other node's
+//!   held b's and tried a's, and both gave up after 200 ms. The writer now takes a
+//!   batch's depth locks up front in key order and waits for them;
 //! - a node restarted after `kill -9` must not end its external workers' live
 //!   leases (they stay the workers' until `lease_end` passes, `cluster.md`), or
 //!   the worker's next heartbeat or ack is `409` and the job runs again.
@@ -40,9 +38,9 @@ fn start_cluster(db: &Database, n: usize, body: &str) -> Vec<Qd> {
 
 /// Six producers, three per node, enqueue single jobs to two queues far from
 /// their `max_depth` for 8 s: none may be refused. Measured on a busy 2-core
-/// box: 15 of 914 answered `503` ("another node is deciding an enqueue").
+/// box before the fix: 15 of 914 answered `503` ("another node is deciding an
+/// enqueue").
 #[test]
-#[ignore = "defect: the max_depth lock refuses a steady two-node load with 503"]
 fn a_steady_two_node_enqueue_load_far_from_max_depth_gets_no_503() {
     let Some(db) = pg::database() else { return };
     let body = "[queues.a]\nexecutor = { kind = \"external\" }\nmax_depth = 1000000\n\n\

@@ -311,7 +311,10 @@ fn bad_requests_get_clear_errors_and_change_nothing() {
         "{err}"
     );
     // A body declared far over the limit is refused before it is uploaded.
-    let head = "POST /v1/queues/q/jobs HTTP/1.1\r\nHost: qd\r\nContent-Type: application/json\r\nContent-Length: 5242880\r\n\r\n";
+    let head = format!(
+        "POST /v1/queues/q/jobs HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 5242880\r\n\r\n",
+        qd.api.trim_start_matches("http://")
+    );
     let status_line = raw_request(&qd.api, head.as_bytes());
     assert!(status_line.starts_with("HTTP/1.1 413"), "{status_line}");
     let (status, err) = qd.get("/v1/jobs/not-a-uuid");
@@ -488,7 +491,8 @@ fn json_bodies_are_read_whatever_their_content_type_as_curl_sends_them() {
     let id = qd.enqueue("hooks", "hello hook");
     let body = r#"{"worker_id": "w1", "max_jobs": 1}"#;
     let head = format!(
-        "POST /v1/queues/hooks/leases HTTP/1.1\r\nHost: qd\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /v1/queues/hooks/leases HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        qd.api.trim_start_matches("http://"),
         body.len()
     );
     let status_line = raw_request(&qd.api, head.as_bytes());

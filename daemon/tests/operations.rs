@@ -316,6 +316,16 @@ fn a_reload_adds_a_queue_and_changes_weights_live_and_overrides_keep_precedence(
     let out = qd.qctl(&["reload"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("needs a restart"), "{}", text(&out));
+    // Both at once: the answer names both reasons.
+    std::fs::write(
+        &qd.config,
+        without_b.replace(port, &common::free_port().to_string()),
+    )
+    .expect("write");
+    let out = qd.qctl(&["reload"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("needs a restart"), "{}", text(&out));
+    assert!(text(&out).contains("still holds 1 jobs"), "{}", text(&out));
     assert!(queue_names(&limits(&qd)).contains(&"b".to_string()));
 }
 
@@ -652,7 +662,11 @@ fn a_backup_over_the_live_store_through_a_bind_mount_is_refused() {
             std::env::var("CI").as_deref() != Ok("true"),
             "cannot bind-mount under CI=true (CI runs as root)"
         );
-        eprintln!("SKIP: no permission to bind-mount here (needs root)");
+        // Past the harness's capture, so the skip shows in a passing run.
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            b"SKIPPED: no permission to bind-mount here (needs root)\n",
+        );
         return;
     }
     let _unmount = BindMount(alias.clone());

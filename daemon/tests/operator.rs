@@ -565,6 +565,38 @@ fn a_daemon_that_stops_mid_command_is_named_with_its_socket() {
     );
 }
 
+/// Files `qctl` creates for `dlq export --output` and `jobs payload --output` hold
+/// payloads: they are created 0600 whatever the umask allows.
+#[test]
+fn exports_and_payloads_written_to_new_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let qd = Qd::start(EXTERNAL);
+    let id = qd.enqueue("ext", "secret");
+    let dir = qd.dir.path();
+    let payload = dir.join("payload.bin");
+    ok(
+        &qd,
+        &[
+            "jobs",
+            "payload",
+            &id,
+            "--output",
+            payload.to_str().expect("utf-8"),
+        ],
+    );
+    kill_all(&qd, "bad data");
+    let export = dir.join("export.jsonl");
+    ok(
+        &qd,
+        &["dlq", "export", "--output", export.to_str().expect("utf-8")],
+    );
+    for file in [&payload, &export] {
+        let mode = std::fs::metadata(file).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{} is {mode:o}", file.display());
+    }
+    assert_eq!(std::fs::read(&payload).expect("read"), b"secret");
+}
+
 /// `--output` names what to write, not a directory entry to replace: an existing
 /// file keeps its mode (an export holds every payload; an operator who made the
 /// file 0600 must not find it 0644), a symlink stays a symlink and its target gets

@@ -106,6 +106,28 @@ fn botocore_1_34_89_over_the_query_protocol_passes_the_sqs_suite() {
     suite("venv-query", "query");
 }
 
+#[test]
+fn a_queue_made_by_create_queue_survives_kill_9_with_its_attributes() {
+    let Some(python) = venv_python("venv") else {
+        return;
+    };
+    let mut qd = Qd::start(CONFIG);
+    run_python(
+        &python,
+        "created_restart.py",
+        &qd,
+        &[("QD_PHASE", "create")],
+    );
+    qd.kill9();
+    qd.spawn(&[]);
+    run_python(&python, "created_restart.py", &qd, &[("QD_PHASE", "check")]);
+    let queues = common::ok(&qd, &["queues"]);
+    assert!(
+        queues.lines().any(|l| l.starts_with("durable ")),
+        "qctl queues lists the created queue:\n{queues}"
+    );
+}
+
 const KEY: &str = "AKIDQDTESTFULL0001";
 const SECRET: &str = "full-secret-0123456789abcdef";
 const LIMITED_KEY: &str = "AKIDQDTESTLIMITED1";

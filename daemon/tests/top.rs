@@ -49,13 +49,7 @@ impl Drop for Server<'_> {
 #[test]
 fn top_shows_queues_counts_and_tenants_live_and_q_restores_the_terminal() {
     if !tmux_available() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "tmux is required under CI=true (.ci/run installs it)"
-        );
-        eprintln!(
-            "SKIP top_shows_queues_counts_and_tenants_live_and_q_restores_the_terminal: tmux is not installed"
-        );
+        common::tool_missing("tmux", "apt-get install tmux; .ci/run installs it");
         return;
     }
     let qd = Qd::start(QUEUES);

@@ -24,8 +24,8 @@ pub use request::{
 pub use response::{
     ActorInfo, BackupInfo, Enqueued, ExportedJob, HistoryItem, JobDetail, JobPayload, JobResult,
     JobSummary, LimitsView, NodeStatus, PREVIEW_BYTES, PurgeResult, QueueInfo, QueueLimits,
-    RedriveResult, Refusal, ReloadInfo, Response, Source, StateCount, StatusInfo, TenantCounts,
-    TenantLimits, TopInfo, TopQueue, Valued,
+    RedriveResult, Refusal, ReloadInfo, Response, ScheduleInfo, Source, StateCount, StatusInfo,
+    TenantCounts, TenantLimits, TopInfo, TopQueue, Valued,
 };
 
 use serde::{Deserialize, Serialize};

@@ -11,13 +11,15 @@ use serde::{Deserialize, Serialize};
 /// Job states as qd stores and shows them (`qd::job::State::as_str`), in life-cycle
 /// order. A `state` filter must be one of these; the daemon refuses others with
 /// `bad_request`.
-pub const JOB_STATES: [&str; 6] = [
+pub const JOB_STATES: [&str; 8] = [
     "delayed",
     "ready",
     "leased",
     "succeeded",
     "dead",
     "cancelled",
+    "waiting",
+    "blocked",
 ];
 
 /// An admin request. The `op` tag names it on the wire; see `daemon/docs/admin-protocol.md`.
@@ -42,6 +44,14 @@ pub enum Request {
         /// Only jobs in this state (one of [`JOB_STATES`]).
         #[serde(default)]
         state: Option<String>,
+        /// Only jobs whose last error contains this text: the filter of
+        /// [`DlqSelection::error_contains`], over jobs in any state.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error_contains: Option<String>,
+        /// Only jobs changed (enqueued, leased, ended, ...) within the last
+        /// this-many seconds: the filter of [`DlqSelection::since_secs`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since_secs: Option<u64>,
         /// At most this many jobs (the daemon picks a default when absent).
         #[serde(default)]
         limit: Option<u32>,
@@ -60,6 +70,10 @@ pub enum Request {
     JobsCancel {
         /// The job id.
         id: String,
+        /// Leave the job's unfinished transitive dependents (`after`) alone: they
+        /// stay blocked. By default they are cancelled too.
+        #[serde(default)]
+        keep_dependents: bool,
     },
     /// Enqueues one job. Answered with [`crate::Response::Enqueued`].
     Enqueue {
@@ -84,6 +98,12 @@ pub enum Request {
         priority: Option<String>,
         /// The payload bytes.
         payload: Payload,
+        /// Parent job ids the job waits for (1 to 1,000; none when empty).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        after: Vec<String>,
+        /// `succeeded` (the default) or `finished`: when an edge counts as met.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after_policy: Option<String>,
     },
     /// Enqueues 1 to 1,000 jobs all or nothing, in one commit (what `qctl enqueue
     /// --ndjson` sends). Each job is an object of the HTTP single enqueue's shape
@@ -268,12 +288,35 @@ pub enum Request {
     /// a change that cannot apply live with `conflict`; either way nothing changes.
     /// Answered with [`crate::Response::Reloaded`].
     Reload {},
+    /// Every configured schedule with its stored state. Answered with
+    /// [`crate::Response::Schedules`].
+    SchedulesList {},
+    /// Pauses a schedule: no tick fires until it is resumed (stored, on every
+    /// node). Answered with [`crate::Response::Schedules`].
+    SchedulesPause {
+        /// The schedule.
+        name: String,
+    },
+    /// Resumes a paused schedule from its next tick after now (the ticks that came
+    /// while it was paused are not caught up). Answered with
+    /// [`crate::Response::Schedules`].
+    SchedulesResume {
+        /// The schedule.
+        name: String,
+    },
+    /// One run of a schedule now, keyed by the trigger time (also while paused);
+    /// the schedule's next tick is unchanged. Answered with
+    /// [`crate::Response::Enqueued`].
+    SchedulesTrigger {
+        /// The schedule.
+        name: String,
+    },
 }
 
 impl Request {
     /// Every `op` name, in declaration order. `decode_request` answers `unknown_op` for
     /// any other name.
-    pub const OPS: [&'static str; 24] = [
+    pub const OPS: [&'static str; 28] = [
         "status",
         "queues",
         "jobs_list",
@@ -298,6 +341,10 @@ impl Request {
         "backup",
         "reload",
         "jobs_result",
+        "schedules_list",
+        "schedules_pause",
+        "schedules_resume",
+        "schedules_trigger",
     ];
 
     /// This request's `op` name (for logs and metrics labels).
@@ -327,6 +374,10 @@ impl Request {
             Request::Top { .. } => "top",
             Request::Backup { .. } => "backup",
             Request::Reload {} => "reload",
+            Request::SchedulesList {} => "schedules_list",
+            Request::SchedulesPause { .. } => "schedules_pause",
+            Request::SchedulesResume { .. } => "schedules_resume",
+            Request::SchedulesTrigger { .. } => "schedules_trigger",
         }
     }
 

@@ -38,6 +38,9 @@ pub enum Response {
         id: String,
         /// The state it was cancelled from (`ready`, `delayed` or `dead`).
         previous_state: String,
+        /// Its unfinished transitive dependents cancelled with it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        dependents: Vec<String>,
     },
     /// Answer to `enqueue`.
     Enqueued(Enqueued),
@@ -71,6 +74,41 @@ pub enum Response {
     Backup(BackupInfo),
     /// Answer to `reload`.
     Reloaded(ReloadInfo),
+    /// Answer to `schedules_list`, `schedules_pause` and `schedules_resume`, sorted
+    /// by name.
+    Schedules {
+        /// Every configured schedule.
+        schedules: Vec<ScheduleInfo>,
+    },
+}
+
+/// One configured schedule and its stored state (`qctl schedules list`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleInfo {
+    /// Its name.
+    pub name: String,
+    /// The queue its jobs go to.
+    pub queue: String,
+    /// `cron EXPR` or `every DURATION`.
+    pub spec: String,
+    /// The time zone of a cron expression (`UTC` by default); `null` for `every`.
+    #[serde(default)]
+    pub timezone: Option<String>,
+    /// When it fires next, Unix ms (its tick plus jitter); `null` while paused or
+    /// not yet computed.
+    #[serde(default)]
+    pub next_fire_at: Option<i64>,
+    /// The tick of its last run (a trigger's time for a manual run), Unix ms.
+    #[serde(default)]
+    pub last_fire_at: Option<i64>,
+    /// The job of its last run.
+    #[serde(default)]
+    pub last_job: Option<String>,
+    /// That job's state now (`null` when it was pruned or there is none).
+    #[serde(default)]
+    pub last_job_state: Option<String>,
+    /// Paused by an operator.
+    pub paused: bool,
 }
 
 impl Response {
@@ -93,6 +131,7 @@ impl Response {
             Response::Top(_) => "top",
             Response::Backup(_) => "backup",
             Response::Reloaded(_) => "reloaded",
+            Response::Schedules { .. } => "schedules",
         }
     }
 }
@@ -487,4 +526,10 @@ pub struct TenantCounts {
     pub leased: u64,
     /// Dead jobs.
     pub dead: u64,
+    /// Jobs waiting for a parent named in `after`.
+    #[serde(default)]
+    pub waiting: u64,
+    /// Jobs blocked by a dead or cancelled parent.
+    #[serde(default)]
+    pub blocked: u64,
 }

@@ -15,11 +15,16 @@ fn sample_requests() -> Vec<Request> {
             queue: Some("email".into()),
             tenant: None,
             state: Some("ready".into()),
+            error_contains: Some("timeout".into()),
+            since_secs: Some(3600),
             limit: Some(5),
             after: None,
         },
         Request::JobsShow { id: "j1".into() },
-        Request::JobsCancel { id: "j1".into() },
+        Request::JobsCancel {
+            id: "j1".into(),
+            keep_dependents: false,
+        },
         Request::Enqueue {
             queue: "email".into(),
             tenant: Some("acme".into()),
@@ -28,6 +33,8 @@ fn sample_requests() -> Vec<Request> {
             max_attempts: Some(3),
             priority: Some("-5m".into()),
             payload: Payload::Text("hi".into()),
+            after: vec!["0190f1c2-0000-7000-8000-000000000000".into()],
+            after_policy: Some("finished".into()),
         },
         Request::EnqueueBatch {
             queue: "email".into(),
@@ -94,6 +101,16 @@ fn sample_requests() -> Vec<Request> {
             force: false,
         },
         Request::Reload {},
+        Request::SchedulesList {},
+        Request::SchedulesPause {
+            name: "nightly".into(),
+        },
+        Request::SchedulesResume {
+            name: "nightly".into(),
+        },
+        Request::SchedulesTrigger {
+            name: "nightly".into(),
+        },
     ]
 }
 
@@ -121,6 +138,27 @@ fn every_request_round_trips_and_its_op_is_listed() {
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
         assert_eq!(decode_request(&line), Ok(frame));
     }
+}
+
+#[test]
+fn jobs_list_error_and_since_filters_are_optional_on_the_wire() {
+    let req: Request =
+        serde_json::from_str(r#"{"op":"jobs_list","queue":"email"}"#).expect("a request");
+    let Request::JobsList {
+        error_contains,
+        since_secs,
+        ..
+    } = &req
+    else {
+        panic!("{req:?}");
+    };
+    assert_eq!((error_contains, since_secs), (&None, &None));
+    // Absent filters are left out, so a request without them reads as before.
+    let text = serde_json::to_string(&req).expect("json");
+    assert!(
+        !text.contains("error_contains") && !text.contains("since_secs"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -249,6 +287,8 @@ fn a_request_with_a_payload_of_the_default_max_payload_fits_a_frame() {
             max_attempts: Some(u32::MAX),
             priority: Some("-86400s".into()),
             payload: Payload::from_bytes(bytes.clone()),
+            after: Vec::new(),
+            after_policy: None,
         };
         let redrive = Request::DlqRedrive {
             selection: DlqSelection::of_ids(vec![longest(64)]),

@@ -2,13 +2,43 @@
 //! `qd::audit`, naming who (the peer's uid from `SO_PEERCRED`), what (the op and
 //! its object) and the state before and after, e.g.
 //! `INFO qd::audit: Admin change. uid=1000 op="queue_pause" what="queue email" before="workers=1..16 paused=no" after="workers=1..16 paused=yes"`.
+//! A change made from the web console names its author instead of a uid:
+//! `by="console:ops-alice"` (the token's name).
 //! Read-only requests leave no line.
 
 use crate::supervisor::Daemon;
 
-/// Logs one change made by `uid`.
-pub(super) fn change(uid: u32, op: &str, what: &str, before: &str, after: &str) {
-    tracing::info!(target: "qd::audit", uid, op, what, before, after, "Admin change.");
+/// Who asked for a change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Author {
+    /// A qctl user, by the uid the kernel reported for the socket peer.
+    Uid(u32),
+    /// A console session, by its token's name (`None`: a loopback console without
+    /// a token file, where nobody logs in).
+    Console(Option<String>),
+}
+
+impl std::fmt::Display for Author {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Author::Uid(uid) => write!(f, "uid {uid}"),
+            Author::Console(Some(name)) => write!(f, "console:{name}"),
+            Author::Console(None) => f.write_str("console:anonymous"),
+        }
+    }
+}
+
+/// Logs one change made by `author`.
+pub(super) fn change(author: &Author, op: &str, what: &str, before: &str, after: &str) {
+    match author {
+        Author::Uid(uid) => {
+            tracing::info!(target: "qd::audit", uid, op, what, before, after, "Admin change.");
+        }
+        Author::Console(_) => {
+            let by = author.to_string();
+            tracing::info!(target: "qd::audit", by, op, what, before, after, "Admin change.");
+        }
+    }
 }
 
 /// The override scope `scope`/`name` as a line reads it: `tenant acme`.
@@ -51,10 +81,10 @@ pub(super) fn scope_state(d: &Daemon, scope: &str, name: &str) -> String {
 
 /// Logs one change of several jobs (a redrive or purge batch); nothing when `ids`
 /// is empty.
-pub(super) fn jobs<T: ToString>(uid: u32, op: &str, ids: &[T], before: &str, after: &str) {
+pub(super) fn jobs<T: ToString>(author: &Author, op: &str, ids: &[T], before: &str, after: &str) {
     if !ids.is_empty() {
         let what = format!("{} jobs: {}", ids.len(), ids_text(ids));
-        change(uid, op, &what, before, after);
+        change(author, op, &what, before, after);
     }
 }
 

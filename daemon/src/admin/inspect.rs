@@ -19,32 +19,24 @@ const EXPORT_LIMIT: u32 = 100;
 const EXPORT_MAX: u32 = 1000;
 
 impl Handler {
-    /// `jobs_list`: newest first, one page after `after`.
+    /// `jobs_list`: newest first, one page after `after`. `filters` are those of a
+    /// DLQ listing (queue, tenant, error, since; no ids), over jobs in `state` or
+    /// in any state.
     pub(super) async fn jobs_list(
         &self,
-        queue: Option<String>,
-        tenant: Option<String>,
+        filters: &DlqSelection,
         state: Option<String>,
         limit: Option<u32>,
         after: Option<String>,
     ) -> Result<Response, ErrorBody> {
-        self.queue_filter(queue.as_deref())?;
         let state = state
             .map(|s| {
                 s.parse::<State>()
                     .map_err(|e| err(ErrorCode::BadRequest, e))
             })
             .transpose()?;
-        super::tenant_filter(tenant.as_deref())?;
-        let filter = JobFilter {
-            queue,
-            tenant,
-            state,
-            order: JobOrder::NewestFirst,
-            after: after.as_deref().map(parse_id).transpose()?,
-            limit: page_size(limit, DEFAULT_LIMIT, MAX_LIMIT)?,
-            ..JobFilter::default()
-        };
+        let limit = page_size(limit, DEFAULT_LIMIT, MAX_LIMIT)?;
+        let filter = self.selection_filter(filters, state, JobOrder::NewestFirst, after, limit)?;
         let (jobs, next_after) = self.page(filter).await?;
         Ok(Response::Jobs {
             jobs: jobs.iter().map(views::summary).collect(),
@@ -181,16 +173,37 @@ impl Handler {
                 "a DLQ listing takes filters, not ids; show one job with dlq_show",
             ));
         }
+        self.selection_filter(
+            sel,
+            Some(State::Dead),
+            JobOrder::RecentlyUpdated,
+            after,
+            limit,
+        )
+    }
+
+    /// The store filter of a listing by `sel`'s filters (its ids are the caller's
+    /// business): shared by `jobs_list` and the DLQ listings, so `error` and
+    /// `since` mean the same in both. Errors: `not_found` for an unknown queue,
+    /// `bad_request` for a tenant no job can have or a malformed cursor.
+    fn selection_filter(
+        &self,
+        sel: &DlqSelection,
+        state: Option<State>,
+        order: JobOrder,
+        after: Option<String>,
+        limit: u32,
+    ) -> Result<JobFilter, ErrorBody> {
         self.queue_filter(sel.queue.as_deref())?;
         super::tenant_filter(sel.tenant.as_deref())?;
         Ok(JobFilter {
             queue: sel.queue.clone(),
             tenant: sel.tenant.clone(),
-            state: Some(State::Dead),
+            state,
             error_contains: sel.error_contains.clone(),
             updated_since: sel.since_secs.map(since_ms),
             after: after.as_deref().map(parse_id).transpose()?,
-            order: JobOrder::RecentlyUpdated,
+            order,
             limit,
             ..JobFilter::default()
         })

@@ -161,6 +161,8 @@ pub fn tenant_counts(counts: &[(String, State, u64)]) -> Vec<TenantCounts> {
             State::Delayed => row.delayed += n,
             State::Leased => row.leased += n,
             State::Dead => row.dead += n,
+            State::Waiting => row.waiting += n,
+            State::Blocked => row.blocked += n,
             State::Succeeded | State::Cancelled => {}
         }
     }

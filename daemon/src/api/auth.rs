@@ -9,7 +9,7 @@
 //! [[tokens]]
 //! name = "billing-workers"       # shown in errors, never the secret
 //! token = "b3f1…"                # the bearer secret, 16 to 512 visible ASCII bytes
-//! roles = ["work"]               # any of "produce", "work", "read"
+//! roles = ["work"]               # any of "produce", "work", "read", "admin"
 //! queues = ["billing"]           # queue names, or ["*"] for every queue
 //! access_key_id = "AKIDBILLING"  # optional: AWS credentials for the SQS API (SigV4),
 //! secret_access_key = "…"        #   both or neither; the same roles and queues apply
@@ -47,8 +47,12 @@ pub enum Role {
     Produce,
     /// Work an external queue: lease, heartbeat, ack, nack.
     Work,
-    /// Read a job's status and history (`GET /v1/jobs/{id}`).
+    /// Read a job's status and history (`GET /v1/jobs/{id}`); in the web console,
+    /// look at every page.
     Read,
+    /// In the web console: act (pause, resume, workers, cancel, redrive, purge,
+    /// limits). It grants nothing on the HTTP API.
+    Admin,
 }
 
 impl Role {
@@ -57,6 +61,7 @@ impl Role {
             Role::Produce => "produce",
             Role::Work => "work",
             Role::Read => "read",
+            Role::Admin => "admin",
         }
     }
 }
@@ -248,9 +253,27 @@ pub(super) fn aws_credentials_of(tokens: &Tokens, key: &str) -> Option<(String, 
 }
 
 impl Tokens {
-    /// True when no token is configured (the API is open, loopback-only).
+    /// True when no tokens are configured (the API is open, loopback-only).
     pub fn is_open(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// The grant of the token whose secret is `presented` (a console login), in
+    /// constant time per configured token.
+    pub fn grant_of(&self, presented: &[u8]) -> Option<Arc<Grant>> {
+        self.find(presented)
+    }
+}
+
+impl Grant {
+    /// True when the token has `role`.
+    pub fn has(&self, role: Role) -> bool {
+        self.roles.contains(&role)
+    }
+
+    /// True when the token may use every queue (`queues = ["*"]`).
+    pub fn every_queue(&self) -> bool {
+        self.queues.is_none()
     }
 }
 
@@ -311,7 +334,7 @@ fn check_token(t: &RawToken, at: &str, known_queue: &impl Fn(&str) -> bool) -> R
     }
     if t.roles.is_empty() {
         return Err(format!(
-            "{at}: roles is empty; give any of \"produce\", \"work\", \"read\""
+            "{at}: roles is empty; give any of \"produce\", \"work\", \"read\", \"admin\""
         ));
     }
     if t.queues.is_empty() {

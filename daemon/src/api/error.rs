@@ -83,6 +83,9 @@ impl From<BrokerError> for ApiError {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg).retry(1)
             }
             BrokerError::Invalid(_) => Self::bad_request(msg),
+            BrokerError::UnknownDependency(_) => {
+                Self::new(StatusCode::BAD_REQUEST, "unknown_dependency", msg)
+            }
             BrokerError::PayloadTooLarge { .. } => {
                 Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", msg)
             }

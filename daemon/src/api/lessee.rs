@@ -138,6 +138,9 @@ struct LeasedBody {
     payload: Option<String>,
     payload_b64: String,
     queue: Arc<str>,
+    /// The schedule and tick of a job a schedule enqueued (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schedule: Option<crate::schedule::JobSchedule>,
     tenant: Arc<str>,
     token: Token,
 }
@@ -146,6 +149,7 @@ impl LeasedBody {
     fn of(job: LeasedJob) -> Self {
         let payload_b64 = base64::engine::general_purpose::STANDARD.encode(&job.payload);
         LeasedBody {
+            schedule: crate::schedule::JobSchedule::of_key(&job.idempotency_key),
             attempt: job.attempt,
             deadline: job.deadline_ms,
             id: job.id,

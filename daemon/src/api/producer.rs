@@ -51,6 +51,8 @@ pub struct JobBody {
     delay: Option<Value>,
     max_attempts: Option<u32>,
     priority: Option<Value>,
+    after: Option<Vec<String>>,
+    after_policy: Option<String>,
 }
 
 impl JobBody {
@@ -76,6 +78,7 @@ impl JobBody {
         };
         let delay = parse_seconds_or_duration("delay", self.delay)
             .map_err(|e| BrokerError::Invalid(e.message))?;
+        let after = crate::deps::parse_after(self.after, self.after_policy).map_err(invalid)?;
         let req = EnqueueRequest {
             queue: queue.to_string(),
             tenant: self.tenant,
@@ -84,6 +87,7 @@ impl JobBody {
             delay,
             max_attempts: self.max_attempts,
             priority_ms: priority_ms(self.priority)?,
+            after,
         };
         broker::validate(&req, max_payload)?;
         Ok(req)
@@ -154,7 +158,7 @@ pub async fn enqueue(
     let config = args.config();
     let req = counted(&config, &queue, || {
         let max = config.daemon.max_payload;
-        let body = body.map_err(|e| too_large(max, e.to_string()))?;
+        let body = body.map_err(|e| unreadable(e, |d| too_large(max, d)))?;
         known_queue(&config, &queue)?;
         parse_enqueue(&queue, &body, &headers, max)
     })?;
@@ -206,6 +210,16 @@ fn known_queue(config: &Config, queue: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A body that could not be read: too large (`too_large`), or broken on the wire
+/// (bad chunked encoding, the client went away): `400`, not `413`.
+fn unreadable(e: BytesRejection, too_large: impl FnOnce(String) -> ApiError) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        too_large(e.to_string())
+    } else {
+        ApiError::bad_request(format!("cannot read the request body: {e}"))
+    }
+}
+
 fn too_large(max: usize, detail: String) -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -249,7 +263,7 @@ pub async fn enqueue_batch(
     let config = args.config();
     let reqs = counted(&config, &queue, || {
         let max = config.daemon.max_payload;
-        let body = body.map_err(|e| batch_too_large(max, e.to_string()))?;
+        let body = body.map_err(|e| unreadable(e, |d| batch_too_large(max, d)))?;
         known_queue(&config, &queue)?;
         if headers.contains_key("idempotency-key") {
             return Err(ApiError::bad_request(
@@ -411,7 +425,7 @@ pub fn job_json(d: &JobDetail, now: i64) -> Value {
 
 fn job_fields(d: &JobDetail, state: JobState) -> Value {
     let j = &d.job;
-    json!({
+    let mut body = json!({
         "id": j.id,
         "queue": &*j.queue,
         "tenant": &*j.tenant,
@@ -431,7 +445,16 @@ fn job_fields(d: &JobDetail, state: JobState) -> Value {
         "priority": crate::priority::format_priority(j.priority_ms),
         "priority_ms": j.priority_ms,
         "result_bytes": d.result.as_ref().map(Vec::len),
-    })
+    });
+    if let (Some(schedule), Some(map)) = (
+        j.idempotency_key
+            .as_deref()
+            .and_then(crate::schedule::JobSchedule::of_key),
+        body.as_object_mut(),
+    ) {
+        map.insert("schedule".into(), json!(schedule));
+    }
+    body
 }
 
 #[cfg(test)]

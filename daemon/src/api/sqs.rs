@@ -17,9 +17,11 @@
 //! return (`Failure::Interrupted`) fenced by the same token. `MessageGroupId` is the
 //! tenant, `MessageDeduplicationId` the idempotency key.
 
+pub mod created;
 mod error;
 mod handle;
 mod message;
+mod moves;
 mod params;
 mod queues;
 mod receive;
@@ -55,6 +57,11 @@ pub struct SqsState {
     started_at: i64,
     /// The last `PurgeQueue` of each queue (SQS allows one per 60 seconds).
     purges: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Held while an action changes the SQS-created queues, so two changes do not
+    /// interleave their store writes and Supervisor applies.
+    queue_writes: tokio::sync::Mutex<()>,
+    /// The message move tasks started on this node.
+    moves: Arc<moves::MoveTasks>,
 }
 
 impl SqsState {
@@ -62,6 +69,8 @@ impl SqsState {
         SqsState {
             started_at: crate::clock::wall_ms(),
             purges: Mutex::new(HashMap::new()),
+            queue_writes: tokio::sync::Mutex::new(()),
+            moves: Arc::default(),
         }
     }
 }
@@ -168,7 +177,13 @@ async fn dispatch(ctx: &Ctx, action: &str) -> Result<Value, SqsError> {
     match action {
         "GetQueueUrl" => queues::get_queue_url(ctx),
         "ListQueues" => queues::list_queues(ctx),
-        "CreateQueue" => queues::create_queue(ctx),
+        "CreateQueue" => queues::create_queue(ctx).await,
+        "DeleteQueue" => queues::delete_queue(ctx).await,
+        "SetQueueAttributes" => queues::set_queue_attributes(ctx).await,
+        "TagQueue" => queues::tag_queue(ctx).await,
+        "UntagQueue" => queues::untag_queue(ctx).await,
+        "ListQueueTags" => queues::list_queue_tags(ctx),
+        "ListDeadLetterSourceQueues" => queues::list_dead_letter_source_queues(ctx),
         "GetQueueAttributes" => queues::get_queue_attributes(ctx).await,
         "PurgeQueue" => queues::purge_queue(ctx).await,
         "SendMessage" => send::send_message(ctx).await,
@@ -178,17 +193,10 @@ async fn dispatch(ctx: &Ctx, action: &str) -> Result<Value, SqsError> {
         "DeleteMessageBatch" => settle::delete_message_batch(ctx).await,
         "ChangeMessageVisibility" => settle::change_visibility(ctx).await,
         "ChangeMessageVisibilityBatch" => settle::change_visibility_batch(ctx).await,
-        "DeleteQueue"
-        | "SetQueueAttributes"
-        | "TagQueue"
-        | "UntagQueue"
-        | "ListQueueTags"
-        | "ListDeadLetterSourceQueues"
-        | "StartMessageMoveTask"
-        | "ListMessageMoveTasks"
-        | "CancelMessageMoveTask"
-        | "AddPermission"
-        | "RemovePermission" => Err(SqsError::new(
+        "StartMessageMoveTask" => moves::start(ctx).await,
+        "ListMessageMoveTasks" => moves::list(ctx),
+        "CancelMessageMoveTask" => moves::cancel(ctx),
+        "AddPermission" | "RemovePermission" => Err(SqsError::new(
             ErrorKind::UnsupportedOperation,
             format!(
                 "qd does not support {action}; see daemon/docs/sqs.md for the actions it answers"
@@ -231,6 +239,12 @@ impl Ctx {
     pub fn arn(&self, name: &str) -> String {
         let sqs = &self.config.sqs;
         format!("arn:aws:sqs:{}:{}:{name}", sqs.region, sqs.account_id)
+    }
+
+    /// The queue of `config` an ARN of this account and region names.
+    pub fn queue_of_arn(&self, config: &Config, arn: &str) -> Option<String> {
+        let name = arn.strip_prefix(&self.arn(""))?;
+        config.queues.contains_key(name).then(|| name.to_string())
     }
 
     /// Ok if the caller may use `queue` with `role` (any role when `None`);

@@ -102,9 +102,25 @@ impl StoreEffect {
         Run: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
         Done: FnOnce(Result<R, StoreError>, &Back) + Send + 'static,
     {
+        Self::write_locking_depth(None, run, done)
+    }
+
+    /// [`StoreEffect::write`] of an operation that takes `queue`'s `max_depth`
+    /// lock in the store ([`Store::submit_locking_depth`]).
+    pub(crate) fn write_locking_depth<R, Run, Done>(
+        queue: Option<String>,
+        run: Run,
+        done: Done,
+    ) -> StoreEffect
+    where
+        R: Send + 'static,
+        Run: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
+        Done: FnOnce(Result<R, StoreError>, &Back) + Send + 'static,
+    {
         StoreEffect::Write(Box::new(Op {
             run,
             done,
+            depth_lock: queue,
             answer: PhantomData,
         }))
     }
@@ -122,6 +138,7 @@ pub(crate) trait Write: Send {
 struct Op<R, Run, Done> {
     run: Run,
     done: Done,
+    depth_lock: Option<String>,
     answer: PhantomData<fn() -> R>,
 }
 
@@ -132,8 +149,13 @@ where
     Done: FnOnce(Result<R, StoreError>, &Back) + Send + 'static,
 {
     fn submit(self: Box<Self>, store: &Store, back: Back) {
-        let Op { run, done, .. } = *self;
-        store.submit(run, move |result| done(result, &back));
+        let Op {
+            run,
+            done,
+            depth_lock,
+            ..
+        } = *self;
+        store.submit_locking_depth(depth_lock, run, move |result| done(result, &back));
     }
 
     #[cfg(test)]

@@ -128,7 +128,7 @@ pub fn dropped(out: &mut Outbox, job: &Job) {
     match job.state {
         State::Ready | State::Delayed => remove(out, job),
         State::Leased => release(out, &job.queue, job.tenant.clone()),
-        State::Dead | State::Succeeded | State::Cancelled => {}
+        State::Dead | State::Succeeded | State::Cancelled | State::Waiting | State::Blocked => {}
     }
 }
 

@@ -20,7 +20,9 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+mod crashed;
 mod elsewhere;
+mod fire;
 mod settle;
 mod shared;
 
@@ -43,6 +45,7 @@ use crate::limits::Limits;
 use crate::metrics::{self, Completion, RejectReason, TenantLabels};
 use crate::scheduler::{Snapshot, Waiting};
 use crate::store::{Backend, Inserted, LeaseKind, NewRecord, StoreError};
+pub use fire::FireWrite;
 pub(crate) use settle::PROBE_EVERY;
 pub use settle::Settle;
 use settle::{Intent, Parked};
@@ -60,6 +63,10 @@ pub struct QueueCounts {
     pub leased: u64,
     /// Dead (in the DLQ).
     pub dead: u64,
+    /// Waiting for a parent named in `after` (`deps.rs`).
+    pub held_waiting: u64,
+    /// Blocked by a dead or cancelled parent (`deps.rs`).
+    pub held_blocked: u64,
     /// Enqueues whose write is in flight.
     pub pending: u64,
     /// Ready jobs (among `waiting`) a Scheduler has picked for a lease request
@@ -73,7 +80,7 @@ pub struct QueueCounts {
 impl QueueCounts {
     /// Jobs that count against `max_depth`: everything not dead.
     pub fn depth(&self) -> u64 {
-        self.waiting + self.leased + self.pending
+        self.waiting + self.leased + self.pending + self.held_waiting + self.held_blocked
     }
 
     /// The earliest ready time (Unix ms) of the queue's ready jobs: the Scheduler's
@@ -90,6 +97,8 @@ impl QueueCounts {
             State::Ready | State::Delayed => Some(&mut self.waiting),
             State::Leased => Some(&mut self.leased),
             State::Dead => Some(&mut self.dead),
+            State::Waiting => Some(&mut self.held_waiting),
+            State::Blocked => Some(&mut self.held_blocked),
             State::Succeeded | State::Cancelled => None,
         }
     }
@@ -301,7 +310,10 @@ impl BrokerState {
         if let Some(c) = self.counts.entry(queue.clone()).or_default().slot(state) {
             apply(c);
         }
-        if matches!(state, State::Ready | State::Delayed | State::Leased) {
+        if matches!(
+            state,
+            State::Ready | State::Delayed | State::Leased | State::Waiting | State::Blocked
+        ) {
             let key = (queue.clone(), tenant.clone());
             let depth = self.tenant_depth.entry(key).or_default();
             apply(depth);
@@ -493,6 +505,19 @@ impl BrokerState {
         self.store_effects.push(StoreEffect::write(run, done));
     }
 
+    /// [`Self::write`] of an enqueue that checks `depth` (queue, `max_depth`) in
+    /// the store: the writer takes the queue's depth lock before its batch runs.
+    fn write_enqueue<R, Run, Done>(&mut self, depth: Option<&(String, u64)>, run: Run, done: Done)
+    where
+        R: Send + 'static,
+        Run: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
+        Done: FnOnce(Result<R, StoreError>, &Back) + Send + 'static,
+    {
+        let queue = depth.map(|(queue, _)| queue.clone());
+        self.store_effects
+            .push(StoreEffect::write_locking_depth(queue, run, done));
+    }
+
     /// Answers `reply` with `value` once this message's store effects are handed
     /// over (a [`Reply`] effect).
     pub(super) fn answer<T: Send + 'static>(&mut self, reply: RpcReplyPort<T>, value: T) {
@@ -537,15 +562,25 @@ impl BrokerState {
                 let record = self.reserve(new, req.payload, now);
                 let job = record.job.clone();
                 let depth = self.depth_check(&job.queue);
-                self.write(
+                let check = depth.clone();
+                let after = req.after;
+                self.write_enqueue(
+                    check.as_ref(),
                     move |b| {
                         if let Some((queue, max)) = &depth {
                             shared::within_depth(b, queue, 1, *max)?;
                         }
-                        let inserted = b.enqueue(std::slice::from_ref(&record)).map(first)?;
-                        Ok((inserted, record.payload))
+                        let (inserted, state) = b
+                            .enqueue_after(std::slice::from_ref(&record), &[after], false)
+                            .map(first)?;
+                        Ok((inserted, record.payload, state))
                     },
                     move |result, back| {
+                        let mut job = job;
+                        let result = result.map(|(inserted, payload, state)| {
+                            job.state = state;
+                            (inserted, payload)
+                        });
                         back(BrokerMsg::Inserted(Box::new(job), result, reply));
                     },
                 );
@@ -639,7 +674,8 @@ impl BrokerState {
     ) {
         self.unreserve(&job);
         match &result {
-            Ok(_) | Err(StoreError::QueueFull { .. } | StoreError::Busy(_)) => {
+            Ok(_)
+            | Err(StoreError::QueueFull { .. } | StoreError::Busy(_) | StoreError::After { .. }) => {
                 self.store_accepted(now, mono)
             }
             Err(err) => self.store_refused(err),
@@ -663,7 +699,13 @@ impl BrokerState {
                 metrics::job_enqueued(&self.labels, &job.queue, &job.tenant);
                 let id = job.id;
                 self.hot.insert(id, payload);
-                events::ready(&mut self.out, &job);
+                if job.state.is_held() {
+                    if job.state == State::Blocked {
+                        metrics::dependencies_blocked(&job.queue);
+                    }
+                } else {
+                    events::ready(&mut self.out, &job);
+                }
                 self.replace(job);
                 Ok(Enqueued {
                     id,
@@ -682,8 +724,13 @@ impl BrokerState {
             }),
             Ok((Inserted::Duplicate { id, .. }, _)) => Err(key_conflict(&job, id)),
             Err(err @ (StoreError::QueueFull { .. } | StoreError::Busy(_))) => Err(refusal(err)),
+            Err(StoreError::After { error, .. }) => Err(after_refused(error)),
             Err(err) => {
-                warn!(queue = %job.queue, error = %err, "Enqueue failed in the store; nothing was accepted.");
+                static LOG: crate::log_every::Every =
+                    crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                if let Some(left_out) = LOG.due() {
+                    warn!(queue = %job.queue, error = %err, earlier_not_logged = left_out, "Enqueue failed in the store; nothing was accepted (logged at most every 10 s).");
+                }
                 Err(BrokerError::Store(err))
             }
         };
@@ -704,20 +751,34 @@ impl BrokerState {
         now: UnixMillis,
     ) {
         let queue = reqs.first().map(|r| r.queue.clone()).unwrap_or_default();
+        let afters: Vec<crate::deps::After> = reqs.iter().map(|r| r.after.clone()).collect();
         match self.admit_all(reqs, now) {
             Ok(records) => {
                 let jobs: Vec<Job> = records.iter().map(|r| r.job.clone()).collect();
                 let depth = jobs.first().and_then(|j| self.depth_check(&j.queue));
-                self.write(
+                let check = depth.clone();
+                self.write_enqueue(
+                    check.as_ref(),
                     move |b| {
                         if let Some((queue, max)) = &depth {
                             shared::within_depth(b, queue, records.len() as u64, *max)?;
                         }
-                        let answers = b.enqueue_all(&records)?;
+                        let answers = b.enqueue_after(&records, &afters, true)?;
                         let payloads = records.into_iter().map(|r| r.payload);
-                        Ok(answers.into_iter().zip(payloads).collect())
+                        Ok(answers.into_iter().zip(payloads).collect::<Vec<_>>())
                     },
                     move |result, back| {
+                        let mut jobs = jobs;
+                        let result = result.map(|answers| {
+                            answers
+                                .into_iter()
+                                .zip(jobs.iter_mut())
+                                .map(|(((inserted, state), payload), job)| {
+                                    job.state = state;
+                                    (inserted, payload)
+                                })
+                                .collect()
+                        });
                         back(BrokerMsg::InsertedBatch(jobs, result, reply));
                     },
                 );
@@ -809,13 +870,24 @@ impl BrokerState {
                 self.store_accepted(now, mono);
                 batch_past_depth(queue, depth, max, jobs.len())
             }
+            Err(StoreError::After { index, error }) => {
+                self.store_accepted(now, mono);
+                BatchError {
+                    index: Some(index),
+                    error: after_refused(error),
+                }
+            }
             Err(err @ StoreError::Busy(_)) => {
                 self.store_accepted(now, mono);
                 BatchError::whole(refusal(err))
             }
             Err(err) => {
                 self.store_refused(&err);
-                warn!(queue = ?queue, error = %err, "Batch enqueue failed in the store; nothing was accepted.");
+                static LOG: crate::log_every::Every =
+                    crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                if let Some(left_out) = LOG.due() {
+                    warn!(queue = ?queue, error = %err, earlier_not_logged = left_out, "Batch enqueue failed in the store; nothing was accepted.");
+                }
                 BatchError::whole(BrokerError::Store(err))
             }
         };
@@ -938,7 +1010,11 @@ impl BrokerState {
                         (leased, unclaimed)
                     }
                     Err(err) => {
-                        warn!(error = %err, jobs = before.len(), "Claim failed in the store; the jobs stay ready.");
+                        static LOG: crate::log_every::Every =
+                            crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                        if let Some(left_out) = LOG.due() {
+                            warn!(error = %err, earlier_not_logged = left_out, jobs = before.len(), "Claim failed in the store; the jobs stay ready.");
+                        }
                         (Vec::new(), before.into_iter().zip(planned).collect())
                     }
                 };
@@ -1478,6 +1554,14 @@ fn refusal(err: StoreError) -> BrokerError {
 /// (at `depth` across the cluster) past `max`: it names the first item past the
 /// limit, with the depth counting the items before it, as a batch refused by
 /// memory's count does.
+/// The Broker's error for an `after` the store refused.
+fn after_refused(error: crate::deps::AfterError) -> BrokerError {
+    match error {
+        crate::deps::AfterError::Unknown(id) => BrokerError::UnknownDependency(id),
+        other => BrokerError::Invalid(other.to_string()),
+    }
+}
+
 fn batch_past_depth(queue: String, depth: u64, max: u64, len: usize) -> BatchError {
     let room = usize::try_from(max.saturating_sub(depth)).unwrap_or(usize::MAX);
     let index = room.min(len.saturating_sub(1));

@@ -12,17 +12,18 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
 use super::diag::{self, Diagnostics, KeyPath};
-use super::raw::{self, Named, RawDaemon, RawRateLimiter, RawTenant};
+use super::raw::{self, Named, RawConsole, RawDaemon, RawRateLimiter, RawTenant};
 use super::units::{is_valid_name, parse_mode};
 use super::{
-    Config, ConfigError, DaemonConfig, DatabaseConfig, RateLimiterConfig, RestartIntensity,
-    TenantConfig,
+    Config, ConfigError, ConsoleConfig, DaemonConfig, DatabaseConfig, HttpLimits,
+    RateLimiterConfig, RestartIntensity, TenantConfig,
 };
 use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
 
 mod environment;
 mod executor;
 mod queue;
+mod schedule;
 mod sqs;
 
 /// The tenant every job without one belongs to; it always exists.
@@ -47,6 +48,10 @@ pub(crate) fn compile(
     let base_dir = source.parent().unwrap_or_else(|| Path::new("/"));
 
     let daemon = compile_daemon(&mut diag, &doc.daemon, base_dir);
+    let console = doc
+        .console
+        .as_ref()
+        .map(|raw| compile_console(&mut diag, raw, &daemon));
     let tenants = compile_tenants(&mut diag, &doc.tenants);
     let rate_limiters = compile_rate_limiters(&mut diag, &doc.rate_limiters);
     let sqs = sqs::compile_sqs(&mut diag, &doc.sqs, daemon.api_listen);
@@ -56,6 +61,8 @@ pub(crate) fn compile(
         rate_limiters: names(&doc.rate_limiters),
     };
     let queues = queue::compile_queues(&mut diag, &doc, &scope);
+    check_fence(&mut diag, &daemon, &queues);
+    let schedules = schedule::compile_schedules(&mut diag, &doc, &queues, daemon.max_payload);
     if environment {
         environment::check(&mut diag, &daemon, &queues);
     }
@@ -66,12 +73,50 @@ pub(crate) fn compile(
     }
     Ok(Config {
         daemon,
+        console,
         queues,
         rate_limiters,
         tenants,
         sqs,
+        schedules,
         source: source.to_path_buf(),
     })
+}
+
+/// On a cluster, refuses a command queue whose `kill_grace` the leader's
+/// `fence_wait` does not cover: a node cut off from the database stops its
+/// attempts once its heartbeat is `node_timeout` old (SIGTERM, SIGKILL
+/// `kill_grace` later), and the leader may hand their jobs to another node
+/// `node_timeout + fence_wait` after that heartbeat, so `kill_grace +
+/// FENCE_MARGIN <= fence_wait` keeps the two runs apart (`cluster.md`).
+fn check_fence(
+    diag: &mut Diagnostics<'_>,
+    daemon: &super::DaemonConfig,
+    queues: &std::collections::BTreeMap<String, super::QueueConfig>,
+) {
+    let Some(fence_wait) = daemon.database.as_ref().and_then(|d| d.fence_wait) else {
+        return;
+    };
+    for (name, queue) in queues {
+        let crate::executor::ExecutorSpec::Command(command) = &queue.executor else {
+            continue;
+        };
+        if command.kill_grace + super::database::FENCE_MARGIN > fence_wait {
+            diag.error(
+                &KeyPath::of(&["queues", name, "kill_grace"]),
+                format!(
+                    "{} plus {}s of margin is longer than daemon.fence_wait ({}): a node cut \
+                     off from the database could still be stopping this queue's job when the \
+                     leader hands it to another node; raise daemon.fence_wait to at least {} \
+                     or lower kill_grace",
+                    humantime::format_duration(command.kill_grace),
+                    super::database::FENCE_MARGIN.as_secs(),
+                    humantime::format_duration(fence_wait),
+                    humantime::format_duration(command.kill_grace + super::database::FENCE_MARGIN),
+                ),
+            );
+        }
+    }
 }
 
 /// `base_dir/path`, or `path` itself when it is absolute, with `.` and `..`
@@ -171,6 +216,7 @@ fn compile_daemon(diag: &mut Diagnostics<'_>, raw: &RawDaemon, base_dir: &Path) 
             format!("api_listen {api_listen} is not loopback; set daemon.api_tokens_file"),
         );
     }
+    let api_allowed_hosts = allowed_hosts(diag, &at("api_allowed_hosts"), &raw.api_allowed_hosts);
     DaemonConfig {
         data_dir: path(&raw.data_dir, "/var/lib/qd"),
         database: compile_database(diag, raw, base_dir),
@@ -182,9 +228,147 @@ fn compile_daemon(diag: &mut Diagnostics<'_>, raw: &RawDaemon, base_dir: &Path) 
         shutdown_grace: raw.shutdown_grace.map_or(Duration::from_secs(30), |d| d.0),
         max_payload,
         api_tokens_file,
+        api_allowed_hosts,
         restart: compile_restart(diag, raw),
         history: compile_history(diag, raw),
+        http: compile_http(diag, raw),
     }
+}
+
+fn compile_http(diag: &mut Diagnostics<'_>, raw: &RawDaemon) -> HttpLimits {
+    let at = |key: &str| KeyPath::of(&["daemon", "http", key]);
+    let given = raw.http.as_ref();
+    let default = HttpLimits::default();
+    let mut timeout = |key: &str, value: Option<Duration>, default: Duration| {
+        let value = value.unwrap_or(default);
+        if value < Duration::from_millis(10) {
+            diag.error(&at(key), "must be at least 10ms");
+        }
+        value
+    };
+    let header_timeout = timeout(
+        "header_timeout",
+        given.and_then(|h| h.header_timeout).map(|d| d.0),
+        default.header_timeout,
+    );
+    let body_timeout = timeout(
+        "body_timeout",
+        given.and_then(|h| h.body_timeout).map(|d| d.0),
+        default.body_timeout,
+    );
+    let idle_timeout = timeout(
+        "idle_timeout",
+        given.and_then(|h| h.idle_timeout).map(|d| d.0),
+        default.idle_timeout,
+    );
+    let max_connections = given
+        .and_then(|h| h.max_connections)
+        .unwrap_or(default.max_connections);
+    if max_connections < 1 {
+        diag.error(&at("max_connections"), "must be at least 1");
+    }
+    HttpLimits {
+        header_timeout,
+        body_timeout,
+        idle_timeout,
+        max_connections: max_connections.max(1),
+    }
+}
+
+fn compile_console(
+    diag: &mut Diagnostics<'_>,
+    raw: &RawConsole,
+    daemon: &DaemonConfig,
+) -> ConsoleConfig {
+    let at = |key: &str| KeyPath::of(&["console", key]);
+    let fallback = SocketAddr::from(([127, 0, 0, 1], 7071));
+    let listen = match raw.listen.as_deref() {
+        None => {
+            diag.error(
+                &at("listen"),
+                "the console needs its own listener, e.g. listen = \"127.0.0.1:7071\" (remove [console] to turn it off)",
+            );
+            fallback
+        }
+        Some(text) => text.parse().unwrap_or_else(|e| {
+            diag.error(
+                &at("listen"),
+                format!(
+                    "invalid address {text:?}: {e} (expected IP:PORT, e.g. \"127.0.0.1:7071\")"
+                ),
+            );
+            fallback
+        }),
+    };
+    if !listen.ip().is_loopback() && daemon.api_tokens_file.is_none() {
+        diag.error(
+            &at("listen"),
+            format!("console listen {listen} is not loopback; set daemon.api_tokens_file (console logins use its tokens)"),
+        );
+    }
+    let path_prefix = raw.path_prefix.clone().unwrap_or_default();
+    let prefix_ok = path_prefix.is_empty()
+        || (path_prefix.starts_with('/')
+            && !path_prefix.ends_with('/')
+            && path_prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"/-._~".contains(&b))
+            && !path_prefix.contains("//"));
+    if !prefix_ok {
+        diag.error(
+            &at("path_prefix"),
+            format!("invalid path_prefix {path_prefix:?}: a path like \"/qd\" (starting with /, no trailing /, letters, digits, - . _ ~)"),
+        );
+    }
+    let session_idle = raw
+        .session_idle
+        .map_or(Duration::from_secs(30 * 60), |d| d.0);
+    let session_max = raw
+        .session_max
+        .map_or(Duration::from_secs(12 * 3600), |d| d.0);
+    if session_idle.is_zero() || session_max < session_idle {
+        diag.error(&at("session_idle"), "need 0 < session_idle <= session_max");
+    }
+    let max_streams = raw.max_streams.unwrap_or(32);
+    if max_streams == 0 {
+        diag.error(&at("max_streams"), "must be at least 1");
+    }
+    ConsoleConfig {
+        listen,
+        path_prefix,
+        allowed_hosts: allowed_hosts(diag, &at("allowed_hosts"), &raw.allowed_hosts),
+        session_idle,
+        session_max,
+        max_streams,
+    }
+}
+
+/// A list of `Host` names (`api_allowed_hosts`, `console.allowed_hosts`), each checked.
+pub(crate) fn allowed_hosts(
+    diag: &mut Diagnostics<'_>,
+    path: &KeyPath,
+    given: &Option<Vec<String>>,
+) -> Vec<String> {
+    let hosts = given.clone().unwrap_or_default();
+    for host in &hosts {
+        if let Err(e) = check_allowed_host(host) {
+            diag.error(path, e);
+        }
+    }
+    hosts
+}
+
+/// Checks a configured allowed host (`name`, `name:port`, `[v6]:port`): a problem
+/// in words, for the config compiler.
+fn check_allowed_host(host: &str) -> Result<(), String> {
+    let ok_char = |b: u8| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b);
+    if host.is_empty() || host.len() > 255 || !host.bytes().all(ok_char) {
+        return Err(format!(
+            "{host:?} is not a host name: give a name or name:port as a browser sends it in Host, \
+             e.g. \"qd.example.com\" or \"qd.example.com:8443\" (no scheme, no path)"
+        ));
+    }
+    Ok(())
 }
 
 fn compile_database(
@@ -202,6 +386,7 @@ fn compile_database(
             ("database_password_file", password_file.is_some()),
             ("node_name", raw.node_name.is_some()),
             ("node_timeout", raw.node_timeout.is_some()),
+            ("fence_wait", raw.fence_wait.is_some()),
             ("poll_interval", raw.poll_interval.is_some()),
         ];
         for (key, set) in cluster_only {
@@ -228,6 +413,12 @@ fn compile_database(
             diag.error(&at("node_timeout"), "must be at least 1s");
         }
         database.node_timeout = timeout.0;
+    }
+    if let Some(wait) = raw.fence_wait {
+        if wait.0 > Duration::from_secs(3600) {
+            diag.error(&at("fence_wait"), "must be at most 1h");
+        }
+        database.fence_wait = Some(wait.0);
     }
     if let Some(poll) = raw.poll_interval {
         if poll.0 < Duration::from_millis(10) || poll.0 > Duration::from_secs(60) {

@@ -35,6 +35,14 @@ pub struct DatabaseConfig {
     /// A node whose heartbeat is older than this is dead: the leader ends its leases
     /// (default 10 s; nodes heartbeat every fifth of it, the leader's lease lasts it).
     pub node_timeout: Duration,
+    /// How much longer than `node_timeout` the leader waits before it ends a
+    /// silent node's leases, as written (`None`: derived from the queues, see
+    /// [`crate::config::Config::fence_wait`]): the silent node stops its own
+    /// attempts once its heartbeat is `node_timeout` old, SIGKILLing them
+    /// `kill_grace` after SIGTERM, and this wait covers that stop
+    /// (`daemon/docs/cluster.md`, self-fencing). Checked against every command
+    /// queue's `kill_grace`.
+    pub fence_wait: Option<Duration>,
     /// How often an idle node looks for jobs other nodes enqueued when no
     /// notification woke it (default 1 s; LISTEN/NOTIFY wakes it sooner).
     pub poll_interval: Duration,
@@ -43,6 +51,11 @@ pub struct DatabaseConfig {
 /// The cluster settings' defaults.
 pub(crate) const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What `fence_wait` must leave beyond a queue's `kill_grace`: the fencing check's
+/// tick (100 ms), the watchdog's tick (at most 250 ms), SIGKILL's delivery and the
+/// reaping of the group, with room for a busy host.
+pub const FENCE_MARGIN: Duration = Duration::from_secs(1);
 
 /// This machine's host name (the default `node_name`), or `"qd"` if it has none.
 pub(crate) fn host_name() -> String {
@@ -83,6 +96,7 @@ impl DatabaseConfig {
             password_file,
             node_name: host_name(),
             node_timeout: DEFAULT_NODE_TIMEOUT,
+            fence_wait: None,
             poll_interval: DEFAULT_POLL_INTERVAL,
         })
     }

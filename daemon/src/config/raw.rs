@@ -3,7 +3,7 @@
 //! Every struct denies unknown keys and leaves every key optional (except the
 //! few that are required), so the compiler can tell "not given" from "given"
 //! and apply `[defaults]` key by key. Each section (`[daemon]`, `[defaults]`,
-//! each `[queues.X]`, `[rate_limiters.X]`, `[tenants.X]`) is read on its own, so
+//! each `[queues.X]`, `[rate_limiters.X]`, `[tenants.X]`, `[schedules.X]`) is read on its own, so
 //! a broken section does not hide the problems of the others.
 
 use std::collections::BTreeMap;
@@ -30,13 +30,29 @@ pub(crate) struct RawDaemon {
     pub shutdown_grace: Option<Dur>,
     pub max_payload: Option<Size>,
     pub api_tokens_file: Option<String>,
+    pub api_allowed_hosts: Option<Vec<String>>,
     pub database_url: Option<String>,
     pub database_password_file: Option<String>,
     pub node_name: Option<String>,
     pub node_timeout: Option<Dur>,
+    pub fence_wait: Option<Dur>,
     pub poll_interval: Option<Dur>,
     pub restart: Option<RawRestart>,
     pub history: Option<RawHistory>,
+    pub http: Option<RawHttp>,
+}
+
+/// `daemon.http`: the HTTP API's connection limits.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { header_timeout = \"10s\", body_timeout = \"60s\", idle_timeout = \"60s\", max_connections = 1024 }"
+)]
+pub(crate) struct RawHttp {
+    pub header_timeout: Option<Dur>,
+    pub body_timeout: Option<Dur>,
+    pub idle_timeout: Option<Dur>,
+    pub max_connections: Option<u32>,
 }
 
 /// `daemon.history`: the history cap.
@@ -60,6 +76,18 @@ pub(crate) struct RawHistory {
 pub(crate) struct RawRestart {
     pub max_restarts: Option<u32>,
     pub window: Option<Dur>,
+}
+
+/// `[console]`: the web console (off unless the section is present).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "the [console] table")]
+pub(crate) struct RawConsole {
+    pub listen: Option<String>,
+    pub path_prefix: Option<String>,
+    pub allowed_hosts: Option<Vec<String>>,
+    pub session_idle: Option<Dur>,
+    pub session_max: Option<Dur>,
+    pub max_streams: Option<u32>,
 }
 
 /// `[queues.X]`, and `[defaults]` (which may not set the queue-only keys
@@ -194,6 +222,45 @@ pub(crate) struct RawSqs {
     pub advertised_url: Option<String>,
 }
 
+/// `[schedules.X]`: a periodic job. Every key is optional here so that a missing
+/// one is reported by the compiler at the schedule's table, with the others.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table like { queue = \"reports\", cron = \"0 3 * * *\" }"
+)]
+pub(crate) struct RawSchedule {
+    pub queue: Option<String>,
+    pub cron: Option<String>,
+    pub every: Option<Dur>,
+    pub timezone: Option<String>,
+    pub payload: Option<String>,
+    pub payload_b64: Option<String>,
+    pub tenant: Option<String>,
+    pub max_attempts: Option<u32>,
+    pub jitter: Option<Dur>,
+    pub catch_up: Option<RawCatchUp>,
+    pub max_catch_up: Option<u32>,
+    pub overlap: Option<RawOverlap>,
+}
+
+/// `catch_up = "latest" | "none" | "all"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawCatchUp {
+    Latest,
+    None,
+    All,
+}
+
+/// `overlap = "allow" | "skip"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawOverlap {
+    Allow,
+    Skip,
+}
+
 /// A named entry of a `[section.NAME]` family; `raw` is `None` when its body
 /// could not be read (the errors are already recorded, the name still counts).
 #[derive(Debug)]
@@ -206,15 +273,18 @@ pub(crate) struct Named<T> {
 #[derive(Debug, Default)]
 pub(crate) struct RawDoc {
     pub daemon: RawDaemon,
+    /// `None` when `[console]` is absent (the console is off).
+    pub console: Option<RawConsole>,
     pub defaults: RawQueue,
     /// `None` when `[queues]` is absent.
     pub queues: Option<Vec<Named<RawQueue>>>,
     pub rate_limiters: Vec<Named<RawRateLimiter>>,
     pub tenants: Vec<Named<RawTenant>>,
     pub sqs: RawSqs,
+    pub schedules: Vec<Named<RawSchedule>>,
 }
 
-const SECTIONS: &str = "daemon, defaults, queues, rate_limiters, tenants, sqs";
+const SECTIONS: &str = "daemon, console, defaults, queues, rate_limiters, tenants, sqs, schedules";
 
 /// Reads every section of the document, recording every problem in `diag`.
 pub(crate) fn read(diag: &mut Diagnostics<'_>) -> RawDoc {
@@ -229,11 +299,15 @@ pub(crate) fn read(diag: &mut Diagnostics<'_>) -> RawDoc {
         let path = KeyPath::of(&[name]);
         match name {
             "daemon" => doc.daemon = diag.deserialize(node, &path).unwrap_or_default(),
+            "console" => {
+                doc.console = Some(diag.deserialize(node, &path).unwrap_or_default());
+            }
             "defaults" => doc.defaults = diag.deserialize(node, &path).unwrap_or_default(),
             "queues" => doc.queues = Some(read_family(diag, node, &path)),
             "rate_limiters" => doc.rate_limiters = read_family(diag, node, &path),
             "tenants" => doc.tenants = read_family(diag, node, &path),
             "sqs" => doc.sqs = diag.deserialize(node, &path).unwrap_or_default(),
+            "schedules" => doc.schedules = read_family(diag, node, &path),
             other => diag.error_at(
                 &path,
                 key.span(),

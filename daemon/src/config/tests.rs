@@ -791,3 +791,186 @@ fn cluster_keys_need_a_database_and_sane_values() {
         );
     }
 }
+
+#[test]
+fn fence_wait_covers_every_command_queues_kill_grace() {
+    let url = "[daemon]\ndatabase_url = \"host=/run/postgresql dbname=qd\"\n";
+    let queue = |grace: &str| {
+        format!(
+            "[queues.work]\nexecutor = {{ kind = \"command\", program = \"/bin/true\" }}\n\
+             kill_grace = \"{grace}\"\n"
+        )
+    };
+    // Derived: the longest kill_grace plus the margin.
+    let derived = parse(&format!("{url}{}", queue("30s"))).expect("derived fence_wait");
+    assert_eq!(derived.fence_wait(), Some(Duration::from_secs(31)));
+    // Written and long enough.
+    let written = parse(&format!("{url}fence_wait = \"6s\"\n{}", queue("5s"))).expect("6s");
+    assert_eq!(written.fence_wait(), Some(Duration::from_secs(6)));
+    // Written too short: the error names both keys.
+    let found = errors(&format!("{url}fence_wait = \"5s\"\n{}", queue("5s")));
+    let error = error_at(&found, "queues.work.kill_grace");
+    assert!(error.message.contains("daemon.fence_wait"), "{error:?}");
+    assert!(error.message.contains("at least 6s"), "{error:?}");
+    // One node on SQLite: no fencing, no such key.
+    assert_eq!(parse(&queue("30s")).expect("sqlite").fence_wait(), None);
+    let found = errors(&format!("[daemon]\nfence_wait = \"5s\"\n{}", queue("1s")));
+    let error = error_at(&found, "daemon.fence_wait");
+    assert!(
+        error.message.contains("without daemon.database_url"),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn a_schedule_compiles_with_its_defaults_and_its_keys() {
+    let text = format!(
+        r#"{QUEUE}
+[schedules.nightly]
+queue = "demo"
+cron = "0 3 * * *"
+timezone = "Europe/Berlin"
+payload = "{{}}"
+tenant = "acme"
+max_attempts = 3
+jitter = "30s"
+catch_up = "all"
+max_catch_up = 4
+overlap = "skip"
+
+[schedules.often]
+queue = "demo"
+every = "15m"
+payload_b64 = "aGk="
+"#
+    );
+    let config = parse(&text).expect("valid");
+    let nightly = &config.schedules["nightly"];
+    assert_eq!(nightly.queue, "demo");
+    assert_eq!(nightly.timing.tz, chrono_tz::Europe::Berlin);
+    assert_eq!(nightly.timing.jitter, Duration::from_secs(30));
+    assert_eq!(nightly.catch_up, crate::schedule::CatchUp::All { max: 4 });
+    assert_eq!(nightly.overlap, crate::schedule::Overlap::Skip);
+    assert_eq!(nightly.payload, b"{}");
+    let often = &config.schedules["often"];
+    assert_eq!(
+        often.timing.spec,
+        crate::schedule::Spec::Every(Duration::from_secs(900))
+    );
+    assert_eq!(often.catch_up, crate::schedule::CatchUp::Latest);
+    assert_eq!(often.payload, b"hi");
+}
+
+#[test]
+fn every_bad_schedule_key_is_reported_at_its_place_in_one_pass() {
+    let text = format!(
+        r#"{QUEUE}
+[schedules.a]
+queue = "demo"
+cron = "61 * * * *"
+
+[schedules.b]
+queue = "demo"
+cron = "0 3 * * *"
+timezone = "Mars/Olympus"
+
+[schedules.c]
+queue = "nope"
+every = "1m"
+
+[schedules.d]
+queue = "demo"
+every = "1m"
+colour = "red"
+
+[schedules.e]
+queue = "demo"
+every = "1m"
+catch_up = "sometimes"
+jitter = "2m"
+
+[schedules.f]
+queue = "demo"
+
+[schedules.g]
+queue = "demo"
+every = "1m"
+timezone = "UTC"
+payload = "x"
+payload_b64 = "eA=="
+
+[schedules.h]
+queue = "demo"
+every = "1m"
+payload_b64 = "!!"
+max_catch_up = 3
+
+[schedules.i]
+queue = "demo"
+every = "1m"
+cron = "* * * * *"
+
+[schedules."bad name"]
+queue = "demo"
+every = "1m"
+"#
+    );
+    let errors = errors(&text);
+    let a = error_at(&errors, "schedules.a.cron");
+    assert!(
+        a.message.contains("invalid cron expression \"61 * * * *\""),
+        "{a:?}"
+    );
+    assert_eq!(a.line, Some(7));
+    let b = error_at(&errors, "schedules.b.timezone");
+    assert!(
+        b.message.contains("unknown time zone \"Mars/Olympus\""),
+        "{b:?}"
+    );
+    let c = error_at(&errors, "schedules.c.queue");
+    assert!(
+        c.message.contains("unknown queue \"nope\" (known: demo)"),
+        "{c:?}"
+    );
+    let d = error_at(&errors, "schedules.d.colour");
+    assert!(d.message.contains("unknown field"), "{d:?}");
+    let e = error_at(&errors, "schedules.e.catch_up");
+    assert!(e.message.contains("sometimes"), "{e:?}");
+    let jitter = error_at(&errors, "schedules.e.jitter");
+    assert!(jitter.message.contains("shorter than every"), "{jitter:?}");
+    let f = error_at(&errors, "schedules.f");
+    assert!(f.message.contains("missing key `cron` or `every`"), "{f:?}");
+    let g = error_at(&errors, "schedules.g.timezone");
+    assert!(g.message.contains("only applies to cron"), "{g:?}");
+    let g = error_at(&errors, "schedules.g.payload_b64");
+    assert!(g.message.contains("either payload or payload_b64"), "{g:?}");
+    let h = error_at(&errors, "schedules.h.payload_b64");
+    assert!(h.message.contains("not valid base64"), "{h:?}");
+    let h = error_at(&errors, "schedules.h.max_catch_up");
+    assert!(
+        h.message.contains("only applies with catch_up = \"all\""),
+        "{h:?}"
+    );
+    let i = error_at(&errors, "schedules.i.every");
+    assert!(i.message.contains("either cron or every"), "{i:?}");
+    let j = error_at(&errors, "schedules.\"bad name\"");
+    assert!(j.message.contains("invalid schedule name"), "{j:?}");
+    assert!(f.message.contains("missing key `cron` or `every`"), "{f:?}");
+    assert!(errors.iter().all(|e| e.line.is_some()), "{errors:#?}");
+}
+
+#[test]
+fn api_allowed_hosts_are_host_names_and_a_url_is_refused_naming_the_key() {
+    let ok = format!(
+        "[daemon]\napi_allowed_hosts = [\"qd.internal\", \"qd.example.com:8443\"]\n{QUEUE}"
+    );
+    let config = parse(&ok).expect("valid");
+    assert_eq!(
+        config.daemon.api_allowed_hosts,
+        ["qd.internal", "qd.example.com:8443"]
+    );
+    let bad = format!("[daemon]\napi_allowed_hosts = [\"https://qd.internal/\"]\n{QUEUE}");
+    let errors = errors(&bad);
+    let err = error_at(&errors, "daemon.api_allowed_hosts");
+    assert!(err.message.contains("no scheme"), "{}", err.message);
+}

@@ -1,9 +1,14 @@
 //! The `command` executor: one child process per attempt.
 //!
 //! The program gets the payload on stdin (then EOF), the job's identity in `QD_JOB_ID`,
-//! `QD_IDEMPOTENCY_KEY`, `QD_ATTEMPT`, `QD_QUEUE` and `QD_TENANT` (these win over the
-//! queue's `env`), and runs in its own process group ([`group`]) so the whole tree is
-//! stopped together. Past `timeout`, or when an operator cancels the job, the group
+//! `QD_IDEMPOTENCY_KEY`, `QD_ATTEMPT`, `QD_QUEUE` and `QD_TENANT`, the attempt's
+//! fencing value in `QD_LEASE_TOKEN`, and for a job a schedule enqueued
+//! `QD_SCHEDULE` and `QD_SCHEDULE_TICK` (these win over the queue's `env`), and runs
+//! in its own process group ([`group`]) so the whole tree is stopped together.
+//!
+//! In the daemon ([`use_watchdog`]) the group is led by the attempt [`watchdog`],
+//! which stops the group when qd dies or freezes, and the group is recorded in
+//! `data_dir` so the next start can stop what a crash left ([`crate::attempt_groups`]). Past `timeout`, or when an operator cancels the job, the group
 //! gets SIGTERM, and SIGKILL `kill_grace` later. The exit status is classified by the queue's [`ExitCodes`] (sysexits.h
 //! conventions: 75 transient, 64/65 permanent); the last [`OUTPUT_LIMIT`] bytes of
 //! stderr go into the error text and those of stdout into the success detail. What
@@ -15,9 +20,12 @@
 //! write past its exit.
 
 mod group;
+pub mod watchdog;
 
 use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -32,7 +40,32 @@ use super::{
     CommandSpec, ErrorClass, ExecResult, ExecutorError, ExitCodes, JobRun, OUTPUT_LIMIT,
     output_text, with_output,
 };
+use crate::attempt_groups::{self, Record};
 use crate::job::Failure;
+
+/// Shortest silence of qd after which a watchdog takes it for frozen: a busy host
+/// must not stop attempts for a hiccup.
+const MIN_STALL: Duration = Duration::from_secs(5);
+
+/// How command attempts are started in this process: through the watchdog, and
+/// where their groups are recorded. Unset (tests of this module): the program is
+/// the group's leader and nothing is recorded.
+static WATCHDOG: OnceLock<Launch> = OnceLock::new();
+
+#[derive(Debug)]
+struct Launch {
+    /// The `qd` binary, run as `qd __watchdog`.
+    exe: PathBuf,
+    /// `data_dir/attempts`.
+    records: PathBuf,
+}
+
+/// Makes every command attempt of this process run under the attempt watchdog
+/// (`exe __watchdog ...`, `exe` being the `qd` binary) and record its process group
+/// in `records`. Called once by `qd run`; later calls are ignored.
+pub fn use_watchdog(exe: PathBuf, records: PathBuf) {
+    let _ = WATCHDOG.set(Launch { exe, records });
+}
 
 /// How long the pipes may stay open after the process group is gone (a descendant
 /// that escaped the group with `setsid` can hold them); then the tails are taken as is.
@@ -114,9 +147,21 @@ impl CommandExecutor {
                 });
             }
         };
-        let mut command = self.command(job);
+        let launch = WATCHDOG.get();
+        let record = launch.map(|l| {
+            let record = Record {
+                v: 1,
+                job: job.id,
+                queue: job.queue.to_string(),
+                attempt: job.attempt,
+                token: job.token,
+                boot: attempt_groups::boot_id(),
+            };
+            (l.records.as_path(), record)
+        });
+        let command = &mut self.command(job, launch.map(|l| l.exe.as_path()));
         command.env(result_file::ENV, result_file.path());
-        let mut group = match ProcessGroup::spawn(&mut command) {
+        let mut group = match ProcessGroup::spawn(command, record) {
             Ok(group) => group,
             Err(e) => {
                 return ExecResult::Failure(Failure::Transient {
@@ -129,14 +174,21 @@ impl CommandExecutor {
         let (stdin, stdout, stderr) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take());
         let (mut out, mut err) = (Tail::default(), Tail::default());
+        // Through the watchdog, stdin is its lifeline (payload, then a beat until the
+        // attempt ends); otherwise it carries the payload to the program.
+        let (direct, lifeline) = match launch {
+            Some(_) => (None, stdin),
+            None => (stdin, None),
+        };
         let io = async {
             tokio::join!(
-                feed(stdin, &job.payload),
+                feed(direct, &job.payload),
                 out.read_from(stdout),
                 err.read_from(stderr)
             )
         };
-        let ending = drive(self.supervise(&group, cancel, revoked), io).await;
+        let supervise = self.supervise(&group, cancel, revoked);
+        let ending = drive(supervise, io, keep_alive(lifeline, &job.payload)).await;
         let status = group.reap().await;
         match (ending, status) {
             (Ending::Exited, Ok(status)) => {
@@ -168,10 +220,23 @@ impl CommandExecutor {
         }
     }
 
-    /// The command for one attempt: program, args, cwd, env, piped stdio.
-    fn command(&self, job: &JobRun) -> Command {
+    /// The command for one attempt: program, args, cwd, env, piped stdio; run by the
+    /// watchdog `exe` when given.
+    fn command(&self, job: &JobRun, watchdog: Option<&Path>) -> Command {
         let spec = &self.spec;
-        let mut cmd = Command::new(&spec.program);
+        let mut cmd = match watchdog {
+            Some(exe) => {
+                let mut cmd = Command::new(exe);
+                let stall = job.lease.max(MIN_STALL);
+                cmd.arg("__watchdog")
+                    .arg(format!("--grace-ms={}", spec.kill_grace.as_millis()))
+                    .arg(format!("--stall-ms={}", stall.as_millis()))
+                    .arg("--")
+                    .arg(&spec.program);
+                cmd
+            }
+            None => Command::new(&spec.program),
+        };
         cmd.args(&spec.args)
             .envs(&spec.env)
             .env("QD_JOB_ID", job.id.to_string())
@@ -179,9 +244,14 @@ impl CommandExecutor {
             .env("QD_ATTEMPT", job.attempt.to_string())
             .env("QD_QUEUE", &*job.queue)
             .env("QD_TENANT", &*job.tenant)
+            .env("QD_LEASE_TOKEN", job.token.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(schedule) = crate::schedule::JobSchedule::of_key(&job.idempotency_key) {
+            cmd.env("QD_SCHEDULE", schedule.name)
+                .env("QD_SCHEDULE_TICK", schedule.tick);
+        }
         if let Some(cwd) = &spec.cwd {
             cmd.current_dir(cwd);
         }
@@ -251,15 +321,20 @@ impl CommandExecutor {
     }
 }
 
-/// Runs `supervise` and the pipe I/O together; once supervision ends, gives the pipes
-/// [`PIPE_DRAIN_LIMIT`] to reach EOF.
-async fn drive(supervise: impl Future<Output = Ending>, io: impl Future) -> Ending {
-    tokio::pin!(supervise, io);
-    let mut io_done = false;
+/// Runs `supervise`, the pipe I/O and the watchdog's lifeline together; once
+/// supervision ends, gives the pipes [`PIPE_DRAIN_LIMIT`] to reach EOF.
+async fn drive(
+    supervise: impl Future<Output = Ending>,
+    io: impl Future,
+    lifeline: impl Future,
+) -> Ending {
+    tokio::pin!(supervise, io, lifeline);
+    let (mut io_done, mut lifeline_done) = (false, false);
     let ending = loop {
         tokio::select! {
             ending = &mut supervise => break ending,
             _ = &mut io, if !io_done => io_done = true,
+            _ = &mut lifeline, if !lifeline_done => lifeline_done = true,
         }
     };
     if !io_done && tokio::time::timeout(PIPE_DRAIN_LIMIT, io).await.is_err() {
@@ -279,6 +354,28 @@ async fn feed(stdin: Option<ChildStdin>, payload: &[u8]) {
         && e.kind() != std::io::ErrorKind::BrokenPipe
     {
         tracing::debug!(error = %e, "Cannot write the payload to the job's stdin.");
+    }
+}
+
+/// Feeds the watchdog's lifeline: the payload's length and bytes, then a beat
+/// every [`watchdog::BEAT`] (carrying the node's fencing deadline on a cluster,
+/// [`crate::fence::remaining`]) until the attempt ends (this future is dropped, closing
+/// it). Ends early only if the watchdog is gone.
+async fn keep_alive(lifeline: Option<ChildStdin>, payload: &[u8]) {
+    let Some(mut lifeline) = lifeline else { return };
+    let len = u64::try_from(payload.len())
+        .unwrap_or(u64::MAX)
+        .to_be_bytes();
+    if lifeline.write_all(&len).await.is_err() || lifeline.write_all(payload).await.is_err() {
+        return;
+    }
+    let mut beats = tokio::time::interval(watchdog::BEAT);
+    loop {
+        beats.tick().await;
+        let beat = watchdog::beat(crate::fence::remaining());
+        if lifeline.write_all(&beat).await.is_err() || lifeline.flush().await.is_err() {
+            return;
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! The payload is the request body; the job's identity travels in `Idempotency-Key`
 //! (the IETF httpapi idempotency-key draft, as used by Stripe), `Qd-Job-Id`,
-//! `Qd-Attempt`, `Qd-Tenant` and `Qd-Queue`, which win over configured headers.
+//! `Qd-Attempt`, `Qd-Tenant`, `Qd-Queue` and the attempt's fencing value
+//! `Qd-Lease-Token`, which win over configured headers.
 //! `Content-Type` is `application/octet-stream` unless configured. One pooled
 //! `reqwest::Client` per executor; proxies come from the usual `HTTPS_PROXY`/`NO_PROXY`
 //! environment. Redirects are not followed: a webhook that moved is a config error.
@@ -151,13 +152,18 @@ impl HttpExecutor {
     /// The configured headers plus the job's identity (which wins).
     fn headers_for(&self, job: &JobRun) -> Result<HeaderMap, String> {
         let mut headers = self.headers.clone();
-        let identity = [
+        let mut identity = vec![
             ("idempotency-key", job.idempotency_key.clone()),
             ("qd-job-id", job.id.to_string()),
             ("qd-attempt", job.attempt.to_string()),
             ("qd-tenant", job.tenant.to_string()),
             ("qd-queue", job.queue.to_string()),
+            ("qd-lease-token", job.token.to_string()),
         ];
+        if let Some(schedule) = crate::schedule::JobSchedule::of_key(&job.idempotency_key) {
+            identity.push(("qd-schedule", schedule.name));
+            identity.push(("qd-schedule-tick", schedule.tick));
+        }
         for (name, value) in identity {
             let value = HeaderValue::try_from(value)
                 .map_err(|_| format!("the job's {name} cannot be sent as an HTTP header value"))?;

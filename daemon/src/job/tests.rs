@@ -88,6 +88,10 @@ fn a_stale_token_is_refused_and_changes_nothing() {
     assert!(matches!(late, TransitionError::StaleToken { .. }));
     // Its last token is no lease: the message says the lease ended, not that the
     // late worker's own token is current.
+    assert!(
+        !err.to_string().contains("lease is 1"),
+        "the live token is not shown"
+    );
     let text = late.to_string();
     assert!(
         text.ends_with(&format!("(its lease ended; job is {})", failed.state)),

@@ -41,24 +41,33 @@ pub enum DepthState {
     Leased,
     /// In the dead-letter queue.
     Dead,
+    /// Waiting for a parent named in `after`.
+    Waiting,
+    /// Blocked by a dead or cancelled parent.
+    Blocked,
 }
 
 impl DepthState {
     /// Every value, for tests and for callers that publish a full snapshot.
-    pub const ALL: [DepthState; 4] = [
+    pub const ALL: [DepthState; 6] = [
         DepthState::Ready,
         DepthState::Delayed,
         DepthState::Leased,
         DepthState::Dead,
+        DepthState::Waiting,
+        DepthState::Blocked,
     ];
 
-    /// The exported label value (`"ready"`, `"delayed"`, `"leased"`, `"dead"`).
+    /// The exported label value (`"ready"`, `"delayed"`, `"leased"`, `"dead"`,
+    /// `"waiting"`, `"blocked"`).
     pub fn as_str(self) -> &'static str {
         match self {
             DepthState::Ready => "ready",
             DepthState::Delayed => "delayed",
             DepthState::Leased => "leased",
             DepthState::Dead => "dead",
+            DepthState::Waiting => "waiting",
+            DepthState::Blocked => "blocked",
         }
     }
 }

@@ -29,6 +29,8 @@ fn every_event(tenants: &TenantLabels) {
     job_completed(tenants, "email", "acme", Completion::Dead);
     job_waited("email", Duration::from_secs(2));
     lease_expired("email");
+    dependencies_released("email");
+    dependencies_blocked("email");
     Restarts::default().record("broker");
     limiter_throttled("smtp");
     set_queue_depth("email", DepthState::Ready, 7);
@@ -43,6 +45,10 @@ fn every_event(tenants: &TenantLabels) {
     set_prune_backlog_age("email", Duration::from_secs(3));
     cluster_leader(true);
     set_cluster_depth("email", DepthState::Leased, 4);
+    register_schedule("nightly");
+    schedule_ticks("nightly", ScheduleResult::CaughtUp, 1);
+    schedule_next_fire("nightly", Some(1_764_550_800_000));
+    schedule_last_fire("nightly", 1_764_464_400_000);
 }
 
 #[derive(Debug, PartialEq)]
@@ -91,6 +97,11 @@ fn every_metric_name_is_exported_with_its_type_and_help() {
         ("qd_prune_backlog_age_seconds", Kind::Gauge),
         ("qd_cluster_leader", Kind::Gauge),
         ("qd_cluster_queue_depth", Kind::Gauge),
+        ("qd_schedule_fires_total", Kind::Counter),
+        ("qd_schedule_next_fire_timestamp_seconds", Kind::Gauge),
+        ("qd_schedule_last_fire_timestamp_seconds", Kind::Gauge),
+        ("qd_dependencies_released_total", Kind::Counter),
+        ("qd_dependencies_blocked_total", Kind::Counter),
     ]);
     assert_eq!(
         METRIC_NAMES.len(),
@@ -212,11 +223,14 @@ fn registration_creates_every_bounded_counter_at_zero() {
     reasons.sort();
     assert_eq!(zero_labels(ENQUEUE_REJECTED, "reason"), reasons);
     let mut outcomes: Vec<String> = Outcome::ALL.iter().map(|o| o.as_str().to_owned()).collect();
-    outcomes.retain(|o| o != "redriven"); // an operator's event, never an attempt's end
+    // Events, never an attempt's end.
+    outcomes.retain(|o| !["redriven", "blocked", "released"].contains(&o.as_str()));
     outcomes.sort();
     assert_eq!(zero_labels(JOB_ATTEMPTS, "outcome"), outcomes);
     assert_eq!(zero_labels(LEASES_EXPIRED, "queue"), ["email"]);
     assert_eq!(zero_labels(JOBS_PRUNED, "queue"), ["email"]);
+    assert_eq!(zero_labels(DEPENDENCIES_RELEASED, "queue"), ["email"]);
+    assert_eq!(zero_labels(DEPENDENCIES_BLOCKED, "queue"), ["email"]);
     assert_eq!(zero_labels(ACTOR_RESTARTS, "actor"), ["broker"]);
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{
     Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override,
-    PruneScope, StoreError, history, prune, sort_counts,
+    PruneScope, SqsQueueRecord, StoreError, history, prune, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
@@ -19,6 +19,8 @@ pub struct MemoryBackend {
     /// `(queue, idempotency_key)` of every stored job that has a key.
     keys: HashMap<(Arc<str>, String), JobId>,
     overrides: BTreeMap<OverrideKey, String>,
+    sqs_queues: BTreeMap<String, SqsQueueRecord>,
+    schedules: BTreeMap<String, super::ScheduleRow>,
     /// Writes of the open transaction, newest last, as the values they replaced.
     undo: Vec<Undo>,
     /// Lengths of `undo` at each open savepoint.
@@ -79,6 +81,8 @@ type OverrideKey = (String, String, String);
 enum Undo {
     Job(JobId, Option<Box<Row>>),
     Override(OverrideKey, Option<String>),
+    SqsQueue(String, Option<SqsQueueRecord>),
+    Schedule(String, Option<super::ScheduleRow>),
 }
 
 fn key_of(job: &Job) -> Option<(Arc<str>, String)> {
@@ -139,6 +143,26 @@ impl MemoryBackend {
         }
     }
 
+    /// Changes the schedule row `name` (created if missing) with `change`,
+    /// remembered for rollback inside a transaction.
+    fn write_schedule(
+        &mut self,
+        name: &str,
+        now: UnixMillis,
+        change: impl FnOnce(&mut super::ScheduleRow),
+    ) {
+        let old = self.schedules.get(name).cloned();
+        let mut row = old
+            .clone()
+            .unwrap_or_else(|| super::ScheduleRow::new(name, now));
+        change(&mut row);
+        row.updated_at = now;
+        self.schedules.insert(name.to_owned(), row);
+        if self.in_transaction {
+            self.undo.push(Undo::Schedule(name.to_owned(), old));
+        }
+    }
+
     /// Undoes writes, newest first, until `undo` is `len` long.
     fn undo_to(&mut self, len: usize) {
         while self.undo.len() > len {
@@ -151,6 +175,18 @@ impl MemoryBackend {
                 }
                 Some(Undo::Override(key, None)) => {
                     self.overrides.remove(&key);
+                }
+                Some(Undo::SqsQueue(name, Some(record))) => {
+                    self.sqs_queues.insert(name, record);
+                }
+                Some(Undo::SqsQueue(name, None)) => {
+                    self.sqs_queues.remove(&name);
+                }
+                Some(Undo::Schedule(name, Some(row))) => {
+                    self.schedules.insert(name, row);
+                }
+                Some(Undo::Schedule(name, None)) => {
+                    self.schedules.remove(&name);
                 }
                 None => break,
             }
@@ -438,6 +474,74 @@ impl Backend for MemoryBackend {
     ) -> Result<(), StoreError> {
         let at = (scope.to_owned(), name.to_owned(), key.to_owned());
         self.write_override(at, value.map(str::to_owned));
+        Ok(())
+    }
+
+    fn sqs_queues(&mut self) -> Result<Vec<SqsQueueRecord>, StoreError> {
+        Ok(self.sqs_queues.values().cloned().collect())
+    }
+
+    fn set_sqs_queue(
+        &mut self,
+        name: &str,
+        record: Option<&SqsQueueRecord>,
+    ) -> Result<bool, StoreError> {
+        let old = match record {
+            Some(r) => self.sqs_queues.insert(name.to_string(), r.clone()),
+            None => self.sqs_queues.remove(name),
+        };
+        let existed = old.is_some();
+        if self.in_transaction {
+            self.undo.push(Undo::SqsQueue(name.to_string(), old));
+        }
+        Ok(existed)
+    }
+
+    fn schedules(&mut self) -> Result<Vec<super::ScheduleRow>, StoreError> {
+        Ok(self.schedules.values().cloned().collect())
+    }
+
+    fn advance_schedule(&mut self, advance: &super::Advance) -> Result<bool, StoreError> {
+        let stored = self.schedules.get(&advance.name);
+        let applies = match stored {
+            None => advance.expect.is_none(),
+            Some(row) => !row.paused && row.next_tick == advance.expect,
+        };
+        if applies {
+            self.write_schedule(&advance.name, advance.now, |row| {
+                row.spec.clone_from(&advance.spec);
+                row.next_tick = advance.next;
+            });
+        }
+        Ok(applies)
+    }
+
+    fn record_schedule_run(
+        &mut self,
+        name: &str,
+        tick: UnixMillis,
+        job: JobId,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.write_schedule(name, now, |row| {
+            row.last_tick = Some(tick);
+            row.last_job = Some(job);
+        });
+        Ok(())
+    }
+
+    fn set_schedule_paused(
+        &mut self,
+        name: &str,
+        paused: bool,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.write_schedule(name, now, |row| {
+            if row.paused && !paused {
+                row.next_tick = None;
+            }
+            row.paused = paused;
+        });
         Ok(())
     }
 

@@ -67,7 +67,9 @@
 //! - **`max_depth` counts every node's jobs**: triggers keep each queue's depth in
 //!   `qd_queue_depths` (one row per queue and writing node), and an enqueue takes
 //!   the queue's depth lock and sums the rows in its own transaction
-//!   ([`SharedStore::queue_depth`]).
+//!   ([`SharedStore::queue_depth`]). The writer takes a batch's depth locks up
+//!   front, sorted by key, before anything else ([`Engine::lock_depths`]), so two
+//!   nodes' batches never hold one queue's lock each while wanting the other's.
 //!
 //! # Schema (version 6, in `qd_migrations`)
 //! ```text
@@ -100,12 +102,14 @@
 //! -- version 6: queue depths across the cluster
 //! qd_queue_depths(queue, shard, depth bigint) PK (queue, shard)
 //!   -- statement triggers on qd_jobs keep sum(depth) = its ready/delayed rows
+//! -- SQS-created queues
+//! qd_sqs_queues(name PK, attributes text, tags text, created_at, modified_at bigint)
+//! -- RESULTS: what a job handed back
+//! qd_jobs.result bytea NULL           -- set by the ack's fenced UPDATE, NULL on redrive
 //! -- PRIORITY: a job's priority within its tenant
 //! qd_jobs.priority_ms bigint NOT NULL DEFAULT 0
 //!   INDEX (queue, (ready_at - priority_ms), id) WHERE state IN ('ready', 'delayed')
 //!                                   -- claim_next, claimable: the priority order
-//! -- RESULTS: what a job handed back
-//! qd_jobs.result bytea NULL           -- set by the ack's fenced UPDATE, NULL on redrive
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -130,14 +134,25 @@ use uuid::Uuid;
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
     Backend, Claim, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, LeaseCheck, LeaseKind,
-    NewClaim, NewRecord, NodeInfo, Override, PruneScope, SharedStore, StoreError, TenantCap,
-    history, sort_counts,
+    NewClaim, NewRecord, NodeInfo, Override, PruneScope, SharedStore, SqsQueueRecord, StoreError,
+    TenantCap, history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from version
 /// `i` to `i + 1` (recorded as a row of `qd_migrations`). Append only.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, LEASE_END, QUEUE_DEPTHS, PRIORITY, RESULTS];
+const MIGRATIONS: &[&str] = &[
+    V1,
+    V2,
+    V3,
+    V4,
+    LEASE_END,
+    QUEUE_DEPTHS,
+    SCHEDULES,
+    SQS_QUEUES,
+    RESULTS,
+    PRIORITY,
+];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
 const V1: &str = r#"
@@ -253,7 +268,10 @@ ALTER TABLE qd_jobs ADD COLUMN lease_end timestamptz;
 /// row per queue and writing session (`qd.node`, set by each node's writer), so two
 /// nodes never wait on each other's counter; the depth is the sum of a queue's
 /// rows. Statement triggers add what each INSERT, UPDATE and DELETE of `qd_jobs`
-/// changed, from its transition tables, whatever wrote it.
+/// changed, from its transition tables, whatever wrote it. The seed count and the
+/// triggers are made with writes to `qd_jobs` locked out (readers go on): a job
+/// written by a node of an older build between the count and the triggers would
+/// otherwise never be counted.
 const QUEUE_DEPTHS: &str = r#"
 CREATE TABLE qd_queue_depths (
     queue text   COLLATE "C" NOT NULL,
@@ -261,6 +279,7 @@ CREATE TABLE qd_queue_depths (
     depth bigint NOT NULL,
     PRIMARY KEY (queue, shard)
 );
+LOCK TABLE qd_jobs IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO qd_queue_depths (queue, shard, depth)
     SELECT queue, '', count(*) FROM qd_jobs WHERE state IN ('ready', 'delayed') GROUP BY queue;
 CREATE FUNCTION qd_count_depths() RETURNS trigger LANGUAGE plpgsql AS $f$
@@ -297,6 +316,18 @@ CREATE TRIGGER qd_jobs_depth_delete AFTER DELETE ON qd_jobs
     REFERENCING OLD TABLE AS qd_old_rows FOR EACH STATEMENT EXECUTE FUNCTION qd_count_depths();
 "#;
 
+/// The queues created through the SQS API (`CreateQueue`), with their SQS
+/// attributes and tags as JSON text; every node adds them to its config in force.
+const SQS_QUEUES: &str = r#"
+CREATE TABLE qd_sqs_queues (
+    name        text   COLLATE "C" PRIMARY KEY,
+    attributes  text   NOT NULL,
+    tags        text   NOT NULL,
+    created_at  bigint NOT NULL,
+    modified_at bigint NOT NULL
+);
+"#;
+
 /// A job's priority within its tenant (milliseconds; 0 for jobs stored before). The
 /// claims order a tenant's jobs by `ready_at - priority_ms`.
 const PRIORITY: &str = r#"
@@ -317,10 +348,33 @@ ALTER TABLE qd_jobs ADD COLUMN result bytea;
 const DEPTH_LOCK_SEED: i64 = 0x0071_6464_6570_7468;
 
 /// How many times an enqueue tries a queue's depth lock (about 2 ms apart) before
-/// it is refused as unavailable. The lock is tried, never waited for: the group
-/// commit may hold row locks another node's transaction waits on, and a wait here
-/// could close a cycle PostgreSQL would break by failing a statement.
+/// it is refused as unavailable, when the writer did not take it up front
+/// ([`Engine::lock_depths`] gave up after [`DEPTH_LOCK_WAIT`]). Inside an
+/// operation the lock is tried, never waited for: the group commit may then hold
+/// row locks another node's transaction waits on, and a wait could close a cycle
+/// PostgreSQL would break by failing a statement.
 const DEPTH_LOCK_TRIES: u32 = 100;
+
+/// How long a group commit waits for its depth locks, taken first thing in the
+/// transaction in key order ([`Engine::lock_depths`]). The holder is another
+/// node's group commit that took its depth locks the same way and holds them
+/// until its commit, so the wait is short and cannot be part of a cycle.
+const DEPTH_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// Schedules' stored state: next tick, last run, pause ([`super::schedules`]).
+const SCHEDULES: &str = r#"
+CREATE TABLE qd_schedules (
+    name       text    COLLATE "C" PRIMARY KEY,
+    spec       text    NOT NULL,
+    next_tick  bigint,
+    last_tick  bigint,
+    last_job   uuid,
+    paused     boolean NOT NULL DEFAULT false,
+    updated_at bigint  NOT NULL
+);
+"#;
+
+mod schedules;
 
 /// How often at most one queue's new jobs are announced to idle nodes
 /// (`NOTIFY qd_jobs`); jobs enqueued in between are found by the notified nodes'
@@ -342,6 +396,10 @@ const MIGRATION_LOCK: i64 = 0x7164_6d69_6772_7465;
 /// `hashtextextended(queue || chr(1) || tenant, CAP_LOCK_SEED)`. Two pairs that
 /// share a key only serialise each other's claims. ("qdcap" in ASCII.)
 const CAP_LOCK_SEED: i64 = 0x0071_6463_6170;
+
+/// The call deadline of the schema migrations at start-up ([`PgOptions::call_timeout`]
+/// is for everyday calls).
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// How long opening a connection may take before the store reports the database
 /// unreachable.
@@ -374,6 +432,26 @@ pub struct PgOptions {
     pub node_id: Uuid,
     /// A node whose heartbeat is older than this is dead (`[daemon] node_timeout`).
     pub node_timeout: Duration,
+    /// How much longer the leader waits before it ends a silent node's leases, so
+    /// that node has stopped its attempts by then (`[daemon] fence_wait`; see
+    /// `daemon/docs/cluster.md`). A name held by a silent node is taken over only
+    /// after the same wait.
+    pub fence_wait: Duration,
+    /// The deadline of each call to the database (a statement, a pipelined group
+    /// of them, a connection): past it the connection is dropped and the call
+    /// answers an error, so a hung database or network holds no caller longer. The
+    /// server's `statement_timeout` is set to it as well, and TCP connections get
+    /// keepalives and `tcp_user_timeout` near it.
+    pub call_timeout: Duration,
+}
+
+impl PgOptions {
+    /// The call deadline of a node with this `node_timeout`: half of it, between
+    /// 2 s and 5 s, so a hung call fails well before the node is fenced and a
+    /// caller waits a few seconds at most.
+    pub fn call_timeout_for(node_timeout: Duration) -> Duration {
+        (node_timeout / 2).clamp(Duration::from_secs(2), Duration::from_secs(5))
+    }
 }
 
 impl Default for PgOptions {
@@ -384,6 +462,8 @@ impl Default for PgOptions {
             node: "qd".to_owned(),
             node_id: Uuid::nil(),
             node_timeout: Duration::from_secs(10),
+            fence_wait: Duration::ZERO,
+            call_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -452,7 +532,21 @@ impl PgBackend {
             .map_err(|e| StoreError::Other(format!("{target}: cannot start a runtime: {e}")))?;
         let mut config = config.clone();
         if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
+            config.connect_timeout(CONNECT_TIMEOUT.min(options.call_timeout));
+        }
+        // A peer that vanished without a reset (a partition, a dead host) is found
+        // by TCP itself as well as by the call deadline: probes after 5 s idle, and
+        // unacknowledged data gives up after the call deadline. (Unix sockets
+        // ignore both.)
+        if !config.get_keepalives() || config.get_keepalives_idle() > Duration::from_secs(5) {
+            config
+                .keepalives(true)
+                .keepalives_idle(Duration::from_secs(5))
+                .keepalives_interval(Duration::from_secs(1))
+                .keepalives_retries(3);
+        }
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(options.call_timeout);
         }
         if config.get_application_name().is_none() {
             config.application_name("qd");
@@ -467,7 +561,7 @@ impl PgBackend {
         let pool = Pool::builder(manager)
             .max_size(1)
             .runtime(deadpool_postgres::Runtime::Tokio1)
-            .create_timeout(Some(CONNECT_TIMEOUT * 2))
+            .create_timeout(Some(CONNECT_TIMEOUT.min(options.call_timeout) * 2))
             .build()
             .map_err(|e| StoreError::Other(format!("{target}: {e}")))?;
         let mut backend = PgBackend {
@@ -493,7 +587,18 @@ impl PgBackend {
         // Back to the pool, which drops it at the next `get` if it is closed.
         self.client = None;
         let pool = self.pool.clone();
-        let client = self.rt.block_on(pool.get()).map_err(|e| {
+        let deadline = self.options.call_timeout;
+        let got = self
+            .rt
+            .block_on(async { tokio::time::timeout(deadline, pool.get()).await })
+            .map_err(|_| {
+                StoreError::Other(format!(
+                    "{}: cannot connect: no answer within {}",
+                    self.target,
+                    humantime::format_duration(deadline)
+                ))
+            })?;
+        let client = got.map_err(|e| {
             let detail = match &e {
                 deadpool_postgres::PoolError::Backend(pg) => {
                     return map_err(&format!("{}: cannot connect", self.target), pg);
@@ -503,32 +608,56 @@ impl PgBackend {
             };
             StoreError::Other(format!("{}: cannot connect: {detail}", self.target))
         })?;
+        self.client = Some(client);
+        let configured = self.configure_session();
+        if configured.is_err() {
+            // Never used half set up: the next batch opens another connection.
+            self.client = None;
+        }
+        configured
+    }
+
+    /// Sets up a new connection's session: durable commits, the node's name for
+    /// the depth counters (see QUEUE_DEPTHS; checked by the config, no quote can
+    /// occur in it) and the call deadline as the server's `statement_timeout`.
+    fn configure_session(&mut self) -> Result<(), StoreError> {
         let mode: String = self
-            .rt
-            .block_on(client.query_one("SHOW synchronous_commit", &[]))
-            .map_err(|e| map_err(&self.target, &e))?
+            .block(async |c| c.query_one("SHOW synchronous_commit", &[]).await)?
             .get(0);
         if mode == "off" {
             tracing::warn!(target = %self.target, "synchronous_commit is off for qd's session; setting it on, since an accepted job must be on disk.");
-            self.rt
-                .block_on(client.batch_execute("SET synchronous_commit = on"))
-                .map_err(|e| map_err(&self.target, &e))?;
+            self.exec("SET synchronous_commit = on")?;
         }
-        // The writer's session names its depth counter rows (see QUEUE_DEPTHS);
-        // the name is checked by the config (no quote can occur in it).
-        self.rt
-            .block_on(client.batch_execute(&format!("SET qd.node = '{}'", self.options.node)))
-            .map_err(|e| map_err(&self.target, &e))?;
-        self.client = Some(client);
-        Ok(())
+        // A session whose client vanished inside a transaction (a partition)
+        // would hold its row locks, the leader row's among them, until the
+        // server's TCP keepalive notices (hours by default): the server ends it
+        // after twice the call deadline (at least 10 s) of idling in it.
+        let idle = (self.options.call_timeout * 2).max(Duration::from_secs(10));
+        self.exec(&format!(
+            "SET qd.node = '{}'; SET statement_timeout = {}; \
+             SET idle_in_transaction_session_timeout = {}",
+            self.options.node,
+            millis(self.options.call_timeout),
+            millis(idle)
+        ))
     }
 
     /// Applies the missing migrations in one transaction under the migration lock.
     fn migrate(&mut self) -> Result<(), StoreError> {
+        // A migration may scan a large table or wait for another node's: it gets
+        // its own, long deadline.
+        let call_timeout = std::mem::replace(&mut self.options.call_timeout, MIGRATION_TIMEOUT);
+        let migrated = self.migrate_now();
+        self.options.call_timeout = call_timeout;
+        migrated
+    }
+
+    fn migrate_now(&mut self) -> Result<(), StoreError> {
         let target = self.target.clone();
         let applied = self.block(async |c| {
             c.batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
+                "BEGIN; SET LOCAL statement_timeout = 0; \
+                 SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
                  CREATE TABLE IF NOT EXISTS qd_migrations (\
                      version integer PRIMARY KEY, \
                      applied_at timestamptz NOT NULL DEFAULT now())"
@@ -580,7 +709,8 @@ impl PgBackend {
     fn join(&mut self) -> Result<(), StoreError> {
         let name = self.options.node.clone();
         let id = self.options.node_id;
-        let timeout_ms = millis(self.options.node_timeout);
+        // The name's silent holder may still be stopping its attempts (fencing).
+        let timeout_ms = millis(self.options.node_timeout + self.options.fence_wait);
         let (joined, released) = self.block(async |c| {
             let joined = c
                 .query_opt(
@@ -659,18 +789,21 @@ impl PgBackend {
     }
 
     /// The SQL condition (over `j`, a row of `qd_jobs`) of a lease that ended
-    /// without its holder: held by another node, and past its deadline or its
-    /// node's heartbeat older than `node_timeout`. The node name is checked by the
-    /// config (no quote can occur in it).
+    /// without its holder: held by another node, and past its deadline by
+    /// `fence_wait` or its node's heartbeat older than `node_timeout + fence_wait`
+    /// (the silent node stops its attempts within that wait: self-fencing). The
+    /// node name is checked by the config (no quote can occur in it).
     fn lease_lost(&self) -> String {
         format!(
             "j.lease_token IS NOT NULL AND j.lease_node IS DISTINCT FROM '{node}' \
-             AND (j.lease_deadline <= now() OR (NOT EXISTS (SELECT 1 FROM qd_nodes n \
+             AND (j.lease_deadline <= now() - {wait}::int8 * interval '1 millisecond' \
+               OR (NOT EXISTS (SELECT 1 FROM qd_nodes n \
                WHERE n.name = j.lease_node \
                  AND n.heartbeat_at > now() - {timeout}::int8 * interval '1 millisecond') \
                AND (j.lease_end IS NULL OR j.lease_end <= now())))",
             node = self.options.node,
-            timeout = millis(self.options.node_timeout),
+            wait = millis(self.options.fence_wait),
+            timeout = millis(self.options.node_timeout + self.options.fence_wait),
         )
     }
 
@@ -679,11 +812,41 @@ impl PgBackend {
         &mut self,
         op: impl AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
     ) -> Result<T, StoreError> {
+        let result = self.block_raw(op)?;
+        result.map_err(|e| map_err(&self.target, &e))
+    }
+
+    /// Runs `op` against the current connection and answers PostgreSQL's error as
+    /// it is (for callers that act on its code); the outer error is the store's
+    /// own (no connection).
+    fn block_raw<T>(
+        &mut self,
+        op: impl AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<Result<T, tokio_postgres::Error>, StoreError> {
         let Some(client) = self.client.as_deref() else {
             return Err(StoreError::Other(format!("{}: not connected", self.target)));
         };
-        let result = self.rt.block_on(op(client));
-        result.map_err(|e| map_err(&self.target, &e))
+        let deadline = self.options.call_timeout;
+        // The timer is made inside the runtime, which owns the time driver.
+        let answer = self
+            .rt
+            .block_on(async { tokio::time::timeout(deadline, op(client)).await });
+        match answer {
+            Ok(answer) => Ok(answer),
+            Err(_) => {
+                // The connection may be anywhere in a statement: never reuse it. Taken
+                // out of the pool, so the next batch opens a new one.
+                if let Some(hung) = self.client.take() {
+                    drop(Object::take(hung));
+                }
+                Err(StoreError::Other(format!(
+                    "{}: no answer within {} (the database or the network to it hangs); \
+                     connection dropped",
+                    self.target,
+                    humantime::format_duration(deadline)
+                )))
+            }
+        }
     }
 
     /// How many more jobs each of `caps` (queue, tenant, cap) may have leased now,
@@ -1449,6 +1612,33 @@ impl Backend for PgBackend {
         Ok(0)
     }
 
+    fn schedules(&mut self) -> Result<Vec<super::ScheduleRow>, StoreError> {
+        self.block(async |c| schedules::all(c).await)
+    }
+
+    fn advance_schedule(&mut self, advance: &super::Advance) -> Result<bool, StoreError> {
+        self.block(async |c| schedules::advance(c, advance).await)
+    }
+
+    fn record_schedule_run(
+        &mut self,
+        name: &str,
+        tick: UnixMillis,
+        job: JobId,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.block(async |c| schedules::record_run(c, name, tick, job.0, now).await)
+    }
+
+    fn set_schedule_paused(
+        &mut self,
+        name: &str,
+        paused: bool,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.block(async |c| schedules::set_paused(c, name, paused, now).await)
+    }
+
     fn set_override(
         &mut self,
         scope: &str,
@@ -1501,6 +1691,56 @@ impl Backend for PgBackend {
                 value: r.get(3),
             })
             .collect())
+    }
+
+    fn sqs_queues(&mut self) -> Result<Vec<SqsQueueRecord>, StoreError> {
+        let rows = self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "SELECT name, attributes, tags, created_at, modified_at \
+                     FROM qd_sqs_queues ORDER BY name",
+                )
+                .await?;
+            c.query(&stmt, &[]).await
+        })?;
+        Ok(rows
+            .iter()
+            .map(|r| SqsQueueRecord {
+                name: r.get(0),
+                attributes: r.get(1),
+                tags: r.get(2),
+                created_at: r.get(3),
+                modified_at: r.get(4),
+            })
+            .collect())
+    }
+
+    fn set_sqs_queue(
+        &mut self,
+        name: &str,
+        record: Option<&SqsQueueRecord>,
+    ) -> Result<bool, StoreError> {
+        self.block(async |c| {
+            let delete = c
+                .prepare_cached("DELETE FROM qd_sqs_queues WHERE name = $1")
+                .await?;
+            let existed = c.execute(&delete, &[&name]).await? > 0;
+            if let Some(r) = record {
+                let insert = c
+                    .prepare_cached(
+                        "INSERT INTO qd_sqs_queues \
+                         (name, attributes, tags, created_at, modified_at) \
+                         VALUES ($1, $2, $3, $4, $5)",
+                    )
+                    .await?;
+                c.execute(
+                    &insert,
+                    &[&name, &r.attributes, &r.tags, &r.created_at, &r.modified_at],
+                )
+                .await?;
+            }
+            Ok(existed)
+        })
     }
 
     fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError> {
@@ -1571,6 +1811,44 @@ impl Engine for PgBackend {
     fn shutdown(&mut self) {
         self.client = None;
         self.pool.close();
+    }
+
+    /// Waits for the depth locks of `queues`, sorted by lock key (the order every
+    /// node uses), at most [`DEPTH_LOCK_WAIT`] in all. The batch holds nothing
+    /// yet, and any other holder took its depth locks in the same order before
+    /// anything else, so the waits cannot form a cycle. Given up after the wait
+    /// (the savepoint undoes the locks taken), the operations try the locks
+    /// themselves and answer busy as before.
+    fn lock_depths(&mut self, queues: &[&str]) -> Result<(), StoreError> {
+        let queues: Vec<&str> = queues.to_vec();
+        self.exec(&format!(
+            "SAVEPOINT depth_locks; SET LOCAL lock_timeout = {}",
+            millis(DEPTH_LOCK_WAIT)
+        ))?;
+        let locked = self.block_raw(async |c| {
+            let keys = c
+                .prepare_cached(&format!(
+                    "SELECT DISTINCT hashtextextended(q, {DEPTH_LOCK_SEED}) AS k \
+                     FROM unnest($1::text[]) AS q ORDER BY k"
+                ))
+                .await?;
+            let lock = c.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
+            for key in c.query(&keys, &[&queues]).await? {
+                c.execute(&lock, &[&key.get::<_, i64>(0)]).await?;
+            }
+            Ok(())
+        })?;
+        match locked {
+            Ok(()) => self.exec("SET LOCAL lock_timeout = DEFAULT; RELEASE SAVEPOINT depth_locks"),
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                tracing::debug!(
+                    ?queues,
+                    "Depth locks still held by another node; each enqueue tries its own."
+                );
+                self.exec("ROLLBACK TO SAVEPOINT depth_locks; RELEASE SAVEPOINT depth_locks")
+            }
+            Err(e) => Err(map_err(&self.target, &e)),
+        }
     }
 }
 

@@ -66,6 +66,8 @@ impl PruneScope {
 fn finished_ids_sql(clause: &str) -> String {
     format!(
         "SELECT id FROM jobs WHERE {} AND state = ?1 AND updated_at < ?2 AND {clause} \
+         AND NOT EXISTS (SELECT 1 FROM job_edges e JOIN jobs c ON c.id = e.child \
+             WHERE e.parent = jobs.id AND (c.state = 'waiting' OR c.state = 'blocked')) \
          ORDER BY updated_at, id LIMIT ?3",
         sqlite::ENDED
     )

@@ -18,14 +18,26 @@ use uuid::Uuid;
 
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
-    Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewRecord, Override,
-    PruneScope, SqliteOptions, StoreError, history, prune, sort_counts, space,
+    Backend, Edges, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewRecord, Override,
+    PruneScope, SqliteOptions, SqsQueueRecord, StoreError, history, prune, sort_counts, space,
 };
-use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
+use crate::deps::{self, After, AfterError, AfterPolicy, Counts, Edge};
+use crate::job::{HistoryEntry, Job, JobId, Outcome, State, Token, Transition, UnixMillis};
+
+mod schedules;
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from
 /// `user_version` `i` to `i + 1`. Append only; never edit a released entry.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, PRIORITY, RESULTS];
+const MIGRATIONS: &[&str] = &[
+    V1,
+    V2,
+    V3,
+    SCHEDULES,
+    DEPENDENCIES,
+    SQS_QUEUES,
+    RESULTS,
+    PRIORITY,
+];
 
 /// Version 1: jobs (payload inline, leases stored), history, overrides.
 pub(super) const V1: &str = "
@@ -165,6 +177,59 @@ CREATE INDEX jobs_queue_ended ON jobs (queue, state, updated_at)
     WHERE state NOT IN ('ready', 'delayed');
 ";
 
+/// The queues created through the SQS API (`CreateQueue`), with their SQS
+/// attributes and tags as JSON text: they are queues of qd's config in force beside
+/// the config file's, so they must survive a restart.
+const SQS_QUEUES: &str = "
+CREATE TABLE sqs_queues (
+    name        TEXT    PRIMARY KEY NOT NULL,
+    attributes  TEXT    NOT NULL,
+    tags        TEXT    NOT NULL,
+    created_at  INTEGER NOT NULL,
+    modified_at INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+";
+
+/// Schedules' stored state: next tick, last run, pause ([`super::schedules`]).
+const SCHEDULES: &str = "
+CREATE TABLE schedules (
+    name       TEXT    PRIMARY KEY NOT NULL,
+    spec       TEXT    NOT NULL,
+    next_tick  INTEGER,
+    last_tick  INTEGER,
+    last_job   BLOB    CHECK (last_job IS NULL OR length(last_job) = 16),
+    paused     INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1)),
+    updated_at INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+";
+
+/// Job dependencies (`deps.rs`): the states `waiting` and `blocked`, each child's
+/// policy and counters of unmet and broken edges, and the edges themselves.
+/// SQLite cannot change a CHECK in place: the `state` column is renamed, a new one
+/// with the wider CHECK added, copied, and the old one dropped (the partial index
+/// on it goes and comes back). Columns other migrations add to `jobs` are kept.
+const DEPENDENCIES: &str = "
+DROP INDEX jobs_queue_ended;
+ALTER TABLE jobs RENAME COLUMN state TO state_before_dependencies;
+ALTER TABLE jobs ADD COLUMN state TEXT NOT NULL DEFAULT 'ready' CHECK (state = 'delayed'
+    OR state = 'ready' OR state = 'succeeded' OR state = 'dead' OR state = 'cancelled'
+    OR state = 'waiting' OR state = 'blocked');
+UPDATE jobs SET state = state_before_dependencies;
+ALTER TABLE jobs DROP COLUMN state_before_dependencies;
+CREATE INDEX jobs_queue_ended ON jobs (queue, state, updated_at)
+    WHERE state NOT IN ('ready', 'delayed');
+ALTER TABLE jobs ADD COLUMN after_policy TEXT;
+ALTER TABLE jobs ADD COLUMN deps_unmet INTEGER NOT NULL DEFAULT 0 CHECK (deps_unmet >= 0);
+ALTER TABLE jobs ADD COLUMN deps_broken INTEGER NOT NULL DEFAULT 0 CHECK (deps_broken >= 0);
+CREATE TABLE job_edges (
+    parent BLOB NOT NULL,
+    child  BLOB NOT NULL,
+    state  TEXT NOT NULL CHECK (state = 'open' OR state = 'met' OR state = 'broken'),
+    PRIMARY KEY (parent, child)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX job_edges_child ON job_edges (child);
+";
+
 /// A job's priority within its tenant (milliseconds; 0 for jobs stored before).
 const PRIORITY: &str = "
 ALTER TABLE jobs ADD COLUMN priority_ms INTEGER NOT NULL DEFAULT 0;
@@ -230,7 +295,8 @@ const EFFECTIVE_STATE: &str = "CASE WHEN l.id IS NULL THEN j.state ELSE 'leased'
 /// temporary index per row.
 const LOAD_UNFINISHED: &str = "SELECT id, queue, tenant, idempotency_key, state, attempts, \
      budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at, last_error, \
-     priority_ms FROM jobs WHERE (state = 'ready' OR state = 'delayed' OR state = 'dead')";
+     priority_ms FROM jobs WHERE (state = 'ready' OR state = 'delayed' OR state = 'dead' \
+     OR state = 'waiting' OR state = 'blocked')";
 
 /// Which ids a start-up read covers: all, those below a key, or those from it on.
 #[derive(Clone, Copy)]
@@ -507,6 +573,260 @@ impl SqliteBackend {
         run().map_err(|e| self.err(e))
     }
 
+    /// One item of [`Backend::enqueue_after`]: reads its parents' states, stores
+    /// the job in the state its edges call for, then its edges and counters.
+    /// Answers the insert's outcome (`None`: the id is taken) and the state stored,
+    /// or why its `after` was refused (nothing written).
+    #[allow(clippy::type_complexity)]
+    fn enqueue_one_after(
+        &self,
+        record: &NewRecord,
+        after: &After,
+    ) -> rusqlite::Result<Result<(Option<Inserted>, State), AfterError>> {
+        if after.parents.is_empty() {
+            let answer = self.enqueue_each(std::slice::from_ref(record))?;
+            return Ok(Ok((answer.into_iter().next().flatten(), record.job.state)));
+        }
+        if let Err(e) = deps::check_after(&after.parents) {
+            return Ok(Err(e));
+        }
+        let mut parents = Vec::with_capacity(after.parents.len());
+        {
+            let mut state_of = self
+                .conn
+                .prepare_cached("SELECT state FROM jobs WHERE id = ?1")?;
+            for p in &after.parents {
+                let state: Option<State> = state_of
+                    .query_row([id_bytes(*p)], |r| parse(r, 0))
+                    .optional()?;
+                match state {
+                    Some(state) => parents.push((*p, state)),
+                    None => return Ok(Err(AfterError::Unknown(*p))),
+                }
+            }
+        }
+        let mut graph = deps::Graph::default();
+        let counts = graph.add_child(record.job.id, after.policy, &parents);
+        let mut record = record.clone();
+        if let Some(held) = deps::child_state(counts) {
+            record.job.state = held;
+        }
+        let answer = self.enqueue_each(std::slice::from_ref(&record))?;
+        let answer = answer.into_iter().next().flatten();
+        match answer {
+            Some(Inserted::New) => {
+                let mut edge = self.conn.prepare_cached(
+                    "INSERT INTO job_edges (parent, child, state) VALUES (?1, ?2, ?3)",
+                )?;
+                for (p, e) in graph.parents(record.job.id) {
+                    edge.execute(params![id_bytes(p), id_bytes(record.job.id), e.as_str()])?;
+                }
+                self.conn
+                    .prepare_cached(
+                        "UPDATE jobs SET after_policy = ?2, deps_unmet = ?3, deps_broken = ?4 \
+                         WHERE id = ?1",
+                    )?
+                    .execute(params![
+                        id_bytes(record.job.id),
+                        after.policy.as_str(),
+                        counts.unmet,
+                        counts.broken
+                    ])?;
+            }
+            Some(Inserted::Duplicate {
+                id,
+                same_payload: true,
+            }) => {
+                // The same key with other parents is another request.
+                let mut stmt = self
+                    .conn
+                    .prepare_cached("SELECT parent FROM job_edges WHERE child = ?1")?;
+                let held: std::collections::BTreeSet<[u8; 16]> = stmt
+                    .query_map([id_bytes(id)], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?;
+                let asked: std::collections::BTreeSet<[u8; 16]> =
+                    after.parents.iter().map(|p| id_bytes(*p)).collect();
+                if held != asked {
+                    let conflict = Inserted::Duplicate {
+                        id,
+                        same_payload: false,
+                    };
+                    return Ok(Ok((Some(conflict), record.job.state)));
+                }
+            }
+            _ => {}
+        }
+        Ok(Ok((answer, record.job.state)))
+    }
+
+    /// [`Backend::move_edges`]: per changed parent (in id order), its edges to
+    /// children, each moved by [`deps::edge_after`], the child's counters, and the
+    /// child's state if its counters call for a change.
+    fn move_edges_of(
+        &self,
+        changed: &[(JobId, State)],
+        now: UnixMillis,
+    ) -> rusqlite::Result<Vec<Job>> {
+        let mut changed = changed.to_vec();
+        changed.sort_by_key(|(id, _)| *id);
+        let mut edges = self.conn.prepare_cached(
+            "SELECT e.child, e.state, c.after_policy, c.deps_unmet, c.deps_broken \
+             FROM job_edges e JOIN jobs c ON c.id = e.child WHERE e.parent = ?1 \
+             ORDER BY e.child",
+        )?;
+        let mut set_edge = self
+            .conn
+            .prepare_cached("UPDATE job_edges SET state = ?3 WHERE parent = ?1 AND child = ?2")?;
+        let mut set_counts = self
+            .conn
+            .prepare_cached("UPDATE jobs SET deps_unmet = ?2, deps_broken = ?3 WHERE id = ?1")?;
+        let mut settled: Vec<(JobId, Counts, Option<JobId>)> = Vec::new();
+        for (parent, state) in changed {
+            let rows: Vec<(JobId, Edge, AfterPolicy, Counts)> = edges
+                .query_map([id_bytes(parent)], |r| {
+                    let policy: Option<String> = r.get(2)?;
+                    Ok((
+                        JobId(Uuid::from_bytes(r.get(0)?)),
+                        parse(r, 1)?,
+                        policy.and_then(|p| p.parse().ok()).unwrap_or_default(),
+                        Counts {
+                            unmet: r.get(3)?,
+                            broken: r.get(4)?,
+                        },
+                    ))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            for (child, edge, policy, counts) in rows {
+                let new = deps::edge_after(policy, edge, state);
+                if new == edge {
+                    continue;
+                }
+                let counts = counts.moved(edge, new);
+                set_edge.execute(params![id_bytes(parent), id_bytes(child), new.as_str()])?;
+                set_counts.execute(params![id_bytes(child), counts.unmet, counts.broken])?;
+                let blamed = (new == Edge::Broken).then_some(parent);
+                match settled.iter_mut().find(|(c, _, _)| *c == child) {
+                    Some(s) => {
+                        s.1 = counts;
+                        s.2 = s.2.or(blamed);
+                    }
+                    None => settled.push((child, counts, blamed)),
+                }
+            }
+        }
+        settled.sort_by_key(|(c, _, _)| *c);
+        let mut out = Vec::new();
+        for (child, counts, blamed) in settled {
+            if let Some(next) = self.settle_held(child, counts, now, blamed, None)? {
+                out.push(next);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Moves a waiting or blocked `child` to the state `counts` call for, with a
+    /// history line when it becomes blocked (naming `blamed`) or is released by
+    /// `released_by`; answers its new record if it changed.
+    fn settle_held(
+        &self,
+        child: JobId,
+        counts: Counts,
+        now: UnixMillis,
+        blamed: Option<JobId>,
+        released_by: Option<&str>,
+    ) -> rusqlite::Result<Option<Job>> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM {JOINED} WHERE j.id = ?1");
+        let job = self
+            .conn
+            .prepare_cached(&sql)?
+            .query_row([id_bytes(child)], job_from_row)
+            .optional()?;
+        let Some(job) = job else { return Ok(None) };
+        let Some(next) = deps::settle_child(&job, counts, now) else {
+            return Ok(None);
+        };
+        let applied = self
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET state = ?2, ready_at = ?3, updated_at = ?4 WHERE id = ?1 \
+                 AND (state = 'waiting' OR state = 'blocked')",
+            )?
+            .execute(params![
+                id_bytes(child),
+                next.state.as_str(),
+                next.ready_at,
+                next.updated_at
+            ])?;
+        if applied != 1 {
+            return Ok(None);
+        }
+        let detail = match (next.state, blamed, released_by) {
+            (State::Blocked, Some(parent), _) => Some((
+                Outcome::Blocked,
+                format!("blocked: parent job {parent} died or was cancelled"),
+            )),
+            (_, _, Some(by)) => Some((Outcome::Released, format!("released by {by}"))),
+            _ => None,
+        };
+        if let Some((outcome, detail)) = detail {
+            let entry = HistoryEntry {
+                attempt: job.attempts,
+                outcome,
+                worker: None,
+                started_at: None,
+                ended_at: now,
+                error: Some(detail),
+            };
+            let mut append = (
+                self.conn.prepare_cached(NEXT_HISTORY_SEQ)?,
+                self.conn.prepare_cached(INSERT_HISTORY)?,
+            );
+            self.append_history(&mut append, child, &entry)?;
+        }
+        Ok(Some(next))
+    }
+
+    /// [`Backend::release_edges`].
+    fn release_edges_of(
+        &self,
+        child: JobId,
+        now: UnixMillis,
+    ) -> rusqlite::Result<Option<super::Released>> {
+        let released: Vec<JobId> = self
+            .conn
+            .prepare_cached(
+                "SELECT parent FROM job_edges WHERE child = ?1 AND state = 'broken' \
+                 ORDER BY parent",
+            )?
+            .query_map([id_bytes(child)], |r| {
+                Ok(JobId(Uuid::from_bytes(r.get(0)?)))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        if released.is_empty() {
+            return Ok(None);
+        }
+        self.conn
+            .prepare_cached(
+                "UPDATE job_edges SET state = 'met' WHERE child = ?1 AND state = 'broken'",
+            )?
+            .execute([id_bytes(child)])?;
+        let counts: Counts = self
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET deps_broken = 0 WHERE id = ?1 \
+                 RETURNING deps_unmet, deps_broken",
+            )?
+            .query_row([id_bytes(child)], |r| {
+                Ok(Counts {
+                    unmet: r.get(0)?,
+                    broken: r.get(1)?,
+                })
+            })?;
+        let by = format!("operator (parents {})", display_ids(&released));
+        let next = self.settle_held(child, counts, now, None, Some(&by))?;
+        Ok(Some((next, released)))
+    }
+
     /// Inserts each new job and its payload, or names the holder of its key; the
     /// statements are taken from the cache once for the whole batch.
     fn enqueue_each(&self, batch: &[NewRecord]) -> rusqlite::Result<Vec<Option<Inserted>>> {
@@ -737,6 +1057,7 @@ impl SqliteBackend {
             "DELETE FROM payloads WHERE job_id = ?1",
             "DELETE FROM history WHERE job_id = ?1",
             "DELETE FROM results WHERE job_id = ?1",
+            "DELETE FROM job_edges WHERE child = ?1",
         ] {
             self.conn.prepare_cached(sql)?.execute([id_bytes(id)])?;
         }
@@ -770,6 +1091,14 @@ fn map_err(path: &Path, e: rusqlite::Error) -> StoreError {
         ) => StoreError::Permission(what),
         _ => StoreError::Other(what),
     }
+}
+
+/// Ids as a comma-separated list, for history lines.
+fn display_ids(ids: &[JobId]) -> String {
+    ids.iter()
+        .map(JobId::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn id_bytes(id: JobId) -> [u8; 16] {
@@ -924,6 +1253,91 @@ fn record_lease(record: &mut CachedStatement<'_>, job: &Job) -> rusqlite::Result
 }
 
 impl Backend for SqliteBackend {
+    fn enqueue_after(
+        &mut self,
+        batch: &[NewRecord],
+        after: &[After],
+        all: bool,
+    ) -> Result<Vec<(Inserted, State)>, StoreError> {
+        let mut answers = Vec::with_capacity(batch.len());
+        for (index, record) in batch.iter().enumerate() {
+            let after = after.get(index).cloned().unwrap_or_default();
+            let answer = self
+                .enqueue_one_after(record, &after)
+                .map_err(|e| self.err(e))?;
+            let answer = match answer {
+                Ok(answer) => answer,
+                Err(error) => return Err(StoreError::After { index, error }),
+            };
+            match answer {
+                (None, _) => {
+                    return Err(StoreError::Other(format!(
+                        "job {} already stored",
+                        record.job.id
+                    )));
+                }
+                (
+                    Some(Inserted::Duplicate {
+                        id,
+                        same_payload: false,
+                    }),
+                    _,
+                ) if all => {
+                    return Err(StoreError::KeyConflict { index, id });
+                }
+                (Some(inserted), state) => answers.push((inserted, state)),
+            }
+        }
+        Ok(answers)
+    }
+
+    fn move_edges(
+        &mut self,
+        changed: &[(JobId, State)],
+        now: UnixMillis,
+    ) -> Result<Vec<Job>, StoreError> {
+        self.move_edges_of(changed, now).map_err(|e| self.err(e))
+    }
+
+    fn release_edges(
+        &mut self,
+        child: JobId,
+        now: UnixMillis,
+    ) -> Result<Option<super::Released>, StoreError> {
+        self.release_edges_of(child, now).map_err(|e| self.err(e))
+    }
+
+    fn edges(&mut self, id: JobId) -> Result<Edges, StoreError> {
+        let read = |sql: &str| -> rusqlite::Result<Vec<(JobId, Edge)>> {
+            let mut stmt = self.conn.prepare_cached(sql)?;
+            stmt.query_map([id_bytes(id)], |r| {
+                Ok((JobId(Uuid::from_bytes(r.get(0)?)), parse(r, 1)?))
+            })?
+            .collect()
+        };
+        let parents = read("SELECT parent, state FROM job_edges WHERE child = ?1 ORDER BY parent");
+        let children = read("SELECT child, state FROM job_edges WHERE parent = ?1 ORDER BY child");
+        match (parents, children) {
+            (Ok(parents), Ok(children)) => Ok(Edges { parents, children }),
+            (Err(e), _) | (_, Err(e)) => Err(self.err(e)),
+        }
+    }
+
+    fn dependents(&mut self, root: JobId) -> Result<Vec<JobId>, StoreError> {
+        let run = || -> rusqlite::Result<Vec<JobId>> {
+            let mut stmt = self.conn.prepare_cached(
+                "WITH RECURSIVE down(id) AS ( \
+                     SELECT child FROM job_edges WHERE parent = ?1 \
+                     UNION SELECT e.child FROM job_edges e JOIN down d ON e.parent = d.id) \
+                 SELECT j.id FROM down d JOIN jobs j ON j.id = d.id \
+                 WHERE j.state NOT IN ('succeeded', 'cancelled', 'dead') ORDER BY j.id",
+            )?;
+            stmt.query_map([id_bytes(root)], |r| Ok(JobId(Uuid::from_bytes(r.get(0)?))))?
+                .collect()
+        };
+        run().map_err(|e| self.err(e))
+    }
+
     fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
         let answers = self.enqueue_each(batch).map_err(|e| self.err(e))?;
         batch
@@ -1177,6 +1591,33 @@ impl Backend for SqliteBackend {
         result.map(drop).map_err(|e| self.err(e))
     }
 
+    fn schedules(&mut self) -> Result<Vec<super::ScheduleRow>, StoreError> {
+        schedules::all(&self.conn).map_err(|e| self.err(e))
+    }
+
+    fn advance_schedule(&mut self, advance: &super::Advance) -> Result<bool, StoreError> {
+        schedules::advance(&self.conn, advance).map_err(|e| self.err(e))
+    }
+
+    fn record_schedule_run(
+        &mut self,
+        name: &str,
+        tick: UnixMillis,
+        job: JobId,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        schedules::record_run(&self.conn, name, tick, id_bytes(job), now).map_err(|e| self.err(e))
+    }
+
+    fn set_schedule_paused(
+        &mut self,
+        name: &str,
+        paused: bool,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        schedules::set_paused(&self.conn, name, paused, now).map_err(|e| self.err(e))
+    }
+
     fn overrides(&mut self) -> Result<Vec<Override>, StoreError> {
         let read = || {
             let mut stmt = self.conn.prepare_cached(
@@ -1193,6 +1634,51 @@ impl Backend for SqliteBackend {
             .collect::<rusqlite::Result<Vec<_>>>()
         };
         read().map_err(|e| self.err(e))
+    }
+
+    fn sqs_queues(&mut self) -> Result<Vec<SqsQueueRecord>, StoreError> {
+        let read = || {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT name, attributes, tags, created_at, modified_at FROM sqs_queues \
+                 ORDER BY name",
+            )?;
+            stmt.query_map([], |r| {
+                Ok(SqsQueueRecord {
+                    name: r.get(0)?,
+                    attributes: r.get(1)?,
+                    tags: r.get(2)?,
+                    created_at: r.get(3)?,
+                    modified_at: r.get(4)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        };
+        read().map_err(|e| self.err(e))
+    }
+
+    fn set_sqs_queue(
+        &mut self,
+        name: &str,
+        record: Option<&SqsQueueRecord>,
+    ) -> Result<bool, StoreError> {
+        let write =
+            || -> rusqlite::Result<bool> {
+                let existed = self
+                    .conn
+                    .prepare_cached("DELETE FROM sqs_queues WHERE name = ?1")?
+                    .execute([name])?
+                    > 0;
+                if let Some(r) = record {
+                    self.conn
+                    .prepare_cached(
+                        "INSERT INTO sqs_queues (name, attributes, tags, created_at, modified_at) \
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )?
+                    .execute(params![name, r.attributes, r.tags, r.created_at, r.modified_at])?;
+                }
+                Ok(existed)
+            };
+        write().map_err(|e| self.err(e))
     }
 
     fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError> {

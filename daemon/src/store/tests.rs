@@ -14,6 +14,7 @@ use crate::job::{Outcome, Token};
 mod model;
 mod pg;
 mod postgres;
+mod schedules;
 mod upkeep;
 
 const ANSWER_WITHIN: Duration = Duration::from_secs(60);
@@ -225,6 +226,44 @@ fn jobs_history_and_overrides_survive_reopen() {
     let overrides = block(&store, |b| b.overrides()).expect("overrides");
     assert_eq!(overrides.len(), 1);
     assert_eq!(overrides[0].value, "5");
+}
+
+#[test]
+fn sqs_queues_are_written_replaced_deleted_and_survive_reopen() {
+    let record = |name: &str, vt: &str| super::SqsQueueRecord {
+        name: name.into(),
+        attributes: format!(r#"{{"VisibilityTimeout":"{vt}"}}"#),
+        tags: "{}".into(),
+        created_at: 1_000,
+        modified_at: 2_000,
+    };
+    let (_dir, path) = temp_db();
+    for store in [open(&path), Store::open_memory()] {
+        let (a, b2) = (record("a", "30"), record("b", "5"));
+        let existed = block(&store, move |b| {
+            Ok((
+                b.set_sqs_queue("b", Some(&b2))?,
+                b.set_sqs_queue("a", Some(&a))?,
+            ))
+        })
+        .expect("create");
+        assert_eq!(existed, (false, false));
+        let replaced = record("a", "60");
+        let r = replaced.clone();
+        assert!(block(&store, move |b| b.set_sqs_queue("a", Some(&r))).expect("replace"));
+        assert!(block(&store, |b| b.set_sqs_queue("b", None)).expect("delete"));
+        assert!(!block(&store, |b| b.set_sqs_queue("b", None)).expect("delete again"));
+        assert_eq!(
+            block(&store, |b| b.sqs_queues()).expect("read"),
+            vec![replaced]
+        );
+        store.close();
+    }
+    let store = open(&path);
+    assert_eq!(
+        block(&store, |b| b.sqs_queues()).expect("read after reopen"),
+        vec![record("a", "60")]
+    );
 }
 
 #[test]
@@ -585,6 +624,39 @@ impl Backend for FailingCommit {
     }
     fn overrides(&mut self) -> Result<Vec<Override>, StoreError> {
         self.0.overrides()
+    }
+    fn sqs_queues(&mut self) -> Result<Vec<super::SqsQueueRecord>, StoreError> {
+        self.0.sqs_queues()
+    }
+    fn set_sqs_queue(
+        &mut self,
+        name: &str,
+        record: Option<&super::SqsQueueRecord>,
+    ) -> Result<bool, StoreError> {
+        self.0.set_sqs_queue(name, record)
+    }
+    fn schedules(&mut self) -> Result<Vec<ScheduleRow>, StoreError> {
+        self.0.schedules()
+    }
+    fn advance_schedule(&mut self, advance: &Advance) -> Result<bool, StoreError> {
+        self.0.advance_schedule(advance)
+    }
+    fn record_schedule_run(
+        &mut self,
+        name: &str,
+        tick: UnixMillis,
+        job: JobId,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.0.record_schedule_run(name, tick, job, now)
+    }
+    fn set_schedule_paused(
+        &mut self,
+        name: &str,
+        paused: bool,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.0.set_schedule_paused(name, paused, now)
     }
     fn probe(&mut self, now: UnixMillis) -> Result<(), StoreError> {
         self.0.probe(now)

@@ -27,6 +27,12 @@ pub(crate) trait Task: Send {
     /// Answers the caller: with the operation's own result if the batch committed,
     /// else with the batch's error.
     fn answer(self: Box<Self>, commit: Result<(), StoreError>);
+    /// The queue whose `max_depth` lock this operation takes inside the batch
+    /// ([`super::SharedStore::queue_depth`]), if any: the writer takes every such
+    /// lock of a batch up front, in one order ([`Engine::lock_depths`]).
+    fn depth_lock(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// A [`Task`] made of a typed operation and its completion.
@@ -37,6 +43,7 @@ where
     op: Option<Op>,
     result: Option<Result<R, StoreError>>,
     done: Option<Done>,
+    depth_lock: Option<String>,
 }
 
 impl<R, Op, Done> OpTask<R, Op, Done>
@@ -48,7 +55,14 @@ where
             op: Some(op),
             result: None,
             done: Some(done),
+            depth_lock: None,
         }
+    }
+
+    /// Declares that the operation takes `queue`'s depth lock ([`Task::depth_lock`]).
+    pub(crate) fn locking_depth(mut self, queue: Option<String>) -> Self {
+        self.depth_lock = queue;
+        self
     }
 
     /// Calls the completion if it has not been called yet. A panicking completion is
@@ -93,6 +107,10 @@ where
             Err(err) => Err(err),
         };
         self.reply(result);
+    }
+
+    fn depth_lock(&self) -> Option<&str> {
+        self.depth_lock.as_deref()
     }
 }
 
@@ -186,6 +204,7 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
     let mut leases = Vec::new();
     let outcome = engine
         .begin()
+        .and_then(|()| lock_depths(engine, &batch))
         .and_then(|()| {
             leases = std::mem::take(&mut *counters.unrecorded());
             record(engine, &leases)
@@ -197,7 +216,11 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
             counters.commits.fetch_add(1, Ordering::Relaxed);
         }
         Err(err) => {
-            tracing::error!(%err, ops = batch.len(), "Store batch rolled back; its callers get the error.");
+            static LOG: crate::log_every::Every =
+                crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+            if let Some(left_out) = LOG.due() {
+                tracing::error!(%err, ops = batch.len(), earlier_not_logged = left_out, "Store batch rolled back; its callers get the error (logged at most every 10 s).");
+            }
             engine.rollback();
             put_back(counters, leases);
         }
@@ -206,6 +229,18 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
     for task in batch {
         task.answer(outcome.clone());
     }
+}
+
+/// Takes the depth locks the batch's operations declare, before the batch holds
+/// any other lock (see [`Engine::lock_depths`]).
+fn lock_depths<E: Engine>(engine: &mut E, batch: &[Box<dyn Task>]) -> Result<(), StoreError> {
+    let mut queues: Vec<&str> = batch.iter().filter_map(|t| t.depth_lock()).collect();
+    if queues.is_empty() {
+        return Ok(());
+    }
+    queues.sort_unstable();
+    queues.dedup();
+    engine.lock_depths(&queues)
 }
 
 /// Puts `leases` back ahead of any handed over since they were taken.

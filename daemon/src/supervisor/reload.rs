@@ -50,10 +50,66 @@ impl SupervisorState {
                 return Err(err);
             }
         };
+        self.apply(myself, new, &plan, executors, Some(tokens))
+            .await;
+        metrics::config_reloaded(true);
+        if plan.changes.is_empty() {
+            info!(file = %old.source.display(), "Config reloaded; nothing changed.");
+        }
+        for change in &plan.changes {
+            info!(change = %change, "Config reloaded.");
+        }
+        Ok(plan.changes)
+    }
+
+    /// Applies the store's SQS-created queues (`api/sqs/created.rs`) to the config in
+    /// force, as a reload applies a file: added queues start, removed ones stop
+    /// (refused while they hold jobs), changed ones reread their settings. The file
+    /// is not reread. On error nothing was changed.
+    pub(super) async fn sync_sqs_queues(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+    ) -> Result<Vec<String>, ReloadError> {
+        let old = self.daemon.config();
+        let records = self
+            .daemon
+            .store
+            .run(|b| b.sqs_queues())
+            .await
+            .map_err(|e| ReloadError::Unavailable(format!("cannot read the SQS queues: {e}")))?;
+        let mut new = (*old).clone();
+        crate::api::sqs::created::merge(&mut new, &records);
+        let plan = reload::plan(&old, &new).map_err(ReloadError::Refused)?;
+        let held = self.still_holding(&plan.removed).await?;
+        if !held.is_empty() {
+            return Err(ReloadError::Refused(held));
+        }
+        let executors = Executors::build(&new, Some((&old, &self.daemon.executors)))
+            .map_err(ReloadError::Refused)?;
+        self.apply(myself, Arc::new(new), &plan, executors, None)
+            .await;
+        for change in &plan.changes {
+            info!(change = %change, "SQS queues applied.");
+        }
+        Ok(plan.changes)
+    }
+
+    /// Puts a checked config and its plan in force (with the reread API tokens,
+    /// if the file was reread).
+    async fn apply(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        new: Arc<Config>,
+        plan: &Plan,
+        executors: ExecutorMap,
+        tokens: Option<Tokens>,
+    ) {
         self.daemon.limits.replace_config(new);
         self.daemon.executors.replace(executors);
         self.daemon.limiters.sync(&self.daemon.limits);
-        self.daemon.tokens.replace(tokens);
+        if let Some(tokens) = tokens {
+            self.daemon.tokens.replace(tokens);
+        }
         for queue in &plan.removed {
             self.stop_queue(queue).await;
         }
@@ -74,14 +130,10 @@ impl SupervisorState {
                 let _ = p.cast(PoolMsg::LimitsChanged);
             }
         }
-        metrics::config_reloaded(true);
-        if plan.changes.is_empty() {
-            info!(file = %old.source.display(), "Config reloaded; nothing changed.");
+        for name in self.daemon.config().schedules.keys() {
+            metrics::register_schedule(name);
         }
-        for change in &plan.changes {
-            info!(change = %change, "Config reloaded.");
-        }
-        Ok(plan.changes)
+        crate::periodic::reread();
     }
 
     /// Everything that can fail, before anything changes.
@@ -94,18 +146,47 @@ impl SupervisorState {
             .await
             .map_err(|e| ReloadError::Unavailable(e.to_string()))?
             .map_err(|errors| ReloadError::Invalid(errors.to_string()))?;
-        let plan = reload::plan(old, &new).map_err(ReloadError::Refused)?;
-        self.check_removable(&plan.removed).await?;
-        let executors = Executors::build(&new, Some((old, &self.daemon.executors)))
-            .map_err(ReloadError::Refused)?;
+        let mut new = new;
+        if new.sqs.enabled {
+            let records = self
+                .daemon
+                .store
+                .run(|b| b.sqs_queues())
+                .await
+                .map_err(|e| {
+                    ReloadError::Unavailable(format!("cannot read the SQS queues: {e}"))
+                })?;
+            crate::api::sqs::created::merge(&mut new, &records);
+        }
+        // Every reason to refuse is named at once, not only the first found.
+        let removed: Vec<String> = old
+            .queues
+            .keys()
+            .filter(|q| !new.queues.contains_key(*q))
+            .cloned()
+            .collect();
+        let plan = reload::plan(old, &new);
+        let mut refused = plan.as_ref().err().cloned().unwrap_or_default();
+        refused.extend(self.still_holding(&removed).await?);
+        let executors = Executors::build(&new, Some((old, &self.daemon.executors)));
+        if let Err(errors) = &executors {
+            refused.extend(errors.iter().cloned());
+        }
+        let (Ok(plan), Ok(executors)) = (plan, executors) else {
+            return Err(ReloadError::Refused(refused));
+        };
+        if !refused.is_empty() {
+            return Err(ReloadError::Refused(refused));
+        }
         let tokens = Tokens::from_config(&new).map_err(|e| ReloadError::Invalid(e.to_string()))?;
         Ok((Arc::new(new), plan, executors, tokens))
     }
 
-    /// Refuses the removal of a queue that still holds jobs (waiting, leased, dead).
-    async fn check_removable(&self, removed: &[String]) -> Result<(), ReloadError> {
+    /// Why each removed queue that still holds jobs (waiting, leased, dead) cannot
+    /// be removed; empty when all can.
+    async fn still_holding(&self, removed: &[String]) -> Result<Vec<String>, ReloadError> {
         if removed.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let counts = broker::request(BrokerMsg::Counts, Duration::from_secs(10))
             .await
@@ -123,11 +204,7 @@ impl SupervisorState {
                 })
             })
             .collect();
-        if held.is_empty() {
-            Ok(())
-        } else {
-            Err(ReloadError::Refused(held))
-        }
+        Ok(held)
     }
 
     /// Stops a removed queue's pool (drained first) and scheduler.

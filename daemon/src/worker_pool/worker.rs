@@ -10,6 +10,13 @@
 //! [`REPORT_RETRY`]) until it is written
 //! or the lease is lost: qd's own store failure is never charged to the job.
 //!
+//! On a cluster node that is fenced (`fence.rs`: no heartbeat written for
+//! `node_timeout`) the worker stops its running attempt as an operator's cancel
+//! does (SIGTERM, SIGKILL after `kill_grace`; a webhook request is aborted) and
+//! reports it as interrupted, uncharged: the leader may hand the job to another
+//! node, and the store refuses the report as stale if it did. It leases nothing
+//! until the fence is lifted.
+//!
 //! Messages ([`WorkerMsg`]): only `Next`, sent to itself, so each lease→run→report
 //! cycle is one message and a `stop()` (scale-down) takes effect between jobs.
 //! Supervised by its WorkerPool, which restarts it after a panic and tells the
@@ -25,6 +32,7 @@ use tracing::{debug, warn};
 use super::PoolMsg;
 use crate::broker::{self, BrokerError, BrokerMsg, LeasedJob};
 use crate::executor::{ExecResult, Executors, JobRun};
+use crate::fence;
 use crate::job::Failure;
 use crate::limits::Limits;
 use crate::scheduler::{self, LeaseRequest, SchedulerMsg};
@@ -91,7 +99,13 @@ impl Actor for Worker {
             myself.stop(Some("pool draining".into()));
             return Ok(());
         }
-        if let Some(job) = lease(state).await {
+        if fence::is_fenced() {
+            // No lease while fenced: wait for the fence to lift (or the pool to drain).
+            tokio::select! {
+                () = tokio::time::sleep(fence::CHECK_EVERY * 2) => {}
+                () = state.draining.cancelled() => {}
+            }
+        } else if let Some(job) = lease(state).await {
             let revoked = CancellationToken::new();
             let running = Some((job.id, revoked.clone()));
             let _ = state.pool.cast(PoolMsg::Busy(state.id.clone(), running));
@@ -156,24 +170,46 @@ async fn run(state: &WorkerArgs, job: &LeasedJob, revoked: &CancellationToken) -
             .queues
             .get(&*state.queue)
             .map_or(crate::results::DEFAULT_MAX_RESULT, |q| q.max_result),
+        token: job.token,
+        lease: job.lease,
     };
     let Some(executor) = state.executors.get(&state.queue) else {
         return ExecResult::Failure(Failure::Interrupted {
             reason: "the queue no longer has in-process workers (config reloaded)".into(),
         });
     };
+    if fence::is_fenced() {
+        return fenced_result();
+    }
     let every = heartbeat_every(state);
     let cancel = state.interrupt.child_token();
-    let exec = executor.run(&run, &cancel, revoked);
+    // Fencing stops the attempt as an operator's cancel does (graceful).
+    let stop = revoked.child_token();
+    let exec = executor.run(&run, &cancel, &stop);
     tokio::pin!(exec);
     let start = tokio::time::Instant::now() + every;
     let mut beats = tokio::time::interval_at(start, every);
+    let mut fenced = false;
     loop {
         tokio::select! {
-            result = &mut exec => return result,
+            result = &mut exec => return if fenced { fenced_result() } else { result },
             _ = beats.tick() => heartbeat(job, &cancel).await,
+            () = fence::fenced(), if !fenced => {
+                fenced = true;
+                warn!(queue = %job.queue, job = %job.id, "This node is fenced; stopping the attempt.");
+                stop.cancel();
+            }
         }
     }
+}
+
+/// The report of an attempt stopped because this node was fenced: uncharged.
+fn fenced_result() -> ExecResult {
+    ExecResult::Failure(Failure::Interrupted {
+        reason: "this node wrote no heartbeat for node_timeout (cut off from the database \
+                 or frozen) and stopped the attempt before another node may run the job"
+            .to_owned(),
+    })
 }
 
 async fn heartbeat(job: &LeasedJob, cancel: &CancellationToken) {
@@ -224,7 +260,11 @@ async fn report(state: &WorkerArgs, job: &LeasedJob, result: ExecResult) {
         match answer {
             Ok(Ok(())) => return,
             Ok(Err(BrokerError::Store(err))) => {
-                warn!(job = %id, error = %err, "Result not written (the store refuses writes); keeping the lease and retrying.")
+                static LOG: crate::log_every::Every =
+                    crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                if let Some(left_out) = LOG.due() {
+                    warn!(job = %id, error = %err, earlier_not_logged = left_out, "Result not written (the store refuses writes); keeping the lease and retrying.")
+                }
             }
             Ok(Err(err)) => {
                 debug!(job = %id, error = %err, "Result refused (lease lost); another attempt owns the job.");

@@ -252,12 +252,15 @@ impl Qd {
     /// Rewrites the config onto fresh API and metrics ports: the `api_listen` and
     /// `metrics_listen` lines are replaced whole, whatever ports they held.
     fn move_ports(&mut self) {
-        let [api, metrics] = free_ports();
+        let [api, metrics, console] = free_ports();
         let text: String = std::fs::read_to_string(&self.config)
             .expect("read config")
             .lines()
             .map(|line| {
-                if line.starts_with("api_listen = ") {
+                if line.starts_with("listen = \"127.0.0.1:") {
+                    // `[console] listen`: the only other `listen` key.
+                    format!("listen = \"127.0.0.1:{console}\"\n")
+                } else if line.starts_with("api_listen = ") {
                     format!("api_listen = \"127.0.0.1:{api}\"\n")
                 } else if line.starts_with("metrics_listen = ") {
                     format!("metrics_listen = \"127.0.0.1:{metrics}\"\n")
@@ -269,6 +272,19 @@ impl Qd {
         std::fs::write(&self.config, text).expect("write config");
         self.api = format!("http://127.0.0.1:{api}");
         self.metrics = format!("http://127.0.0.1:{metrics}/metrics");
+    }
+
+    /// The `[console] listen` address in the config (it moves when a start finds
+    /// its port taken), if there is one.
+    pub fn console_addr(&self) -> Option<String> {
+        std::fs::read_to_string(&self.config)
+            .ok()?
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("listen = \"")?
+                    .strip_suffix('"')
+                    .map(str::to_string)
+            })
     }
 
     /// The daemon's log so far.
@@ -459,9 +475,10 @@ const API_BOUND: &str = "HTTP API listening.";
 /// (bound after the API's) included.
 const UP: &str = "qd is up.";
 /// What qd logs when it cannot bind the API or the metrics port.
-const BIND_FAILURES: [&str; 2] = [
+const BIND_FAILURES: [&str; 3] = [
     "cannot listen on api_listen",
     "cannot listen for Prometheus scrapes",
+    "cannot listen on console.listen",
 ];
 
 /// How much of a daemon's log a failing test prints.

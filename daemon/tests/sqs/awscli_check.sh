@@ -1,5 +1,6 @@
 #!/bin/sh
-# The AWS CLI sends one message to qd, receives it and deletes it (run by
+# The AWS CLI sends one message to qd, receives it and deletes it, then creates a
+# queue with an attribute, changes it and deletes the queue (run by
 # daemon/tests/sqs.rs with the CLI of .ci/venv first on PATH and QD_SQS_ENDPOINT set).
 set -eu
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1
@@ -15,4 +16,15 @@ handle=$(printf '%s' "$got" | cut -f2)
 sqs delete-message --queue-url "$url" --receipt-handle "$handle"
 left=$(sqs receive-message --queue-url "$url" --output text --query 'length(Messages || `[]`)')
 [ "$left" = "0" ] || { echo "left after delete: $left"; exit 1; }
-echo "OK: sent, received and deleted through the AWS CLI"
+made=$(sqs create-queue --queue-name cli-made --attributes VisibilityTimeout=40 \
+    --output text --query QueueUrl)
+[ "$made" = "$QD_SQS_ENDPOINT/000000000000/cli-made" ] || { echo "created: $made"; exit 1; }
+sqs set-queue-attributes --queue-url "$made" --attributes VisibilityTimeout=50
+vt=$(sqs get-queue-attributes --queue-url "$made" --attribute-names VisibilityTimeout \
+    --output text --query Attributes.VisibilityTimeout)
+[ "$vt" = "50" ] || { echo "VisibilityTimeout after set: $vt"; exit 1; }
+sqs delete-queue --queue-url "$made"
+if sqs get-queue-url --queue-name cli-made >/dev/null 2>&1; then
+    echo "cli-made still there after delete-queue"; exit 1
+fi
+echo "OK: sent, received and deleted through the AWS CLI; created, changed and deleted a queue"

@@ -337,6 +337,201 @@ class Sqs(unittest.TestCase):
             self.sqs.receive_message(QueueUrl=url)
 
 
+class CreatedQueues(unittest.TestCase):
+    """Queues made with CreateQueue: stored, attributes in force, deleted, tagged,
+    dead-lettered by their redrive policy and moved back by a move task."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sqs = client()
+
+    def name(self, suffix):
+        return f"{PROTOCOL}-{self._testMethodName[5:30]}-{suffix}"
+
+    def arn(self, name):
+        return f"arn:aws:sqs:us-east-1:{ACCOUNT}:{name}"
+
+    def attrs(self, url):
+        return self.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+
+    def assert_absent(self, name):
+        with self.assertRaises(self.sqs.exceptions.QueueDoesNotExist):
+            self.sqs.get_queue_url(QueueName=name)
+
+    def test_create_queue_makes_a_queue_with_its_attributes(self):
+        name = self.name("q")
+        url = self.sqs.create_queue(
+            QueueName=name,
+            Attributes={"VisibilityTimeout": "45", "DelaySeconds": "0", "MaximumMessageSize": "2048"},
+            tags={"team": "core"},
+        )["QueueUrl"]
+        self.assertEqual(url, f"{ENDPOINT}/{ACCOUNT}/{name}")
+        self.assertEqual(self.sqs.get_queue_url(QueueName=name)["QueueUrl"], url)
+        self.assertIn(url, self.sqs.list_queues(QueueNamePrefix=name)["QueueUrls"])
+        attrs = self.attrs(url)
+        self.assertEqual(attrs["VisibilityTimeout"], "45")
+        self.assertEqual(attrs["MaximumMessageSize"], "2048")
+        self.assertEqual(attrs["MessageRetentionPeriod"], "345600")
+        self.assertEqual(attrs["ReceiveMessageWaitTimeSeconds"], "0")
+        self.assertEqual(attrs["QueueArn"], self.arn(name))
+        self.assertEqual(attrs["ApproximateNumberOfMessages"], "0")
+        self.assertEqual(self.sqs.list_queue_tags(QueueUrl=url)["Tags"], {"team": "core"})
+        # Idempotent with the same attributes, or none; different ones are refused.
+        self.assertEqual(self.sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "45"})["QueueUrl"], url)
+        self.assertEqual(self.sqs.create_queue(QueueName=name)["QueueUrl"], url)
+        with self.assertRaises(self.sqs.exceptions.QueueNameExists) as ctx:
+            self.sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "46"})
+        self.assertEqual(ctx.exception.response["Error"]["Code"], "QueueAlreadyExists")
+        self.assertEqual(self.attrs(url)["VisibilityTimeout"], "45")
+        # A working queue: a message goes through, and the size limit is the queue's.
+        sent = self.sqs.send_message(QueueUrl=url, MessageBody="hello")
+        got = self.sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"][0]
+        self.assertEqual(got["MessageId"], sent["MessageId"])
+        self.sqs.delete_message(QueueUrl=url, ReceiptHandle=got["ReceiptHandle"])
+        with self.assertRaises(Exception) as ctx:
+            self.sqs.send_message(QueueUrl=url, MessageBody="x" * 3000)
+        self.assertEqual(ctx.exception.response["Error"]["Code"], "InvalidParameterValue")
+
+    def test_bad_names_and_attributes_are_refused_and_create_nothing(self):
+        for bad in ["has space", "x" * 81, "dots.here", ""]:
+            with self.assertRaises(Exception) as ctx:
+                self.sqs.create_queue(QueueName=bad)
+            code = ctx.exception.response["Error"]["Code"] if hasattr(ctx.exception, "response") else "param"
+            self.assertIn(code, ("InvalidParameterValue", "param"), bad)
+        with self.assertRaises(self.sqs.exceptions.UnsupportedOperation):
+            self.sqs.create_queue(QueueName=self.name("f") + ".fifo", Attributes={"FifoQueue": "true"})
+        name = self.name("q")
+        cases = [
+            ({"VisibilityTimeout": "43201"}, "InvalidAttributeValue"),
+            ({"DelaySeconds": "-1"}, "InvalidAttributeValue"),
+            ({"MessageRetentionPeriod": "59"}, "InvalidAttributeValue"),
+            ({"ReceiveMessageWaitTimeSeconds": "21"}, "InvalidAttributeValue"),
+            ({"MaximumMessageSize": "abc"}, "InvalidAttributeValue"),
+            ({"RedrivePolicy": "{not json"}, "InvalidAttributeValue"),
+            ({"RedrivePolicy": json.dumps({"deadLetterTargetArn": self.arn("nope"), "maxReceiveCount": 3})}, "InvalidAttributeValue"),
+            ({"Colour": "red"}, "InvalidAttributeName"),
+            ({"QueueArn": "x"}, "InvalidAttributeName"),
+            ({"FifoQueue": "true"}, "AWS.SimpleQueueService.UnsupportedOperation"),
+        ]
+        for attributes, code in cases:
+            with self.assertRaises(Exception) as ctx:
+                self.sqs.create_queue(QueueName=name, Attributes=attributes)
+            self.assertEqual(ctx.exception.response["Error"]["Code"], code, attributes)
+            self.assert_absent(name)
+
+    def test_set_queue_attributes_takes_effect(self):
+        name = self.name("q")
+        url = self.sqs.create_queue(QueueName=name)["QueueUrl"]
+        self.sqs.set_queue_attributes(QueueUrl=url, Attributes={"VisibilityTimeout": "0"})
+        self.assertEqual(self.attrs(url)["VisibilityTimeout"], "0")
+        sent = self.sqs.send_message(QueueUrl=url, MessageBody="again")["MessageId"]
+        first = self.sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"][0]
+        second = self.sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"][0]
+        self.assertEqual(first["MessageId"], sent)
+        self.assertEqual(second["MessageId"], sent, "visibility 0: visible again at once")
+        self.sqs.set_queue_attributes(QueueUrl=url, Attributes={"VisibilityTimeout": "600"})
+        got = self.sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"][0]
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1))
+        self.sqs.delete_message(QueueUrl=url, ReceiptHandle=got["ReceiptHandle"])
+        # A queue delay applies to messages sent without their own.
+        self.sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "600"})
+        self.sqs.send_message(QueueUrl=url, MessageBody="later")
+        self.assertEqual(self.attrs(url)["ApproximateNumberOfMessagesDelayed"], "1")
+        # Bad values change nothing.
+        for attributes, code in [
+            ({"VisibilityTimeout": "-5"}, "InvalidAttributeValue"),
+            ({"Nope": "1"}, "InvalidAttributeName"),
+        ]:
+            with self.assertRaises(Exception) as ctx:
+                self.sqs.set_queue_attributes(QueueUrl=url, Attributes=attributes)
+            self.assertEqual(ctx.exception.response["Error"]["Code"], code)
+        self.assertEqual(self.attrs(url)["VisibilityTimeout"], "600")
+        # A queue of the config file is not changed over SQS.
+        jobs = self.sqs.get_queue_url(QueueName="jobs")["QueueUrl"]
+        with self.assertRaises(self.sqs.exceptions.UnsupportedOperation):
+            self.sqs.set_queue_attributes(QueueUrl=jobs, Attributes={"VisibilityTimeout": "5"})
+
+    def test_delete_queue_removes_a_created_queue_and_refuses_a_configured_one(self):
+        name = self.name("q")
+        url = self.sqs.create_queue(QueueName=name)["QueueUrl"]
+        self.sqs.send_message(QueueUrl=url, MessageBody="doomed")
+        self.sqs.delete_queue(QueueUrl=url)
+        self.assert_absent(name)
+        with self.assertRaises(self.sqs.exceptions.QueueDoesNotExist):
+            self.sqs.send_message(QueueUrl=url, MessageBody="x")
+        jobs = self.sqs.get_queue_url(QueueName="jobs")["QueueUrl"]
+        with self.assertRaises(self.sqs.exceptions.UnsupportedOperation):
+            self.sqs.delete_queue(QueueUrl=jobs)
+        self.assertEqual(self.sqs.get_queue_url(QueueName="jobs")["QueueUrl"], jobs)
+        # The name can be created again, empty.
+        again = self.sqs.create_queue(QueueName=name)["QueueUrl"]
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=again))
+
+    def test_tags(self):
+        url = self.sqs.create_queue(QueueName=self.name("q"))["QueueUrl"]
+        self.assertNotIn("Tags", self.sqs.list_queue_tags(QueueUrl=url))
+        self.sqs.tag_queue(QueueUrl=url, Tags={"a": "1", "b": "2"})
+        self.sqs.tag_queue(QueueUrl=url, Tags={"b": "3"})
+        self.assertEqual(self.sqs.list_queue_tags(QueueUrl=url)["Tags"], {"a": "1", "b": "3"})
+        self.sqs.untag_queue(QueueUrl=url, TagKeys=["a", "absent"])
+        self.assertEqual(self.sqs.list_queue_tags(QueueUrl=url)["Tags"], {"b": "3"})
+        with self.assertRaises(Exception) as ctx:
+            self.sqs.tag_queue(QueueUrl=url, Tags={"k": "v" * 257})
+        self.assertEqual(ctx.exception.response["Error"]["Code"], "InvalidParameterValue")
+
+    def test_redrive_policy_dead_letters_and_a_move_task_brings_back(self):
+        dlq = self.sqs.create_queue(QueueName=self.name("dlq"))["QueueUrl"]
+        policy = json.dumps({"deadLetterTargetArn": self.arn(self.name("dlq")), "maxReceiveCount": "2"})
+        src_name = self.name("src")
+        src = self.sqs.create_queue(QueueName=src_name, Attributes={"RedrivePolicy": policy})["QueueUrl"]
+        self.assertEqual(
+            json.loads(self.attrs(src)["RedrivePolicy"]),
+            {"deadLetterTargetArn": self.arn(self.name("dlq")), "maxReceiveCount": 2},
+        )
+        self.assertEqual(self.sqs.list_dead_letter_source_queues(QueueUrl=dlq)["queueUrls"], [src])
+        sent = self.sqs.send_message(QueueUrl=src, MessageBody="poison")["MessageId"]
+        for n in (1, 2):
+            got = self.sqs.receive_message(
+                QueueUrl=src, WaitTimeSeconds=10, VisibilityTimeout=1, AttributeNames=["ApproximateReceiveCount"]
+            )["Messages"][0]
+            self.assertEqual(got["MessageId"], sent)
+            self.assertEqual(got["Attributes"]["ApproximateReceiveCount"], str(n))
+        # Its second visibility timeout ends its budget: dead, not received again.
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.attrs(src)["ApproximateNumberOfMessagesNotVisible"] == "0":
+                break
+            time.sleep(0.2)
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=src, WaitTimeSeconds=2))
+        with self.assertRaises(self.sqs.exceptions.UnsupportedOperation):
+            self.sqs.start_message_move_task(SourceArn=self.arn(self.name("dlq")), DestinationArn=self.arn("jobs"))
+        handle = self.sqs.start_message_move_task(SourceArn=self.arn(self.name("dlq")))["TaskHandle"]
+        self.assertTrue(handle)
+        deadline = time.time() + 30
+        while True:
+            task = self.sqs.list_message_move_tasks(SourceArn=self.arn(self.name("dlq")))["Results"][0]
+            if task["Status"] != "RUNNING" or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        self.assertEqual(task["Status"], "COMPLETED")
+        self.assertEqual(task["ApproximateNumberOfMessagesMoved"], 1)
+        self.assertEqual(task["ApproximateNumberOfMessagesToMove"], 1)
+        back = self.sqs.receive_message(QueueUrl=src, WaitTimeSeconds=10)["Messages"][0]
+        self.assertEqual(back["MessageId"], sent)
+        self.assertEqual(back["Body"], "poison")
+        self.sqs.delete_message(QueueUrl=src, ReceiptHandle=back["ReceiptHandle"])
+        # A queue no policy names is not a dead-letter queue; unknown ARNs and handles.
+        with self.assertRaises(Exception) as ctx:
+            self.sqs.start_message_move_task(SourceArn=self.arn(src_name))
+        self.assertEqual(ctx.exception.response["Error"]["Code"], "InvalidParameterValue")
+        with self.assertRaises(Exception) as ctx:
+            self.sqs.start_message_move_task(SourceArn=self.arn("nope"))
+        self.assertEqual(ctx.exception.response["Error"]["Code"], "ResourceNotFoundException")
+        with self.assertRaises(Exception) as ctx:
+            self.sqs.cancel_message_move_task(TaskHandle="nope")
+        self.assertEqual(ctx.exception.response["Error"]["Code"], "ResourceNotFoundException")
+
+
 class RawWire(unittest.TestCase):
     """The error answers' exact shape, which SDKs depend on."""
 

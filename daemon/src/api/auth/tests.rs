@@ -80,7 +80,7 @@ fn bad_files_are_refused_with_the_problem_named_and_no_secret() {
         ),
         (token("a", ok, "[]", r#"["*"]"#), "roles is empty"),
         (
-            token("a", ok, r#"["admin"]"#, r#"["*"]"#),
+            token("a", ok, r#"["superuser"]"#, r#"["*"]"#),
             "unknown variant",
         ),
         (token("a", ok, r#"["work"]"#, "[]"), "queues is empty"),
@@ -139,4 +139,22 @@ fn the_file_must_not_be_readable_by_group_or_other() {
         .err()
         .expect("missing");
     assert!(matches!(missing, TokenFileError::Io { .. }), "{missing}");
+}
+
+#[test]
+fn the_admin_role_is_a_console_role_and_grants_nothing_on_the_api() {
+    let text = "[[tokens]]\nname = \"ops\"\ntoken = \"0123456789abcdef\"\nroles = [\"admin\"]\nqueues = [\"*\"]\n";
+    let tokens = Tokens::parse(text, |_| true).expect("valid");
+    let grant = tokens.grant_of(b"0123456789abcdef").expect("found");
+    assert!(grant.has(Role::Admin) && grant.every_queue());
+    assert!(
+        !grant.has(Role::Read),
+        "admin does not imply read on the API"
+    );
+    let caller = Caller::Token(grant);
+    for role in [Role::Produce, Role::Work, Role::Read] {
+        assert!(caller.require(role).is_err(), "{role:?}");
+    }
+    assert!(tokens.grant_of(b"0123456789abcdeX").is_none());
+    assert!(!tokens.is_open() && Tokens::open().is_open());
 }

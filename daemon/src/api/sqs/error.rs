@@ -24,6 +24,7 @@ pub enum ErrorKind {
     MissingParameter,
     InvalidAction,
     InvalidAttributeName,
+    InvalidAttributeValue,
     InvalidMessageContents,
     BatchEntryIdsNotDistinct,
     EmptyBatchRequest,
@@ -40,6 +41,7 @@ pub enum ErrorKind {
     MissingAuthenticationToken,
     IncompleteSignature,
     RequestExpired,
+    ResourceNotFound,
     ServiceUnavailable,
 }
 
@@ -54,6 +56,7 @@ impl ErrorKind {
             | SignatureDoesNotMatch
             | MissingAuthenticationToken => StatusCode::FORBIDDEN,
             ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ResourceNotFound => StatusCode::NOT_FOUND,
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -69,6 +72,7 @@ impl ErrorKind {
             MissingParameter => "MissingParameter",
             InvalidAction => "InvalidAction",
             InvalidAttributeName => "InvalidAttributeName",
+            InvalidAttributeValue => "InvalidAttributeValue",
             InvalidMessageContents => "InvalidMessageContents",
             BatchEntryIdsNotDistinct => "BatchEntryIdsNotDistinct",
             EmptyBatchRequest => "EmptyBatchRequest",
@@ -85,6 +89,7 @@ impl ErrorKind {
             SignatureDoesNotMatch => "SignatureDoesNotMatch",
             IncompleteSignature => "IncompleteSignature",
             RequestExpired => "RequestExpired",
+            ResourceNotFound => "ResourceNotFoundException",
             ServiceUnavailable => "ServiceUnavailable",
         }
     }
@@ -166,6 +171,7 @@ impl From<BrokerError> for SqsError {
                 ErrorKind::RequestThrottled
             }
             BrokerError::Invalid(_)
+            | BrokerError::UnknownDependency(_)
             | BrokerError::KeyConflict { .. }
             | BrokerError::KeyConflictInBatch { .. }
             | BrokerError::PayloadTooLarge { .. }

@@ -1,7 +1,9 @@
-//! Queue actions: GetQueueUrl, ListQueues, CreateQueue (of a configured queue),
-//! GetQueueAttributes, PurgeQueue. SQS queues are qd's configured queues; their
-//! attributes are read from the queue's config and the Broker's and Scheduler's
-//! counts.
+//! Queue actions: GetQueueUrl, ListQueues, CreateQueue, DeleteQueue,
+//! GetQueueAttributes, SetQueueAttributes, PurgeQueue, TagQueue, UntagQueue,
+//! ListQueueTags, ListDeadLetterSourceQueues. SQS queues are qd's queues: those of
+//! the config file (read-only over SQS) and those created through SQS (stored in
+//! the store, `created.rs`; changed here, put in force by the Supervisor). Counts
+//! come from the Broker and the queue's Scheduler.
 
 use std::time::Duration;
 
@@ -11,14 +13,19 @@ use ractor::ActorRef;
 use serde_json::{Map, Value, json};
 use tracing::{info, warn};
 
+use super::created::{self, CreatedQueue};
 use super::error::{ErrorKind, SqsError};
 use super::params::{opt_int, opt_str, req_str, str_list, str_map};
 use super::{BROKER_TIMEOUT, Ctx};
 use crate::api::auth::Role;
 use crate::broker::{self, BrokerMsg};
+use crate::config::Config;
+use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::State as JobState;
+use crate::reload::ReloadError;
 use crate::scheduler::{self, SchedulerMsg};
 use crate::store::JobFilter;
+use crate::supervisor::{self, SupervisorMsg};
 
 /// SQS's largest message, in bytes (qd's `max_payload` when that is smaller).
 pub const SQS_MAX_MESSAGE: usize = 1 << 20;
@@ -62,9 +69,14 @@ pub fn is_queue_attribute(name: &str) -> bool {
     QUEUE_ATTRIBUTES.contains(&name)
 }
 
-/// The largest message this qd takes through SQS.
-pub fn max_message(ctx: &Ctx) -> usize {
-    SQS_MAX_MESSAGE.min(ctx.config.daemon.max_payload)
+/// The largest message this qd takes through SQS into `queue`: 1 MiB, qd's
+/// `max_payload`, or a created queue's `MaximumMessageSize`, whichever is least.
+pub fn max_message(ctx: &Ctx, queue: &str) -> usize {
+    let limit = SQS_MAX_MESSAGE.min(ctx.config.daemon.max_payload);
+    match ctx.config.sqs.created.get(queue) {
+        Some(q) => limit.min(usize::try_from(q.int("MaximumMessageSize")).unwrap_or(limit)),
+        None => limit,
+    }
 }
 
 /// GetQueueUrl: `QueueName` (and the optional `QueueOwnerAWSAccountId`) to its URL.
@@ -87,16 +99,7 @@ pub fn get_queue_url(ctx: &Ctx) -> Result<Value, SqsError> {
 pub fn list_queues(ctx: &Ctx) -> Result<Value, SqsError> {
     let prefix = opt_str(&ctx.params, "QueueNamePrefix")?.unwrap_or("");
     let max = opt_int(&ctx.params, "MaxResults", 1, 1000)?;
-    let after = match opt_str(&ctx.params, "NextToken")? {
-        None => None,
-        Some(token) => Some(
-            URL_SAFE_NO_PAD
-                .decode(token)
-                .ok()
-                .and_then(|b| String::from_utf8(b).ok())
-                .ok_or_else(|| SqsError::invalid("Invalid or expired next token."))?,
-        ),
-    };
+    let after = next_token(ctx)?;
     let names: Vec<&String> = ctx
         .config
         .queues
@@ -118,58 +121,336 @@ pub fn list_queues(ctx: &Ctx) -> Result<Value, SqsError> {
     Ok(Value::Object(out))
 }
 
-/// CreateQueue of a queue the config defines answers its URL (SQS's CreateQueue
-/// is idempotent); attributes that differ from the queue's are `QueueAlreadyExists`.
-/// A name the config does not define is refused: qd's queues come from its config.
-pub fn create_queue(ctx: &Ctx) -> Result<Value, SqsError> {
+/// CreateQueue. A new name is created as an SQS queue of qd, stored durably with
+/// its attributes and tags (`created.rs`) and started at once. An existing queue
+/// answers its URL when every attribute given has the queue's value (SQS's
+/// CreateQueue is idempotent), else `QueueAlreadyExists`; tags are not compared.
+pub async fn create_queue(ctx: &Ctx) -> Result<Value, SqsError> {
     let name = req_str(&ctx.params, "QueueName")?;
-    let valid = !name.is_empty()
-        && name.len() <= 80
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if !valid {
-        return Err(SqsError::invalid(
-            "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length",
-        ));
-    }
-    if !ctx.config.queues.contains_key(name) {
-        return Err(SqsError::new(
-            ErrorKind::UnsupportedOperation,
-            format!(
-                "qd has no queue {name:?} and does not create queues through SQS; add [queues.{name}] with executor = {{ kind = \"external\" }} to the config and reload"
-            ),
-        ));
-    }
-    ctx.allow(None, name)?;
-    let current = attributes(ctx, name, None);
-    let mut given = str_map(&ctx.params, "Attributes")?;
-    given.extend(
-        str_map(&ctx.params, "tags")?
-            .into_iter()
-            .map(|(k, _)| (format!("tag:{k}"), String::new())),
-    );
-    for (key, value) in given {
-        match current.get(&key).and_then(Value::as_str) {
-            Some(have) if have == value => {}
-            _ => {
-                return Err(SqsError::new(
-                    ErrorKind::QueueNameExists,
-                    format!(
-                        "A queue already exists with the same name and a different value for attribute {key}"
-                    ),
-                ));
+    created::check_name(name)?;
+    let given = str_map(&ctx.params, "Attributes")?;
+    // The JSON protocol names CreateQueue's tags `tags`; the query protocol's
+    // `Tag.N.Key` fold into `Tags`.
+    let mut tags = str_map(&ctx.params, "tags")?;
+    tags.extend(str_map(&ctx.params, "Tags")?);
+    let tags = created::check_tags(&tags)?;
+    let config = ctx.args.config();
+    if config.queues.contains_key(name) && !config.sqs.created.contains_key(name) {
+        ctx.allow(None, name)?;
+        let current = attributes(ctx, &config, name, None);
+        for (key, value) in given {
+            if current.get(&key).and_then(Value::as_str) != Some(value.as_str()) {
+                return Err(name_exists(&key));
             }
         }
+        return Ok(json!({ "QueueUrl": ctx.queue_url(name) }));
     }
+    ctx.allow(Some(Role::Produce), name)?;
+    let given = created::check_attributes(&given, |arn| ctx.queue_of_arn(&config, arn).is_some())?;
+    let _writing = ctx.state.queue_writes.lock().await;
+    let config = ctx.args.config();
+    if let Some(existing) = config.sqs.created.get(name) {
+        for (key, value) in &given {
+            let have = existing.attributes.get(key).map_or("", String::as_str);
+            if have != value {
+                return Err(name_exists(key));
+            }
+        }
+        return Ok(json!({ "QueueUrl": ctx.queue_url(name) }));
+    }
+    let queue = CreatedQueue::new(given, tags);
+    write_record(ctx, name, Some(&queue)).await?;
+    if let Err(err) = apply_queues().await {
+        let _ = write_record(ctx, name, None).await;
+        return Err(err.into_sqs("CreateQueue"));
+    }
+    info!(queue = %name, "SQS CreateQueue created a queue.");
     Ok(json!({ "QueueUrl": ctx.queue_url(name) }))
 }
 
-/// The queue's attributes from its config alone; with `counts`, the message counts
-/// too (ready, leased, delayed).
-fn attributes(ctx: &Ctx, name: &str, counts: Option<(u64, u64, u64)>) -> Map<String, Value> {
+fn name_exists(key: &str) -> SqsError {
+    SqsError::new(
+        ErrorKind::QueueNameExists,
+        format!(
+            "A queue already exists with the same name and a different value for attribute {key}"
+        ),
+    )
+}
+
+/// Writes (`Some`) or deletes (`None`) a created queue's row in the store.
+async fn write_record(ctx: &Ctx, name: &str, queue: Option<&CreatedQueue>) -> Result<(), SqsError> {
+    let name = name.to_string();
+    let record = queue.map(|q| q.record(&name));
+    ctx.args
+        .store
+        .run(move |b| b.set_sqs_queue(&name, record.as_ref()))
+        .await?;
+    Ok(())
+}
+
+/// Why the Supervisor did not apply the store's SQS queues.
+enum ApplyError {
+    /// The change was refused (a removed queue still holds jobs).
+    Refused(String),
+    /// No answer, or the store failed.
+    Unavailable(String),
+}
+
+impl ApplyError {
+    fn into_sqs(self, action: &str) -> SqsError {
+        let (ApplyError::Refused(why) | ApplyError::Unavailable(why)) = self;
+        SqsError::new(
+            ErrorKind::ServiceUnavailable,
+            format!("{action} was not applied: {why}"),
+        )
+    }
+}
+
+/// Asks the Supervisor to put the store's SQS queues in force (start added queues,
+/// stop deleted ones, apply changed attributes).
+async fn apply_queues() -> Result<(), ApplyError> {
+    let supervisor = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME)
+        .ok_or_else(|| ApplyError::Unavailable("the supervisor is not running".into()))?;
+    match supervisor
+        .call(SupervisorMsg::SqsQueuesChanged, Some(BROKER_TIMEOUT))
+        .await
+    {
+        Ok(ractor::rpc::CallResult::Success(Ok(_))) => Ok(()),
+        Ok(ractor::rpc::CallResult::Success(Err(ReloadError::Refused(why)))) => {
+            Err(ApplyError::Refused(why.join("; ")))
+        }
+        Ok(ractor::rpc::CallResult::Success(Err(err))) => {
+            Err(ApplyError::Unavailable(err.to_string()))
+        }
+        _ => Err(ApplyError::Unavailable(
+            "the supervisor did not answer".into(),
+        )),
+    }
+}
+
+/// The SQS-created queue `name`, or the error for a queue the config file defines
+/// (its settings come from the file).
+fn created_queue<'c>(
+    config: &'c Config,
+    name: &str,
+    action: &str,
+) -> Result<&'c CreatedQueue, SqsError> {
+    config.sqs.created.get(name).ok_or_else(|| {
+        SqsError::new(
+            ErrorKind::UnsupportedOperation,
+            format!(
+                "queue {name:?} is defined in qd's config file, so {action} cannot change it; edit [queues.{name}] in the file and reload"
+            ),
+        )
+    })
+}
+
+/// Writes a changed created queue to the store and puts it in force.
+async fn store_and_apply(
+    ctx: &Ctx,
+    name: &str,
+    queue: &CreatedQueue,
+    action: &str,
+) -> Result<(), SqsError> {
+    write_record(ctx, name, Some(queue)).await?;
+    apply_queues().await.map_err(|e| e.into_sqs(action))
+}
+
+/// SetQueueAttributes of an SQS-created queue: checked as CreateQueue checks them,
+/// stored, and in force at once (a new visibility timeout for the next receive, a
+/// redrive policy's `maxReceiveCount` for messages sent from then on).
+pub async fn set_queue_attributes(ctx: &Ctx) -> Result<Value, SqsError> {
+    let name = ctx.queue()?;
+    ctx.allow(Some(Role::Produce), &name)?;
+    let given = str_map(&ctx.params, "Attributes")?;
+    if given.is_empty() {
+        return Err(SqsError::missing("Attributes"));
+    }
+    let _writing = ctx.state.queue_writes.lock().await;
+    let config = ctx.args.config();
+    let mut queue = created_queue(&config, &name, "SetQueueAttributes")?.clone();
+    let given = created::check_attributes(&given, |arn| ctx.queue_of_arn(&config, arn).is_some())?;
+    queue.set(given);
+    store_and_apply(ctx, &name, &queue, "SetQueueAttributes").await?;
+    Ok(json!({}))
+}
+
+/// How often DeleteQueue cancels and retries before giving up.
+const DELETE_TRIES: u32 = 5;
+
+/// DeleteQueue of an SQS-created queue: its messages are cancelled (ready, delayed,
+/// in flight) and its dead ones purged, then the queue is removed from the store
+/// and stopped. A queue of the config file is refused.
+pub async fn delete_queue(ctx: &Ctx) -> Result<Value, SqsError> {
+    let name = ctx.queue()?;
+    ctx.allow(Some(Role::Work), &name)?;
+    let _writing = ctx.state.queue_writes.lock().await;
+    let config = ctx.args.config();
+    let queue = created_queue(&config, &name, "DeleteQueue")?.clone();
+    write_record(ctx, &name, None).await?;
+    // A send racing the delete can leave a job behind the cancels; the Supervisor
+    // refuses to stop a queue that holds jobs, so cancel again and retry.
+    let mut last = ApplyError::Unavailable("not applied".into());
+    for _ in 0..DELETE_TRIES {
+        purge(ctx.args.store.clone(), name.clone()).await;
+        purge_dead(&name).await;
+        match apply_queues().await {
+            Ok(()) => {
+                ctx.state
+                    .purges
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&name);
+                info!(queue = %name, "SQS DeleteQueue deleted a queue.");
+                return Ok(json!({}));
+            }
+            Err(err) => last = err,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = write_record(ctx, &name, Some(&queue)).await;
+    Err(last.into_sqs("DeleteQueue"))
+}
+
+/// Purges the queue's dead jobs through the Dlq actor.
+async fn purge_dead(queue: &str) {
+    let Some(dlq) = ActorRef::<DlqMsg>::where_is(dlq::NAME) else {
+        return;
+    };
+    let selection = Selection {
+        queue: Some(queue.to_string()),
+        ..Selection::default()
+    };
+    let _ = dlq
+        .call(
+            |tx| DlqMsg::Purge(selection, false, tx),
+            Some(BROKER_TIMEOUT),
+        )
+        .await;
+}
+
+/// TagQueue: adds or replaces tags of an SQS-created queue (at most 50 in all).
+pub async fn tag_queue(ctx: &Ctx) -> Result<Value, SqsError> {
+    let name = ctx.queue()?;
+    ctx.allow(Some(Role::Produce), &name)?;
+    let tags = created::check_tags(&str_map(&ctx.params, "Tags")?)?;
+    if tags.is_empty() {
+        return Err(SqsError::missing("Tags"));
+    }
+    let _writing = ctx.state.queue_writes.lock().await;
+    let config = ctx.args.config();
+    let mut queue = created_queue(&config, &name, "TagQueue")?.clone();
+    queue.tags.extend(tags);
+    if queue.tags.len() > created::MAX_TAGS {
+        return Err(SqsError::invalid(format!(
+            "Too many tags: a queue has at most {}.",
+            created::MAX_TAGS
+        )));
+    }
+    store_and_apply(ctx, &name, &queue, "TagQueue").await?;
+    Ok(json!({}))
+}
+
+/// UntagQueue: removes the named tags (absent ones are ignored, as in SQS).
+pub async fn untag_queue(ctx: &Ctx) -> Result<Value, SqsError> {
+    let name = ctx.queue()?;
+    ctx.allow(Some(Role::Produce), &name)?;
+    let keys = str_list(&ctx.params, "TagKeys")?;
+    if keys.is_empty() {
+        return Err(SqsError::missing("TagKeys"));
+    }
+    let _writing = ctx.state.queue_writes.lock().await;
+    let config = ctx.args.config();
+    let mut queue = created_queue(&config, &name, "UntagQueue")?.clone();
+    for key in &keys {
+        queue.tags.remove(key);
+    }
+    store_and_apply(ctx, &name, &queue, "UntagQueue").await?;
+    Ok(json!({}))
+}
+
+/// ListQueueTags: an SQS-created queue's tags; a file queue has none.
+pub fn list_queue_tags(ctx: &Ctx) -> Result<Value, SqsError> {
+    let name = ctx.queue()?;
+    ctx.allow(None, &name)?;
+    let tags = ctx
+        .config
+        .sqs
+        .created
+        .get(&name)
+        .map(|q| q.tags.clone())
+        .unwrap_or_default();
+    if tags.is_empty() {
+        return Ok(json!({}));
+    }
+    Ok(json!({ "Tags": tags }))
+}
+
+/// The SQS-created queues whose redrive policy names `queue` as their dead-letter
+/// queue, in name order.
+pub fn dead_letter_sources(ctx: &Ctx, config: &Config, queue: &str) -> Vec<String> {
+    let arn = ctx.arn(queue);
+    config
+        .sqs
+        .created
+        .iter()
+        .filter(|(_, q)| {
+            q.redrive_policy()
+                .is_some_and(|p| p.dead_letter_target_arn == arn)
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// ListDeadLetterSourceQueues: the queues whose redrive policy targets this one,
+/// in pages of `MaxResults` (1 to 1,000) continued with `NextToken`.
+pub fn list_dead_letter_source_queues(ctx: &Ctx) -> Result<Value, SqsError> {
+    let name = ctx.queue()?;
+    ctx.allow(None, &name)?;
+    let max = opt_int(&ctx.params, "MaxResults", 1, 1000)?;
+    let after = next_token(ctx)?;
+    let names: Vec<String> = dead_letter_sources(ctx, &ctx.config, &name)
+        .into_iter()
+        .filter(|n| after.as_ref().is_none_or(|a| n > a))
+        .filter(|n| ctx.caller.allow_queue(n).is_ok())
+        .collect();
+    let limit = max.map_or(1000, |m| m.unsigned_abs() as usize);
+    let page: Vec<String> = names.iter().take(limit).map(|n| ctx.queue_url(n)).collect();
     let mut out = Map::new();
-    let Some(q) = ctx.config.queues.get(name) else {
+    out.insert("queueUrls".into(), json!(page));
+    if max.is_some() && names.len() > limit {
+        out.insert(
+            "NextToken".into(),
+            json!(URL_SAFE_NO_PAD.encode(&names[limit - 1])),
+        );
+    }
+    Ok(Value::Object(out))
+}
+
+/// The name a `NextToken` continues after.
+fn next_token(ctx: &Ctx) -> Result<Option<String>, SqsError> {
+    match opt_str(&ctx.params, "NextToken")? {
+        None => Ok(None),
+        Some(token) => URL_SAFE_NO_PAD
+            .decode(token)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .map(Some)
+            .ok_or_else(|| SqsError::invalid("Invalid or expired next token.")),
+    }
+}
+
+/// The queue's attributes; with `counts`, the message counts too (ready, leased,
+/// delayed). A file queue's come from its config, a created queue's from what was
+/// set on it.
+fn attributes(
+    ctx: &Ctx,
+    config: &Config,
+    name: &str,
+    counts: Option<(u64, u64, u64)>,
+) -> Map<String, Value> {
+    let mut out = Map::new();
+    let Some(q) = config.queues.get(name) else {
         return out;
     };
     let mut put = |k: &str, v: String| {
@@ -180,16 +461,29 @@ fn attributes(ctx: &Ctx, name: &str, counts: Option<(u64, u64, u64)>) -> Map<Str
         put("ApproximateNumberOfMessagesNotVisible", leased.to_string());
         put("ApproximateNumberOfMessagesDelayed", delayed.to_string());
     }
-    let created = (ctx.state.started_at / 1000).to_string();
-    put("CreatedTimestamp", created.clone());
-    put("LastModifiedTimestamp", created);
+    put("QueueArn", ctx.arn(name));
+    put("SqsManagedSseEnabled", "false".into());
+    put("MaximumMessageSize", max_message(ctx, name).to_string());
+    if let Some(created) = config.sqs.created.get(name) {
+        put("CreatedTimestamp", (created.created_at / 1000).to_string());
+        put(
+            "LastModifiedTimestamp",
+            (created.modified_at / 1000).to_string(),
+        );
+        for (k, v) in &created.attributes {
+            if k != "MaximumMessageSize" {
+                put(k, v.clone());
+            }
+        }
+        return out;
+    }
+    let started = (ctx.state.started_at / 1000).to_string();
+    put("CreatedTimestamp", started.clone());
+    put("LastModifiedTimestamp", started);
     put("VisibilityTimeout", q.lease.as_secs().to_string());
     put("DelaySeconds", "0".into());
     put("MessageRetentionPeriod", RETENTION_REPORTED.to_string());
-    put("MaximumMessageSize", max_message(ctx).to_string());
     put("ReceiveMessageWaitTimeSeconds", "0".into());
-    put("QueueArn", ctx.arn(name));
-    put("SqsManagedSseEnabled", "false".into());
     out
 }
 
@@ -218,7 +512,7 @@ pub async fn get_queue_attributes(ctx: &Ctx) -> Result<Value, SqsError> {
     } else {
         None
     };
-    let attrs: Map<String, Value> = attributes(ctx, &name, counts)
+    let attrs: Map<String, Value> = attributes(ctx, &ctx.config, &name, counts)
         .into_iter()
         .filter(|(k, _)| all || wanted.contains(k))
         .collect();

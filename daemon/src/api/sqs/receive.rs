@@ -46,9 +46,18 @@ pub async fn receive_message(ctx: &Ctx) -> Result<Value, SqsError> {
     ctx.allow(Some(Role::Work), &queue)?;
     let p = &ctx.params;
     let max = opt_int(p, "MaxNumberOfMessages", 1, 10)?.unwrap_or(1);
-    let wait = opt_int(p, "WaitTimeSeconds", 0, 20)?.unwrap_or(0);
+    let created = ctx.config.sqs.created.get(&queue);
+    let wait = opt_int(p, "WaitTimeSeconds", 0, 20)?
+        .or_else(|| created.map(|q| q.int("ReceiveMessageWaitTimeSeconds")))
+        .unwrap_or(0);
     let max_visibility = i64::try_from(MAX_EXTEND.as_secs()).unwrap_or(43_200);
-    let visibility = opt_int(p, "VisibilityTimeout", 0, max_visibility)?;
+    // A created queue's VisibilityTimeout of 0 cannot be its lease; it is applied
+    // per receive, as a receive asking for 0 is.
+    let visibility = opt_int(p, "VisibilityTimeout", 0, max_visibility)?.or_else(|| {
+        created
+            .map(|q| q.int("VisibilityTimeout"))
+            .filter(|v| *v == 0)
+    });
     let mut system = str_list(p, "AttributeNames")?;
     system.extend(str_list(p, "MessageSystemAttributeNames")?);
     if let Some(bad) = system

@@ -31,10 +31,16 @@ struct Outgoing {
 fn read_message(ctx: &Ctx, queue: &str, p: &Map<String, Value>) -> Result<Outgoing, SqsError> {
     let body = req_str(p, "MessageBody")?;
     message::check_body(body)?;
-    let delay = opt_int(p, "DelaySeconds", 0, MAX_DELAY_SECONDS)?.unwrap_or(0);
+    let queue_delay = ctx
+        .config
+        .sqs
+        .created
+        .get(queue)
+        .map_or(0, |q| q.int("DelaySeconds"));
+    let delay = opt_int(p, "DelaySeconds", 0, MAX_DELAY_SECONDS)?.unwrap_or(queue_delay);
     let attrs: Attrs = message::read_attributes(p.get("MessageAttributes"))?;
     let size = message::size(body, &attrs);
-    let max = max_message(ctx);
+    let max = max_message(ctx, queue);
     if size > max {
         return Err(SqsError::invalid(format!(
             "One or more parameters are invalid. Reason: Message must be shorter than {max} bytes (body and attributes are {size})."
@@ -83,6 +89,7 @@ fn read_message(ctx: &Ctx, queue: &str, p: &Map<String, Value>) -> Result<Outgoi
         delay: Duration::from_secs(delay.unsigned_abs()),
         max_attempts: None,
         priority_ms: 0,
+        after: Default::default(),
     };
     broker::validate(&request, max_payload)?;
     Ok(Outgoing {
@@ -140,7 +147,7 @@ pub async fn send_message_batch(ctx: &Ctx) -> Result<Value, SqsError> {
         }
     }
     let total: usize = ready.iter().map(|(_, o)| o.size).sum();
-    let max = max_message(ctx);
+    let max = max_message(ctx, &queue);
     if total > max {
         return Err(SqsError::new(
             ErrorKind::BatchRequestTooLong,

@@ -248,6 +248,7 @@ impl Harness {
                     delay: Duration::ZERO,
                     max_attempts: None,
                     priority_ms: 0,
+                    after: Default::default(),
                 };
                 self.take(BrokerMsg::Enqueue(req, tx.into()));
                 self.settle().await;
@@ -462,6 +463,8 @@ impl Harness {
                     }
                 }
                 State::Dead => counts.dead += 1,
+                State::Waiting => counts.held_waiting += 1,
+                State::Blocked => counts.held_blocked += 1,
                 State::Succeeded | State::Cancelled => prop_assert!(false, "a finished job kept"),
             }
             if matches!(job.state, State::Ready | State::Delayed | State::Leased) {

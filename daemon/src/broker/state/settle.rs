@@ -125,25 +125,43 @@ impl BrokerState {
         let writes: Vec<Transition> = planned.iter().map(|(_, t)| t.clone()).collect();
         let op = intent.clone();
         self.write(
-            move |b| match op {
-                Intent::End | Intent::Orphan | Intent::CancelElsewhere => b.complete(&writes),
-                Intent::Redrive => b.redrive(&writes),
-                Intent::RedriveWithPayload(payload) => writes
+            move |b| {
+                let applied = match op {
+                    Intent::End | Intent::Orphan | Intent::CancelElsewhere => b.complete(&writes),
+                    Intent::Redrive => b.redrive(&writes),
+                    Intent::RedriveWithPayload(payload) => writes
+                        .iter()
+                        .map(|t| b.redrive_with_payload(t, &payload))
+                        .collect(),
+                    Intent::Cancel => b.cancel(&writes),
+                    Intent::Expire(epoch) => match b.shared() {
+                        Some(shared) => shared.expire(&writes, epoch),
+                        None => Err(StoreError::Other("expire: the store is not shared".into())),
+                    },
+                }?;
+                // The edges of the jobs just written move in the same transaction,
+                // after their fenced updates applied (`deps.rs`).
+                let moved: Vec<(JobId, State)> = writes
                     .iter()
-                    .map(|t| b.redrive_with_payload(t, &payload))
-                    .collect(),
-                Intent::Cancel => b.cancel(&writes),
-                Intent::Expire(epoch) => match b.shared() {
-                    Some(shared) => shared.expire(&writes, epoch),
-                    None => Err(StoreError::Other("expire: the store is not shared".into())),
-                },
+                    .zip(&applied)
+                    .filter(|(_, a)| **a)
+                    .map(|(t, _)| (t.job.id, t.job.state))
+                    .collect();
+                let now = writes.iter().map(|t| t.job.updated_at).max().unwrap_or(0);
+                let children = b.move_edges(&moved, now)?;
+                Ok((applied, children))
             },
             move |result, back| {
+                let (result, children) = match result {
+                    Ok((applied, children)) => (Ok(applied), children),
+                    Err(e) => (Err(e), Vec::new()),
+                };
                 // The Settle is queued before the caller hears the answer, so any
                 // message the caller sends next reaches the Broker after it.
                 let answer = result.clone();
                 let settle = Settle(Box::new(move |state: &mut BrokerState, now, mono| {
                     state.settle(intent, planned, result, now, mono);
+                    state.dependents_moved(children, now);
                 }));
                 back(BrokerMsg::Settle(settle));
                 done(answer);
@@ -235,6 +253,35 @@ impl BrokerState {
                 metrics::job_completed(&self.labels, &old.queue, &old.tenant, Completion::Cancelled)
             }
             Intent::Redrive | Intent::RedriveWithPayload(_) => {}
+        }
+    }
+
+    /// Files children whose state a parent's committed change moved (`deps.rs`):
+    /// a released one goes to its Scheduler, a blocked one is counted.
+    pub(super) fn dependents_moved(&mut self, children: Vec<Job>, now: UnixMillis) {
+        for child in children {
+            let old = self.jobs.get(child.id);
+            if old.as_ref().is_some_and(|o| o.state.is_held()) && !child.state.is_held() {
+                metrics::dependencies_released(&child.queue);
+            }
+            if child.state == State::Blocked {
+                metrics::dependencies_blocked(&child.queue);
+            }
+            debug!(queue = %child.queue, job = %child.id, to = %child.state, "Dependencies moved a job.");
+            match old {
+                Some(old) => {
+                    self.replace(child.clone());
+                    events::changed(&mut self.out, &old, &child, now);
+                }
+                // Not in this node's view (a shared store): the refresh path files it.
+                None if self.shared() => {}
+                None => {
+                    if !child.state.is_held() {
+                        events::ready(&mut self.out, &child);
+                    }
+                    self.replace(child);
+                }
+            }
         }
     }
 

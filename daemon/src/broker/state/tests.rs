@@ -159,6 +159,7 @@ fn request(queue: &str, tenant: Option<&str>) -> EnqueueRequest {
         delay: Duration::ZERO,
         max_attempts: None,
         priority_ms: 0,
+        after: Default::default(),
     }
 }
 
@@ -529,6 +530,7 @@ async fn every_reply_waits_until_its_message_effects_are_performed() {
         delay: Duration::ZERO,
         max_attempts: None,
         priority_ms: 0,
+        after: Default::default(),
     };
     let enqueue = BrokerMsg::Enqueue(unknown_queue, tx.into());
     let enqueue = answered_after_effects(&mut state, &store, enqueue, rx).await;

@@ -64,6 +64,7 @@ pub(super) fn compile_sqs(
         account_id,
         region,
         advertised_url,
+        created: Default::default(),
     }
 }
 

@@ -12,8 +12,13 @@
 //! SIGKILLed while the pid is still pinned, and only then is the leader reaped, once,
 //! by tokio. If the owning future is dropped first, [`Drop`] SIGKILLs the group and
 //! tokio's orphan reaper collects the leader, so no process and no zombie is left.
+//!
+//! **Why record it.** When qd itself dies, nothing above runs. The group's id is
+//! written to `data_dir/attempts/` ([`crate::attempt_groups`]) while it runs, so the
+//! next start can stop whatever is left before it dispatches the job again.
 
 use std::io;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
 use nix::errno::Errno;
@@ -23,6 +28,8 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
+use crate::attempt_groups::{self, Record};
+
 /// A spawned child leading its own process group; SIGKILLs the group on drop unless
 /// the leader has been reaped.
 #[derive(Debug)]
@@ -30,11 +37,18 @@ pub(super) struct ProcessGroup {
     child: Child,
     pgid: Pid,
     reaped: bool,
+    /// The folder holding this group's record, when it was written.
+    recorded: Option<PathBuf>,
 }
 
 impl ProcessGroup {
-    /// Spawns `command` as the leader of a new process group.
-    pub(super) fn spawn(command: &mut Command) -> io::Result<ProcessGroup> {
+    /// Spawns `command` as the leader of a new process group, and records the group
+    /// in `record`'s folder if one is given (a record that cannot be written is
+    /// logged; the attempt runs anyway).
+    pub(super) fn spawn(
+        command: &mut Command,
+        record: Option<(&Path, Record)>,
+    ) -> io::Result<ProcessGroup> {
         let child = command.process_group(0).kill_on_drop(false).spawn()?;
         let pid = child
             .id()
@@ -42,10 +56,21 @@ impl ProcessGroup {
         let pgid = i32::try_from(pid)
             .map(Pid::from_raw)
             .map_err(|_| io::Error::other(format!("pid {pid} does not fit a pid_t")))?;
+        let recorded = record.and_then(|(dir, record)| {
+            match attempt_groups::write(dir, pgid.as_raw(), &record) {
+                Ok(()) => Some(dir.to_path_buf()),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), job = %record.job, error = %e,
+                        "Cannot record the attempt's process group; a crash of qd now would leave it to its watchdog alone.");
+                    None
+                }
+            }
+        });
         Ok(ProcessGroup {
             child,
             pgid,
             reaped: false,
+            recorded,
         })
     }
 
@@ -100,5 +125,8 @@ impl ProcessGroup {
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         self.signal(Signal::SIGKILL);
+        if let Some(dir) = &self.recorded {
+            attempt_groups::remove(dir, self.pgid.as_raw());
+        }
     }
 }

@@ -39,6 +39,8 @@ fn job(payload: &[u8]) -> JobRun {
         idempotency_key: "key-42".to_owned(),
         payload: payload.to_vec(),
         max_result: 64 * 1024,
+        token: 41,
+        lease: Duration::from_secs(30),
     }
 }
 
@@ -123,7 +125,7 @@ async fn success_sees_payload_env_and_cwd() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut s = spec(
         "printf '%s\\n' \"$QD_JOB_ID\" \"$QD_IDEMPOTENCY_KEY\" \"$QD_ATTEMPT\" \"$QD_QUEUE\" \
-         \"$QD_TENANT\" \"$EXTRA\" \"$PWD\" > env.txt; cat > stdin.txt; echo done",
+         \"$QD_TENANT\" \"$QD_LEASE_TOKEN\" \"$EXTRA\" \"$PWD\" > env.txt; cat > stdin.txt; echo done",
     );
     s.env.insert("EXTRA".into(), "from-spec".into());
     s.env.insert("QD_QUEUE".into(), "spoofed".into());
@@ -149,6 +151,7 @@ async fn success_sees_payload_env_and_cwd() {
         "3",
         "email",
         "acme",
+        "41",
         "from-spec",
         cwd.to_str().expect("utf-8 path"),
     ]

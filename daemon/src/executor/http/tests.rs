@@ -103,6 +103,8 @@ fn job() -> JobRun {
         idempotency_key: "order-7".to_owned(),
         payload: b"{\"order\":7}".to_vec(),
         max_result: 64 * 1024,
+        token: 41,
+        lease: Duration::from_secs(30),
     }
 }
 
@@ -337,12 +339,42 @@ async fn server_receives_payload_and_identity_headers() {
     assert_eq!(get("qd-job-id"), Some(job.id.to_string()));
     assert_eq!(get("qd-attempt").as_deref(), Some("2"));
     assert_eq!(get("qd-tenant").as_deref(), Some("acme"));
+    assert_eq!(get("qd-lease-token").as_deref(), Some("41"));
     assert_eq!(get("qd-queue").as_deref(), Some("hooks"));
     assert_eq!(get("authorization").as_deref(), Some("Bearer t0k"));
     assert_eq!(
         get("content-type").as_deref(),
         Some("application/octet-stream")
     );
+}
+
+#[tokio::test]
+async fn a_scheduled_job_sends_its_schedule_and_tick_headers() {
+    let seen = Seen::default();
+    let addr = serve(Arc::clone(&seen)).await;
+    let exec = HttpExecutor::new(&spec(format!("http://{addr}/echo"))).expect("valid spec");
+    let mut scheduled = job();
+    scheduled.idempotency_key = "schedule:nightly-report:2026-03-29T01:00:00Z".to_owned();
+    let result = exec.run(&scheduled, &CancellationToken::new()).await;
+    assert!(matches!(result, ExecResult::Success { .. }), "{result:?}");
+    let (headers, _) = seen.lock().expect("lock").take().expect("request seen");
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    assert_eq!(get("qd-schedule").as_deref(), Some("nightly-report"));
+    assert_eq!(
+        get("qd-schedule-tick").as_deref(),
+        Some("2026-03-29T01:00:00Z")
+    );
+
+    // Other jobs send neither.
+    let exec = HttpExecutor::new(&spec(format!("http://{addr}/echo"))).expect("valid spec");
+    let _ = exec.run(&job(), &CancellationToken::new()).await;
+    let (headers, _) = seen.lock().expect("lock").take().expect("request seen");
+    assert!(headers.get("qd-schedule").is_none());
 }
 
 #[test]

@@ -154,6 +154,7 @@ fn kind(err: &StoreError) -> &'static str {
         StoreError::KeyConflict { .. } => "key conflict",
         StoreError::QueueFull { .. } => "queue full",
         StoreError::Busy(_) => "busy",
+        StoreError::After { .. } => "after",
     }
 }
 

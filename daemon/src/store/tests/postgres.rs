@@ -33,6 +33,12 @@ fn config(url: &str) -> tokio_postgres::Config {
 }
 
 #[test]
+fn postgres_schedules_advance_once_per_tick() {
+    let Some(db) = database() else { return };
+    super::schedules::schedules_advance_once_per_tick(&open_pg(&db.url, &PgOptions::default()));
+}
+
+#[test]
 fn postgres_changes_are_conditioned_per_item() {
     let Some(db) = database() else { return };
     conditioned_per_item(&open_pg(&db.url, &PgOptions::default()));
