@@ -146,6 +146,16 @@ pub enum JobsCmd {
         #[arg(long, short, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// The exact bytes of a job's result (what its successful attempt handed
+    /// back), to stdout or a file created with mode 0600 (with --json: base64 in a
+    /// JSON object). A job without a result exits 1, naming its state.
+    Result {
+        /// Job id.
+        id: String,
+        /// Write the result to FILE (mode 0600) instead of stdout.
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
 }
 
 /// `qctl enqueue ...`
@@ -165,6 +175,10 @@ pub struct EnqueueArgs {
     /// Retry budget for this job, 1 to 1000 (default: the queue's max_attempts).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_attempts: Option<u32>,
+    /// Rank the job among its tenant's jobs as if it had become ready this much
+    /// earlier (e.g. 10m; negative like -5m ranks it later; -1d to 1d).
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub priority: Option<String>,
     /// Payload text; without it the payload is read from stdin.
     #[arg(long)]
     pub payload: Option<String>,
@@ -184,7 +198,8 @@ pub struct EnqueueArgs {
     ///
     /// Each line has the shape of the HTTP single enqueue body:
     /// {"payload": "text" | any JSON, or "payload_b64": "...", "tenant"?: "acme",
-    /// "idempotency_key"?: "order-17", "delay"?: "10s" | seconds, "max_attempts"?: N}.
+    /// "idempotency_key"?: "order-17", "delay"?: "10s" | seconds, "max_attempts"?: N,
+    /// "priority"?: "10m"}.
     /// Blank lines are skipped; input with no job line at all (an empty file or
     /// stdin, usually a forgotten pipe) is refused (exit 2). Lines go in batches of up to 1,000 jobs, each batch
     /// all or nothing in one commit, in file order; one id is printed per job line
@@ -193,7 +208,7 @@ pub struct EnqueueArgs {
     /// batches before stay accepted and the error says how many jobs were accepted
     /// and from which line to resume. Give jobs idempotency keys to make a rerun of
     /// the whole file harmless.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["tenant", "key", "delay", "max_attempts", "payload", "allow_empty", "after", "after_policy"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tenant", "key", "delay", "max_attempts", "priority", "payload", "allow_empty", "after", "after_policy"])]
     pub ndjson: Option<PathBuf>,
 }
 

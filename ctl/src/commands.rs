@@ -62,6 +62,7 @@ pub fn run(
         Command::Completions { .. }
         | Command::Top { .. }
         | Command::Jobs(JobsCmd::Payload { .. })
+        | Command::Jobs(JobsCmd::Result { .. })
         | Command::Dlq(DlqCmd::Export { .. }) => Err(CliError::Usage(
             "this command writes its own output; run it through main".into(),
         )),
@@ -154,6 +155,7 @@ fn request_for(cmd: Command) -> Request {
         | Command::Completions { .. }
         | Command::Top { .. }
         | Command::Jobs(JobsCmd::Payload { .. })
+        | Command::Jobs(JobsCmd::Result { .. })
         | Command::Dlq(_)
         | Command::Backup(_) => {
             unreachable!("invariant: handled in run()")
@@ -205,6 +207,7 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
         Response::Reloaded(r) => render::reloaded(r),
         Response::Schedules { schedules } => render::schedules(schedules),
         other @ (Response::Payload(_)
+        | Response::JobResult(_)
         | Response::Export { .. }
         | Response::Top(_)
         | Response::EnqueuedBatch { .. }) => {
@@ -238,6 +241,7 @@ fn enqueue_request(args: EnqueueArgs) -> Result<Request, CliError> {
         key: args.key,
         delay_ms,
         max_attempts: args.max_attempts,
+        priority: args.priority,
         payload: qd_proto::Payload::from_bytes(payload),
         after: args.after,
         after_policy: args.after_policy,

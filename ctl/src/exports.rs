@@ -47,6 +47,51 @@ pub fn payload(
     )
 }
 
+/// `qctl jobs result ID [--output FILE]`: the result bytes, unchanged; with `json`
+/// and no file, the protocol answer (base64) instead. FILE is created with mode
+/// 0600 (a result may hold what the payload did not: a token, an address). A job
+/// without a result is refused by qd (`not_found`, naming its state) before
+/// anything is written.
+pub fn result(
+    id: String,
+    output: Option<PathBuf>,
+    json: bool,
+    connect: impl FnOnce() -> Result<Client, CliError>,
+) -> Result<(), CliError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let resp = connect()?.call(Request::JobsResult { id })?;
+    let Response::JobResult(r) = &resp else {
+        return Err(unexpected(&resp, "jobs_result"));
+    };
+    let bytes = if json && output.is_none() {
+        let mut text = serde_json::to_vec_pretty(&resp)
+            .map_err(|e| CliError::Protocol(format!("cannot print JSON: {e}")))?;
+        text.push(b'\n');
+        text
+    } else {
+        Payload::Base64(r.result_b64.clone())
+            .into_bytes()
+            .map_err(|e| CliError::Protocol(format!("qd sent a bad result: {e}")))?
+    };
+    let mut out: Box<dyn Write> = match output.as_deref() {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| CliError::Usage(format!("cannot create {}: {e}", path.display())))?;
+            Box::new(BufWriter::new(file))
+        }
+        None => sink(None)?,
+    };
+    finish(
+        out.write_all(&bytes).and_then(|()| out.flush()),
+        output.as_deref(),
+    )
+}
+
 /// `qctl dlq export [filters] [--output FILE]`: every matching dead job as one JSON
 /// line (`ExportedJob`), most recently dead first. Reports the count on stderr when
 /// writing a file. A regular FILE is replaced only by a complete export: the lines

@@ -86,6 +86,9 @@ fn main() -> ExitCode {
                 Command::Jobs(JobsCmd::Payload { id, output }) => {
                     exports::payload(id, output, json, connect).map(|()| None)
                 }
+                Command::Jobs(JobsCmd::Result { id, output }) => {
+                    exports::result(id, output, json, connect).map(|()| None)
+                }
                 Command::Enqueue(EnqueueArgs {
                     queue,
                     ndjson: Some(file),

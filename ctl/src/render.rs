@@ -234,9 +234,11 @@ pub fn job(d: &JobDetail, now_ms: i64) -> String {
             "key",
             d.idempotency_key.clone().unwrap_or_else(|| "-".into()),
         ),
+        ("priority", priority(d.priority_ms)),
         ("created", time(j.created_at)),
         ("updated", time(j.updated_at)),
         ("payload", bytes(d.payload_bytes)),
+        ("result", d.result_bytes.map_or_else(|| "-".into(), bytes)),
     ];
     for (name, value) in fields {
         let _ = writeln!(out, "{name:<9}{value}");
@@ -266,6 +268,16 @@ pub fn job(d: &JobDetail, now_ms: i64) -> String {
         t.add_row(elided_row(d.history_elided));
     }
     out + &finish(&t)
+}
+
+/// A job's priority as `enqueue --priority` takes it: `0s`, `10m`, `-5m`.
+fn priority(ms: i64) -> String {
+    let magnitude = humantime::format_duration(std::time::Duration::from_millis(ms.unsigned_abs()));
+    match ms {
+        0 => "0s".into(),
+        ms if ms < 0 => format!("-{magnitude}"),
+        _ => magnitude.to_string(),
+    }
 }
 
 /// The history table's line standing for `n` entries the daemon did not keep.
@@ -517,8 +529,12 @@ mod tests {
             history: [1, 2, 999, 1000].into_iter().map(item).collect(),
             history_elided: 996,
             history_elided_at: 2,
+            priority_ms: -300_000,
+            result_bytes: Some(2048),
         };
         let out = job(&detail, 1_000);
+        assert!(out.contains("priority -5m\n"), "{out}");
+        assert!(out.contains("result   2.0 KiB\n"), "{out}");
         let rows: Vec<&str> = out.lines().skip_while(|l| !l.starts_with('#')).collect();
         assert_eq!(rows.len(), 6, "{out}");
         assert!(rows[2].starts_with("2 "), "{out}");

@@ -32,6 +32,7 @@ fn new_job(n: usize, now: i64) -> Job {
         idempotency_key: Some(format!("key-{n}")),
         delay: Duration::ZERO,
         max_attempts: 5,
+        priority_ms: 0,
     };
     Job::new(new, now)
 }
@@ -74,6 +75,7 @@ async fn seed(store: &Store, now: i64) {
                     let end = Transition {
                         job,
                         entry: Some(entry),
+                        result: None,
                     };
                     b.complete(&[end])?;
                 }

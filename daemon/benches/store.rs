@@ -36,6 +36,7 @@ fn new_job(n: usize) -> Job {
         idempotency_key: Some(format!("key-{n}")),
         delay: Duration::ZERO,
         max_attempts: 5,
+        priority_ms: 0,
     };
     Job::new(new, 1_700_000_000_000)
 }

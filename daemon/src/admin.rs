@@ -221,6 +221,7 @@ impl Handler {
                 key,
                 delay_ms,
                 max_attempts,
+                priority,
                 payload,
                 after,
                 after_policy,
@@ -240,6 +241,11 @@ impl Handler {
                     idempotency_key: key,
                     delay: Duration::from_millis(delay_ms.unwrap_or(0)),
                     max_attempts,
+                    priority_ms: match priority.as_deref() {
+                        Some(text) => crate::priority::parse_priority(text)
+                            .map_err(|e| err(ErrorCode::BadRequest, e))?,
+                        None => 0,
+                    },
                     after,
                 };
                 let what = format!("queue {}", req.queue);
@@ -437,6 +443,7 @@ impl Handler {
                 self.set_overrides(peer, req_op, changes).await
             }
             Request::JobsPayload { id } => self.jobs_payload(&id).await,
+            Request::JobsResult { id } => self.jobs_result(&id).await,
             Request::DlqExport {
                 selection,
                 limit,

@@ -135,6 +135,14 @@ pub fn batch_body_limit(max_payload: usize) -> usize {
     body_limit(max_payload).max(BATCH_BODY_MIN)
 }
 
+/// The largest single ack body accepted (bytes): room for the largest result any
+/// queue may take (`max_result` is at most 1 MiB) however it is escaped, or the
+/// other routes' [`body_limit`] if that is larger. The result's own limit, the
+/// queue's `max_result`, is checked on the decoded bytes (a 400 naming the size).
+pub fn ack_body_limit(max_payload: usize) -> usize {
+    body_limit(max_payload).max(body_limit(crate::results::MAX_RESULT_LIMIT))
+}
+
 /// The route table. Every request first passes [`browser_guard`] with `hosts`;
 /// every `/v1` route goes through [`auth::authenticate`] with `args.tokens`;
 /// `/healthz` is open. Body size is bounded at the transport by
@@ -145,6 +153,7 @@ pub fn router(args: ApiArgs, hosts: origin::HostAllow) -> Router {
     let body_timeout = args.config().daemon.http.body_timeout;
     let body_limit = body_limit(max_payload);
     let batch_limit = batch_body_limit(max_payload);
+    let ack_limit = ack_body_limit(max_payload);
     let tokens = args.tokens.clone();
     let sqs = if args.config().sqs.enabled {
         sqs::routes()
@@ -160,7 +169,10 @@ pub fn router(args: ApiArgs, hosts: origin::HostAllow) -> Router {
         .route("/v1/jobs/{id}", get(producer::job))
         .route("/v1/queues/{queue}/leases", post(lessee::lease))
         .route("/v1/jobs/{id}/heartbeat", post(lessee::heartbeat))
-        .route("/v1/jobs/{id}/ack", post(lessee::ack))
+        .route(
+            "/v1/jobs/{id}/ack",
+            post(lessee::ack).layer(DefaultBodyLimit::max(ack_limit)),
+        )
         .route("/v1/jobs/{id}/nack", post(lessee::nack))
         .route("/v1/acks", post(lessee::acks))
         .route_layer(middleware::from_fn_with_state(tokens, auth::authenticate))
@@ -177,6 +189,7 @@ pub fn router(args: ApiArgs, hosts: origin::HostAllow) -> Router {
             BodyLimits {
                 single: body_limit,
                 batch: batch_limit,
+                ack: ack_limit,
                 max_payload,
                 limits: args.limits.clone(),
             },
@@ -255,6 +268,8 @@ struct BodyLimits {
     single: usize,
     /// `POST /v1/queues/{queue}/jobs/batch` ([`batch_body_limit`]).
     batch: usize,
+    /// `POST /v1/jobs/{id}/ack` ([`ack_body_limit`]).
+    ack: usize,
     /// `daemon.max_payload`, named in the message.
     max_payload: usize,
     /// The config in force, to label a refused enqueue with its queue.
@@ -290,7 +305,12 @@ async fn refuse_oversized(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let batch = req.uri().path().ends_with("/jobs/batch");
-    let limit = if batch { limits.batch } else { limits.single };
+    let ack = req.uri().path().ends_with("/ack");
+    let limit = match (batch, ack) {
+        (true, _) => limits.batch,
+        (_, true) => limits.ack,
+        _ => limits.single,
+    };
     match declared {
         Some(len) if len > limit as u64 => {
             let max_payload = limits.max_payload;

@@ -68,6 +68,8 @@ pub struct EnqueueRequest {
     pub delay: Duration,
     /// Override of the queue's `max_attempts`.
     pub max_attempts: Option<u32>,
+    /// Priority within the tenant, milliseconds ([`crate::job::Job::priority_ms`]).
+    pub priority_ms: i64,
     /// Parents the job waits for (`deps.rs`), and when their edges count as met.
     pub after: crate::deps::After,
 }
@@ -360,6 +362,15 @@ pub enum BrokerMsg {
     ),
     /// The attempt succeeded; answered after the ack is durable.
     Ack(JobId, Token, RpcReplyPort<Result<(), BrokerError>>),
+    /// The attempt succeeded and handed back this result, stored with the ack in
+    /// its commit; refused (`Invalid`, naming the size, nothing changed) when larger
+    /// than the queue's `max_result`. Answered after the ack is durable.
+    AckResult(
+        JobId,
+        Token,
+        Arc<[u8]>,
+        RpcReplyPort<Result<(), BrokerError>>,
+    ),
     /// Many acks in one commit; answered per item, in order, after it is durable
     /// (an `Err` for the whole batch only if the write failed).
     AckBatch(
@@ -521,6 +532,12 @@ pub fn validate(req: &EnqueueRequest, max_payload: usize) -> Result<(), BrokerEr
         return Err(BrokerError::Invalid(
             "delay must be at most 365 days".to_string(),
         ));
+    }
+    if !crate::job::PRIORITY_RANGE_MS.contains(&req.priority_ms) {
+        return Err(BrokerError::Invalid(format!(
+            "priority must be between -1d and 1d, got {} ms",
+            req.priority_ms
+        )));
     }
     if let Some(n) = req.max_attempts
         && (n == 0 || n > MAX_ATTEMPTS_LIMIT)
@@ -699,6 +716,9 @@ impl BrokerState {
                 state.heartbeat_any((id, token), extend, &[], reply, now, mono)
             }
             BrokerMsg::Ack(id, token, reply) => state.ack(id, token, &[], reply, now),
+            BrokerMsg::AckResult(id, token, result, reply) => {
+                state.ack_result(id, token, Some(result), &[], reply, now)
+            }
             BrokerMsg::AckBatch(acks, reply) => state.ack_batch(acks, &[], reply, now),
             BrokerMsg::Nack(id, token, failure, reply) => {
                 state.fail(id, token, failure, Some(reply), now)
@@ -763,6 +783,7 @@ mod tests {
             idempotency_key: None,
             delay,
             max_attempts: None,
+            priority_ms: 0,
             after: Default::default(),
         }
     }

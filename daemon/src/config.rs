@@ -218,6 +218,9 @@ pub struct QueueConfig {
     /// Per-queue tenant concurrency caps (`tenants.T = { max_concurrency = N }`),
     /// overriding the tenant's global `max_concurrency` in this queue.
     pub tenant_caps: BTreeMap<String, u32>,
+    /// Largest result a job of this queue may hand back, bytes (default 64 KiB, at
+    /// most 1 MiB): a larger one fails the attempt as permanent.
+    pub max_result: usize,
 }
 
 /// The most workers one queue's pool may have (`workers.max` in the config and in

@@ -11,6 +11,7 @@
 
 pub mod command;
 pub mod http;
+pub mod result_file;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -78,6 +79,8 @@ pub struct HttpSpec {
     pub headers: BTreeMap<String, String>,
     /// Wall-time limit of one request, connect to last body byte.
     pub timeout: Duration,
+    /// Keep a successful response's body as the job's result (`store_result`).
+    pub store_result: bool,
 }
 
 /// A queue's executor.
@@ -111,6 +114,8 @@ pub struct JobRun {
     pub idempotency_key: String,
     /// The opaque payload (command stdin / HTTP request body).
     pub payload: Vec<u8>,
+    /// The largest result the attempt may hand back (the queue's `max_result`).
+    pub max_result: usize,
     /// This attempt's lease token (`QD_LEASE_TOKEN` / `Qd-Lease-Token`): a fencing
     /// value that grows with every lease of the job, so a downstream can refuse the
     /// writes of an attempt older than one it has seen.
@@ -128,6 +133,9 @@ pub enum ExecResult {
         /// What the work said (stdout tail or `HTTP 200 OK: <body head>`), at most
         /// [`OUTPUT_LIMIT`] bytes of output; `None` when there was nothing to say.
         detail: Option<String>,
+        /// What the job handed back (`$QD_RESULT_FILE`, a webhook's body with
+        /// `store_result`), at most the queue's `max_result`; stored with the ack.
+        result: Option<Vec<u8>>,
     },
     /// The attempt failed; the broker decides retry, delay or dead-letter.
     Failure(Failure),

@@ -452,6 +452,7 @@ pub fn request(sched: &ScheduleConfig, tick: UnixMillis) -> EnqueueRequest {
         idempotency_key: Some(schedule::idempotency_key(&sched.name, tick)),
         delay: Duration::ZERO,
         max_attempts: sched.max_attempts,
+        priority_ms: 0,
         after: Default::default(),
     }
 }

@@ -272,6 +272,7 @@ mod tests {
             ready_at: updated_at,
             updated_at,
             last_error: None,
+            priority_ms: 0,
         }
     }
 

@@ -19,7 +19,7 @@
 pub mod delayed;
 pub mod fair;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,6 +70,10 @@ pub struct SchedulerStats {
 pub enum SchedulerMsg {
     /// A job is ready at `ready_at` (now or later).
     Ready(Arc<str>, JobId, UnixMillis),
+    /// A job with a priority (milliseconds, non-zero) is ready at `ready_at` (now or
+    /// later): it ranks among its tenant's jobs by `ready_at - priority`. Removed by
+    /// `Remove` with its `ready_at`, as any job.
+    ReadyPrioritized(Arc<str>, JobId, UnixMillis, i64),
     /// Forget a ready or delayed job of this tenant (cancelled), ready at this time
     /// (Unix ms) as it was handed over.
     Remove(Arc<str>, JobId, UnixMillis),
@@ -81,6 +85,8 @@ pub enum SchedulerMsg {
     /// the tenant is held at its cap until one of its jobs ends here or `Reopen`
     /// ([`FairQueue::at_cap`]).
     AtCap(Arc<str>, JobId, UnixMillis),
+    /// `AtCap` of a job with a priority (milliseconds, non-zero).
+    AtCapPrioritized(Arc<str>, JobId, UnixMillis, i64),
     /// Other nodes may have ended leases (the cluster's poll or heartbeat): tenants
     /// held at their cap across the cluster are tried again.
     Reopen,
@@ -120,6 +126,8 @@ pub struct Snapshot {
     pub jobs: Vec<(Arc<str>, Vec<Waiting>)>,
     /// Per tenant (each named once), how many of its jobs are leased (running).
     pub running: Vec<(Arc<str>, u32)>,
+    /// The priorities (milliseconds) of the jobs of `jobs` that have one.
+    pub priorities: HashMap<JobId, i64>,
 }
 
 /// What a scheduler is started with.
@@ -148,6 +156,8 @@ pub struct SchedulerState {
     queue: Arc<str>,
     fair: FairQueue,
     delayed: DelayedJobs<Instant>,
+    /// The priorities of the delayed jobs that have one, until they are due.
+    delayed_priorities: HashMap<JobId, i64>,
     waiters: VecDeque<Waiter>,
     limits: Arc<Limits>,
     limiter: Option<Arc<RateLimiter>>,
@@ -179,6 +189,7 @@ impl Actor for Scheduler {
             queue: args.queue,
             fair: FairQueue::new(args.fairness),
             delayed: DelayedJobs::new(),
+            delayed_priorities: HashMap::new(),
             waiters: VecDeque::new(),
             limits: args.limits,
             limiter: args.limiter,
@@ -214,14 +225,22 @@ impl SchedulerState {
                     self.take(msg, now);
                 }
             }
-            SchedulerMsg::Ready(tenant, id, ready_at) => self.ready(tenant, id, ready_at, now),
+            SchedulerMsg::Ready(tenant, id, ready_at) => self.ready(tenant, id, ready_at, 0, now),
+            SchedulerMsg::ReadyPrioritized(tenant, id, ready_at, priority) => {
+                self.ready(tenant, id, ready_at, priority, now)
+            }
             SchedulerMsg::Remove(tenant, id, ready_at) => {
-                if !self.delayed.remove(id) {
+                if self.delayed.remove(id) {
+                    self.delayed_priorities.remove(&id);
+                } else {
                     self.fair.remove(&tenant, id, ready_at);
                 }
             }
             SchedulerMsg::Finished(tenant, run) => self.fair.finish(&tenant, run),
             SchedulerMsg::AtCap(tenant, id, ready_at) => self.fair.at_cap(tenant, id, ready_at),
+            SchedulerMsg::AtCapPrioritized(tenant, id, ready_at, priority) => {
+                self.fair.at_cap_prioritized(tenant, id, ready_at, priority)
+            }
             SchedulerMsg::Reopen => self.fair.reopen(),
             SchedulerMsg::Restore(snapshot) => self.restore(*snapshot, now),
             SchedulerMsg::Throttled(pause) => {
@@ -271,13 +290,25 @@ impl SchedulerState {
         }
     }
 
-    fn ready(&mut self, tenant: Arc<str>, id: JobId, ready_at: UnixMillis, now: Instant) {
+    fn ready(
+        &mut self,
+        tenant: Arc<str>,
+        id: JobId,
+        ready_at: UnixMillis,
+        priority: i64,
+        now: Instant,
+    ) {
         let wall = wall_ms();
         if ready_at > wall {
             self.delayed
                 .push(now + until(ready_at, wall), tenant, id, ready_at);
+            if priority == 0 {
+                self.delayed_priorities.remove(&id);
+            } else {
+                self.delayed_priorities.insert(id, priority);
+            }
         } else {
-            self.fair.push(tenant, id, ready_at);
+            self.fair.push_prioritized(tenant, id, ready_at, priority);
         }
     }
 
@@ -287,12 +318,24 @@ impl SchedulerState {
     fn restore(&mut self, snapshot: Snapshot, now: Instant) {
         self.fair.clear();
         self.delayed.clear();
+        self.delayed_priorities.clear();
         let wall = wall_ms();
+        let priorities = snapshot.priorities;
         for (tenant, mut jobs) in snapshot.jobs {
             let due = jobs.partition_point(|&(_, ready_at)| ready_at <= wall);
             for (id, ready_at) in jobs.split_off(due) {
-                self.delayed
-                    .push(now + until(ready_at, wall), tenant.clone(), id, ready_at);
+                let priority = priorities.get(&id).copied().unwrap_or(0);
+                self.ready(tenant.clone(), id, ready_at, priority, now);
+            }
+            if !priorities.is_empty() {
+                let (boosted, plain): (Vec<Waiting>, Vec<Waiting>) = jobs
+                    .into_iter()
+                    .partition(|(id, _)| priorities.contains_key(id));
+                jobs = plain;
+                for (id, ready_at) in boosted {
+                    self.fair
+                        .push_prioritized(tenant.clone(), id, ready_at, priorities[&id]);
+                }
             }
             self.fair.extend(tenant, jobs);
         }
@@ -329,7 +372,8 @@ impl SchedulerState {
     /// Hands ready jobs to waiting lessees, then re-arms the timer.
     fn dispatch(&mut self, now: Instant) {
         for (tenant, id, ready_at) in self.delayed.pop_due(now) {
-            self.fair.push(tenant, id, ready_at);
+            let priority = self.delayed_priorities.remove(&id).unwrap_or(0);
+            self.fair.push_prioritized(tenant, id, ready_at, priority);
         }
         self.waiters.retain(|w| !w.reply.is_closed());
         if !self.paused && !self.draining {

@@ -813,6 +813,8 @@ pub struct JobDetail {
     pub job: Job,
     /// Its payload bytes.
     pub payload: Vec<u8>,
+    /// What its successful attempt handed back (an ack's result), if anything.
+    pub result: Option<Vec<u8>>,
     /// Its attempts and operator events, oldest first, as kept by the history cap.
     pub history: Vec<HistoryEntry>,
     /// How many entries the history cap deleted (0 when none).

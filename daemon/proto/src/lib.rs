@@ -22,10 +22,10 @@ pub use request::{
     Request, check_pace,
 };
 pub use response::{
-    ActorInfo, BackupInfo, Enqueued, ExportedJob, HistoryItem, JobDetail, JobPayload, JobSummary,
-    LimitsView, NodeStatus, PREVIEW_BYTES, PurgeResult, QueueInfo, QueueLimits, RedriveResult,
-    Refusal, ReloadInfo, Response, ScheduleInfo, Source, StateCount, StatusInfo, TenantCounts,
-    TenantLimits, TopInfo, TopQueue, Valued,
+    ActorInfo, BackupInfo, Enqueued, ExportedJob, HistoryItem, JobDetail, JobPayload, JobResult,
+    JobSummary, LimitsView, NodeStatus, PREVIEW_BYTES, PurgeResult, QueueInfo, QueueLimits,
+    RedriveResult, Refusal, ReloadInfo, Response, ScheduleInfo, Source, StateCount, StatusInfo,
+    TenantCounts, TenantLimits, TopInfo, TopQueue, Valued,
 };
 
 use serde::{Deserialize, Serialize};

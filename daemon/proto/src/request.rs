@@ -92,6 +92,10 @@ pub enum Request {
         /// Retry budget for this job; the queue's `max_attempts` when absent.
         #[serde(default)]
         max_attempts: Option<u32>,
+        /// Priority within the tenant: a signed duration (`"10m"`, `"-5m"`, -1 day to
+        /// +1 day) the job ranks ahead by; 0 when absent. Parsed by the daemon.
+        #[serde(default)]
+        priority: Option<String>,
         /// The payload bytes.
         payload: Payload,
         /// Parent job ids the job waits for (1 to 1,000; none when empty).
@@ -241,6 +245,12 @@ pub enum Request {
         /// The job id.
         id: String,
     },
+    /// What a job handed back (its ack's result), as base64. Answered with
+    /// [`crate::Response::JobResult`], or `not_found` when the job has no result.
+    JobsResult {
+        /// The job id.
+        id: String,
+    },
     /// Dead jobs with their whole payload and history, a page at a time, most recently
     /// dead first. Answered with [`crate::Response::Export`].
     DlqExport {
@@ -306,7 +316,7 @@ pub enum Request {
 impl Request {
     /// Every `op` name, in declaration order. `decode_request` answers `unknown_op` for
     /// any other name.
-    pub const OPS: [&'static str; 27] = [
+    pub const OPS: [&'static str; 28] = [
         "status",
         "queues",
         "jobs_list",
@@ -326,6 +336,7 @@ impl Request {
         "queue_resume",
         "limiter_set",
         "jobs_payload",
+        "jobs_result",
         "dlq_export",
         "top",
         "backup",
@@ -358,6 +369,7 @@ impl Request {
             Request::QueueResume { .. } => "queue_resume",
             Request::LimiterSet { .. } => "limiter_set",
             Request::JobsPayload { .. } => "jobs_payload",
+            Request::JobsResult { .. } => "jobs_result",
             Request::DlqExport { .. } => "dlq_export",
             Request::Top { .. } => "top",
             Request::Backup { .. } => "backup",

@@ -58,6 +58,8 @@ pub enum Response {
     Limits(LimitsView),
     /// Answer to `jobs_payload`.
     Payload(JobPayload),
+    /// Answer to `jobs_result`.
+    JobResult(JobResult),
     /// Answer to `dlq_export`.
     Export {
         /// The page's dead jobs, whole.
@@ -124,6 +126,7 @@ impl Response {
             Response::Purge(_) => "purge",
             Response::Limits(_) => "limits",
             Response::Payload(_) => "payload",
+            Response::JobResult(_) => "job_result",
             Response::Export { .. } => "export",
             Response::Top(_) => "top",
             Response::Backup(_) => "backup",
@@ -260,6 +263,13 @@ pub struct JobDetail {
     /// Where they were: the number of entries of `history` older than them.
     #[serde(default)]
     pub history_elided_at: u64,
+    /// Priority within the tenant, milliseconds (0 when absent: older servers).
+    #[serde(default)]
+    pub priority_ms: i64,
+    /// The stored result's size, bytes; `None` without a result (or from older
+    /// servers).
+    #[serde(default)]
+    pub result_bytes: Option<u64>,
 }
 
 impl JobDetail {
@@ -445,6 +455,21 @@ pub struct JobPayload {
     pub payload_bytes: u64,
     /// The payload, standard base64 with padding (RFC 4648 §4).
     pub payload_b64: String,
+}
+
+/// What a job handed back: its ack's result (or a command's `$QD_RESULT_FILE`, a
+/// webhook's response body with `store_result`). A job without a result is
+/// answered `not_found`, naming its state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobResult {
+    /// The job id.
+    pub id: String,
+    /// The job's state.
+    pub state: String,
+    /// Result size, bytes.
+    pub result_bytes: u64,
+    /// The result, standard base64 with padding (RFC 4648 §4).
+    pub result_b64: String,
 }
 
 /// A dead job with everything needed to analyse or replay it: one line of

@@ -5,7 +5,9 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use qd_proto::{DlqSelection, ErrorBody, ErrorCode, JobPayload, Response, TopInfo, TopQueue};
+use qd_proto::{
+    DlqSelection, ErrorBody, ErrorCode, JobPayload, JobResult, Response, TopInfo, TopQueue,
+};
 
 use super::{CALL, DEFAULT_LIMIT, Handler, MAX_LIMIT, err, parse_id, since_ms, views};
 use crate::broker::{self, BrokerError, BrokerMsg};
@@ -65,6 +67,25 @@ impl Handler {
             id: detail.job.id.to_string(),
             payload_bytes: detail.payload.len() as u64,
             payload_b64: BASE64.encode(&detail.payload),
+        }))
+    }
+
+    /// `jobs_result`: what a stored job handed back, if anything.
+    pub(super) async fn jobs_result(&self, id: &str) -> Result<Response, ErrorBody> {
+        let detail = self.stored(id).await?;
+        let state = detail.job.shown_state(crate::clock::wall_ms());
+        let Some(result) = &detail.result else {
+            let id = detail.job.id;
+            return Err(err(
+                ErrorCode::NotFound,
+                format!("job {id} has no result (it is {state})"),
+            ));
+        };
+        Ok(Response::JobResult(JobResult {
+            id: detail.job.id.to_string(),
+            state: state.to_string(),
+            result_bytes: result.len() as u64,
+            result_b64: BASE64.encode(result),
         }))
     }
 

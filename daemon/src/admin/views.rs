@@ -114,6 +114,8 @@ pub fn detail(d: &StoredJob) -> JobDetail {
         history: history(d),
         history_elided: d.history_elided,
         history_elided_at: d.history_elided_at as u64,
+        priority_ms: d.job.priority_ms,
+        result_bytes: d.result.as_ref().map(|r| r.len() as u64),
     }
 }
 

@@ -255,6 +255,26 @@ pub async fn heartbeat(
 #[serde(deny_unknown_fields)]
 pub(super) struct AckBody {
     token: Token,
+    /// The job's result as text (stored as its UTF-8 bytes).
+    result: Option<String>,
+    /// The job's result as standard base64, for bytes that are not text.
+    result_b64: Option<String>,
+}
+
+impl AckBody {
+    /// The result the ack carries, decoded; 400 naming the field when both are
+    /// given or the base64 is bad.
+    fn result(self) -> Result<Option<Arc<[u8]>>, ApiError> {
+        match (self.result, self.result_b64) {
+            (Some(_), Some(_)) => Err(ApiError::bad_request("give result or result_b64, not both")),
+            (Some(text), None) => Ok(Some(Arc::from(text.into_bytes()))),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map(|bytes| Some(Arc::from(bytes)))
+                .map_err(|e| ApiError::bad_request(format!("result_b64 is not valid base64: {e}"))),
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 /// `POST /v1/jobs/{id}/ack`.
@@ -266,7 +286,11 @@ pub async fn ack(
 ) -> Result<Json<Value>, ApiError> {
     let id = parse_id(&id)?;
     authorize_job(&args, &caller, id).await?;
-    report(&args, id, |tx| BrokerMsg::Ack(id, body.token, tx)).await?;
+    let token = body.token;
+    match body.result()? {
+        Some(result) => report(&args, id, |tx| BrokerMsg::AckResult(id, token, result, tx)).await?,
+        None => report(&args, id, |tx| BrokerMsg::Ack(id, token, tx)).await?,
+    }
     Ok(Json(json!({ "id": id, "state": "succeeded" })))
 }
 

@@ -2,7 +2,8 @@
 //! history.
 //!
 //! `POST /v1/queues/{queue}/jobs` with a job object
-//! `{"tenant"?, "payload" | "payload_b64", "idempotency_key"?, "delay"?, "max_attempts"?}`
+//! `{"tenant"?, "payload" | "payload_b64", "idempotency_key"?, "delay"?, "max_attempts"?,
+//! "priority"?}`
 //! answers `202 {"id", "state"}` once the job is durable, or `200 {"id", "duplicate": true}`
 //! when the idempotency key names an existing job with the same payload.
 //! `POST /v1/queues/{queue}/jobs/batch` with `{"jobs": [job object, ...]}` (1 to
@@ -49,6 +50,7 @@ pub struct JobBody {
     idempotency_key: Option<String>,
     delay: Option<Value>,
     max_attempts: Option<u32>,
+    priority: Option<Value>,
     after: Option<Vec<String>>,
     after_policy: Option<String>,
 }
@@ -84,6 +86,7 @@ impl JobBody {
             idempotency_key: self.idempotency_key.or(header_key),
             delay,
             max_attempts: self.max_attempts,
+            priority_ms: priority_ms(self.priority)?,
             after,
         };
         broker::validate(&req, max_payload)?;
@@ -125,6 +128,18 @@ fn compact(text: &str) -> String {
         }
     }
     out
+}
+
+/// A job object's `priority`: a signed duration string (`"10m"`, `"-5m"`); absent
+/// or null is 0.
+fn priority_ms(value: Option<Value>) -> Result<i64, BrokerError> {
+    match value {
+        None | Some(Value::Null) => Ok(0),
+        Some(Value::String(text)) => crate::priority::parse_priority(&text).map_err(invalid),
+        Some(other) => Err(invalid(format!(
+            "priority must be a duration string like \"10m\" or \"-5m\", got {other}"
+        ))),
+    }
 }
 
 fn invalid(message: impl Into<String>) -> BrokerError {
@@ -389,9 +404,27 @@ pub async fn job(
 }
 
 /// A job's public JSON form. A delayed job whose time has come shows as `ready`.
+/// Its result, if any, shows as `result` (text) when it is valid UTF-8, else as
+/// `result_b64`.
 pub fn job_json(d: &JobDetail, now: i64) -> Value {
     let j = &d.job;
     let state = j.shown_state(now);
+    let mut json = job_fields(d, state);
+    if let (Some(result), Some(fields)) = (&d.result, json.as_object_mut()) {
+        let (key, value) = match std::str::from_utf8(result) {
+            Ok(text) => ("result", Value::from(text)),
+            Err(_) => (
+                "result_b64",
+                Value::from(base64::engine::general_purpose::STANDARD.encode(result)),
+            ),
+        };
+        fields.insert(key.to_string(), value);
+    }
+    json
+}
+
+fn job_fields(d: &JobDetail, state: JobState) -> Value {
+    let j = &d.job;
     let mut body = json!({
         "id": j.id,
         "queue": &*j.queue,
@@ -409,6 +442,9 @@ pub fn job_json(d: &JobDetail, now: i64) -> Value {
         "history": d.history,
         "history_elided": d.history_elided,
         "history_elided_at": d.history_elided_at,
+        "priority": crate::priority::format_priority(j.priority_ms),
+        "priority_ms": j.priority_ms,
+        "result_bytes": d.result.as_ref().map(Vec::len),
     });
     if let (Some(schedule), Some(map)) = (
         j.idempotency_key
@@ -470,6 +506,10 @@ mod tests {
             (r#"{"payload":"a","delay":"soon"}"#, "delay"),
             (r#"{"payload":"a","delay":-1}"#, "delay"),
             (r#"{"payload":"a","colour":"red"}"#, "unknown field"),
+            (r#"{"payload":"a","priority":"soon"}"#, "priority"),
+            (r#"{"payload":"a","priority":"25h"}"#, "priority"),
+            (r#"{"payload":"a","priority":"-1day 1s"}"#, "priority"),
+            (r#"{"payload":"a","priority":600}"#, "priority"),
         ];
         for (body, needle) in cases {
             let err = parse(body).expect_err(body);

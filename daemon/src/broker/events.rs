@@ -106,10 +106,11 @@ pub fn throttled(out: &mut Outbox, t: &Transition, now: UnixMillis) {
 
 /// Hands a ready or delayed job to its queue's Scheduler.
 pub fn ready(out: &mut Outbox, job: &Job) {
-    out.push(
-        &job.queue,
-        SchedulerMsg::Ready(job.tenant.clone(), job.id, job.ready_at),
-    );
+    let msg = match job.priority_ms {
+        0 => SchedulerMsg::Ready(job.tenant.clone(), job.id, job.ready_at),
+        p => SchedulerMsg::ReadyPrioritized(job.tenant.clone(), job.id, job.ready_at, p),
+    };
+    out.push(&job.queue, msg);
 }
 
 /// Rebuilds the Scheduler of `queue` from `snapshot` in one message, sent at once
@@ -135,7 +136,10 @@ pub fn dropped(out: &mut Outbox, job: &Job) {
 /// lease) was refused by the shared store for its tenant's cap across the cluster:
 /// the job waits again, uncharged, and the tenant is held at its cap.
 pub fn at_cap(out: &mut Outbox, job: &Job) {
-    let msg = SchedulerMsg::AtCap(job.tenant.clone(), job.id, job.ready_at);
+    let msg = match job.priority_ms {
+        0 => SchedulerMsg::AtCap(job.tenant.clone(), job.id, job.ready_at),
+        p => SchedulerMsg::AtCapPrioritized(job.tenant.clone(), job.id, job.ready_at, p),
+    };
     out.push(&job.queue, msg);
 }
 
@@ -156,6 +160,7 @@ mod tests {
             idempotency_key: None,
             delay: Duration::ZERO,
             max_attempts: 3,
+            priority_ms: 0,
         };
         Job {
             ready_at,

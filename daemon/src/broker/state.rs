@@ -462,6 +462,7 @@ impl BrokerState {
         let mut jobs: Vec<(Arc<str>, Vec<Waiting>)> = Vec::new();
         let mut slots: HashMap<Arc<str>, usize> = HashMap::new();
         let mut running: HashMap<Arc<str>, u32> = HashMap::new();
+        let mut priorities: HashMap<JobId, i64> = HashMap::new();
         let mut last: Option<usize> = None;
         for job in self.jobs.in_queue(queue) {
             match job.state {
@@ -475,6 +476,9 @@ impl BrokerState {
                     };
                     last = Some(slot);
                     jobs[slot].1.push((job.id, job.ready_at));
+                    if job.priority_ms != 0 {
+                        priorities.insert(job.id, job.priority_ms);
+                    }
                 }
                 State::Leased => *running.entry(job.tenant.clone()).or_default() += 1,
                 _ => {}
@@ -486,6 +490,7 @@ impl BrokerState {
         Snapshot {
             jobs,
             running: running.into_iter().collect(),
+            priorities,
         }
     }
 
@@ -628,6 +633,7 @@ impl BrokerState {
             idempotency_key: req.idempotency_key.clone(),
             delay: req.delay,
             max_attempts: req.max_attempts.unwrap_or(default_attempts),
+            priority_ms: req.priority_ms,
         })
     }
 
@@ -1133,7 +1139,44 @@ impl BrokerState {
         reply: RpcReplyPort<Result<(), BrokerError>>,
         now: UnixMillis,
     ) {
-        match self.plan_report(id, token, Event::Ack { token }, stored, now) {
+        self.ack_result(id, token, None, stored, reply, now);
+    }
+
+    /// [`Self::ack`] that stores `result` in the ack's own write. A result larger
+    /// than the queue's `max_result` is refused naming its size, and nothing changes
+    /// (the lease stays; the worker may still ack without it or nack).
+    pub(super) fn ack_result(
+        &mut self,
+        id: JobId,
+        token: Token,
+        result: Option<Arc<[u8]>>,
+        stored: &[Job],
+        reply: RpcReplyPort<Result<(), BrokerError>>,
+        now: UnixMillis,
+    ) {
+        if let Some(result) = &result {
+            // Checked before planning, which may let go of a stale lease: a refused
+            // result changes nothing.
+            let queue = stored
+                .iter()
+                .find(|j| j.id == id)
+                .map(|j| j.queue.clone())
+                .or_else(|| self.jobs.get(id).map(|j| j.queue));
+            let max = queue
+                .and_then(|q| self.queue(&q).ok().map(|c| c.max_result))
+                .unwrap_or(crate::results::DEFAULT_MAX_RESULT);
+            if let Err(refused) = crate::results::check_result(result.len(), max) {
+                self.answer(reply, Err(BrokerError::Invalid(refused)));
+                return;
+            }
+        }
+        let planned = self
+            .plan_report(id, token, Event::Ack { token }, stored, now)
+            .map(|(old, mut t)| {
+                t.result = result;
+                (old, t)
+            });
+        match planned {
             Ok(planned) => self.commit_each(Intent::End, vec![planned], move |r| {
                 let _ = reply.send(reported(id, r));
             }),

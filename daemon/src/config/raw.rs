@@ -108,6 +108,7 @@ pub(crate) struct RawQueue {
     pub workers: Option<RawWorkers>,
     pub fairness: Option<Fairness>,
     pub kill_grace: Option<Dur>,
+    pub max_result: Option<Size>,
 }
 
 /// `backoff = { base, max, jitter }`; each key inherits separately.
@@ -161,6 +162,7 @@ pub(crate) struct RawExecutor {
     pub exit_codes: Option<RawExitCodes>,
     pub url: Option<String>,
     pub headers: Option<BTreeMap<String, String>>,
+    pub store_result: Option<bool>,
 }
 
 /// `executor.exit_codes`.

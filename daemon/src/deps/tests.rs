@@ -121,6 +121,7 @@ impl Model {
             ready_at: self.now,
             updated_at: self.now,
             last_error: None,
+            priority_ms: 0,
         };
         let parents: Vec<(JobId, State)> = spec
             .parents
@@ -288,6 +289,7 @@ fn a_child_of_final_parents_is_ready_at_once_or_waits_for_its_delay() {
             idempotency_key: None,
             delay: std::time::Duration::from_secs(10),
             max_attempts: 1,
+            priority_ms: 0,
         },
         0,
     );

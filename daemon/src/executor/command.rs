@@ -11,7 +11,9 @@
 //! `data_dir` so the next start can stop what a crash left ([`crate::attempt_groups`]). Past `timeout`, or when an operator cancels the job, the group
 //! gets SIGTERM, and SIGKILL `kill_grace` later. The exit status is classified by the queue's [`ExitCodes`] (sysexits.h
 //! conventions: 75 transient, 64/65 permanent); the last [`OUTPUT_LIMIT`] bytes of
-//! stderr go into the error text and those of stdout into the success detail.
+//! stderr go into the error text and those of stdout into the success detail. What
+//! the child writes to the file named by `QD_RESULT_FILE` is the job's result
+//! ([`super::result_file`]), read after it exited 0.
 //!
 //! Pipes are drained concurrently with the wait, keeping only a bounded tail, so a
 //! chatty child never blocks on a full pipe and a silent one never blocks our stdin
@@ -33,6 +35,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use self::group::ProcessGroup;
+use super::result_file::{self, ResultFile};
 use super::{
     CommandSpec, ErrorClass, ExecResult, ExecutorError, ExitCodes, JobRun, OUTPUT_LIMIT,
     output_text, with_output,
@@ -135,6 +138,15 @@ impl CommandExecutor {
         cancel: &CancellationToken,
         revoked: &CancellationToken,
     ) -> ExecResult {
+        let result_file = match ResultFile::create() {
+            Ok(file) => file,
+            Err(e) => {
+                return ExecResult::Failure(Failure::Transient {
+                    error: format!("cannot create the result file: {e}"),
+                    retry_after: None,
+                });
+            }
+        };
         let launch = WATCHDOG.get();
         let record = launch.map(|l| {
             let record = Record {
@@ -148,6 +160,7 @@ impl CommandExecutor {
             (l.records.as_path(), record)
         });
         let command = &mut self.command(job, launch.map(|l| l.exe.as_path()));
+        command.env(result_file::ENV, result_file.path());
         let mut group = match ProcessGroup::spawn(command, record) {
             Ok(group) => group,
             Err(e) => {
@@ -179,7 +192,13 @@ impl CommandExecutor {
         let status = group.reap().await;
         match (ending, status) {
             (Ending::Exited, Ok(status)) => {
-                classify(&self.spec.exit_codes, status, &err.text(), out.text())
+                match classify(&self.spec.exit_codes, status, &err.text(), out.text()) {
+                    ExecResult::Success { detail, .. } => match result_file.take(job.max_result) {
+                        Ok(result) => ExecResult::Success { detail, result },
+                        Err(failure) => ExecResult::Failure(failure),
+                    },
+                    failed => failed,
+                }
             }
             (Ending::Exited, Err(e)) => ExecResult::Failure(Failure::Transient {
                 error: format!("cannot wait for {}: {e}", self.spec.program.display()),
@@ -365,7 +384,10 @@ fn classify(codes: &ExitCodes, status: ExitStatus, stderr: &str, stdout: String)
     let class = match status.code() {
         Some(0) => {
             let detail = Some(stdout).filter(|s| !s.is_empty());
-            return ExecResult::Success { detail };
+            return ExecResult::Success {
+                detail,
+                result: None,
+            };
         }
         Some(code) if codes.transient.contains(&code) => ErrorClass::Transient,
         Some(code) if codes.permanent.contains(&code) => ErrorClass::Permanent,

@@ -12,7 +12,9 @@
 //! throttled; 408, other 5xx and connection errors transient (honouring `Retry-After`);
 //! 3xx and other 4xx permanent. `Retry-After` (RFC 9110 §10.2.3) is read in both its
 //! delay-seconds and HTTP-date forms. At most [`OUTPUT_LIMIT`] bytes of the body are
-//! read, for the error or detail text.
+//! read, for the error or detail text; with `store_result`, a 2xx response's whole
+//! body (at most the queue's `max_result`, else the attempt fails as permanent,
+//! naming the size) is the job's result.
 
 use std::time::{Duration, SystemTime};
 
@@ -38,6 +40,7 @@ pub struct HttpExecutor {
     url: Url,
     headers: HeaderMap,
     timeout: Duration,
+    store_result: bool,
 }
 
 impl HttpExecutor {
@@ -86,6 +89,7 @@ impl HttpExecutor {
             url,
             headers,
             timeout: spec.timeout,
+            store_result: spec.store_result,
         })
     }
 
@@ -126,6 +130,21 @@ impl HttpExecutor {
         let retry_after =
             text(header::RETRY_AFTER).and_then(|v| parse_retry_after(v, SystemTime::now()));
         let location = text(header::LOCATION).map(str::to_owned);
+        if self.store_result && status.is_success() {
+            return match read_result(response, job.max_result).await {
+                Ok(result) => {
+                    let head = &result[..result.len().min(OUTPUT_LIMIT)];
+                    match classify(status, retry_after, None, &output_text(head)) {
+                        ExecResult::Success { detail, .. } => ExecResult::Success {
+                            detail,
+                            result: (!result.is_empty()).then_some(result),
+                        },
+                        other => other,
+                    }
+                }
+                Err(failure) => ExecResult::Failure(failure),
+            };
+        }
         let body = output_text(&read_head(response).await);
         classify(status, retry_after, location.as_deref(), &body)
     }
@@ -189,6 +208,41 @@ async fn read_head(mut response: Response) -> Vec<u8> {
     head
 }
 
+/// Reads a successful response's whole body as the job's result: at most `max`
+/// bytes, else a permanent failure naming the size (the `Content-Length`, when the
+/// server sent one, or the bytes read so far); a body that breaks off is a
+/// transient failure (the result would be cut).
+async fn read_result(mut response: Response, max: usize) -> Result<Vec<u8>, Failure> {
+    let too_large = |len: u64| Failure::Permanent {
+        error: crate::results::check_result(usize::try_from(len).unwrap_or(usize::MAX), max)
+            .err()
+            .unwrap_or_default(),
+    };
+    if let Some(len) = response.content_length()
+        && len > max as u64
+    {
+        return Err(too_large(len));
+    }
+    let mut body = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                body.extend_from_slice(&chunk);
+                if body.len() > max {
+                    return Err(too_large(body.len() as u64));
+                }
+            }
+            Ok(None) => return Ok(body),
+            Err(e) => {
+                return Err(Failure::Transient {
+                    error: format!("the response body broke off: {}", error_chain(&e)),
+                    retry_after: None,
+                });
+            }
+        }
+    }
+}
+
 /// Classifies a response by status (see the module doc).
 fn classify(
     status: StatusCode,
@@ -201,6 +255,7 @@ fn classify(
         200..=299 => {
             return ExecResult::Success {
                 detail: Some(error),
+                result: None,
             };
         }
         300..=399 => Failure::Permanent {

@@ -20,6 +20,7 @@ fn job(max_attempts: u32) -> Job {
             idempotency_key: None,
             delay: Duration::ZERO,
             max_attempts,
+            priority_ms: 0,
         },
         1_000,
     )

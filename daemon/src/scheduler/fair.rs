@@ -33,6 +33,13 @@
 //!   ([`FairQueue::at_cap`]) and the tenant is *held* (parked as if at its cap) until
 //!   a job of its ends here, its limits change, or [`FairQueue::reopen`] (the
 //!   cluster's poll), so a tenant capped elsewhere is not picked again and again.
+//! - **Priority within a tenant**: a job pushed with a priority
+//!   ([`FairQueue::push_prioritized`]) ranks among its tenant's jobs by
+//!   `ready_at - priority` instead of `ready_at` (a tenant's jobs come out in
+//!   `(order key, id)` order); which tenant is served is decided as before, so a
+//!   priority never takes a turn from another tenant. Prioritized jobs wait in a
+//!   second backlog per tenant; the queue age ([`FairQueue::oldest_ready_at`])
+//!   stays the oldest real `ready_at`.
 //! - **Runtime fairness**: in `Fairness::Runtime` a pop pre-charges an estimate (the
 //!   tenant's moving average run time); `finish` refunds it and charges the measured
 //!   run time, so the long-run charge is exactly the run time.
@@ -53,6 +60,8 @@ use std::time::Duration;
 use crate::job::{JobId, UnixMillis};
 
 mod backlog;
+#[cfg(test)]
+mod priority_tests;
 #[cfg(test)]
 mod proptests;
 mod tenant;
@@ -107,6 +116,11 @@ pub struct TenantStats {
     pub max_concurrency: Option<u32>,
 }
 
+/// What a prioritized job's order key is shifted by in its backlog, which keeps
+/// keys non-negative: the largest priority (one day, ms), so `ready_at - priority +
+/// PRIORITY_SHIFT >= ready_at >= 0`.
+const PRIORITY_SHIFT: UnixMillis = 86_400_000;
+
 /// Credit per weight unit per round with `Fairness::Jobs`: one job.
 const JOBS_QUANTUM: i64 = 1;
 /// Credit per weight unit per round with `Fairness::Runtime`: 1 ms, in microseconds.
@@ -132,8 +146,13 @@ pub struct FairQueue {
     len: usize,
     /// Backlogged, uncapped tenants by their next turn.
     calendar: BTreeMap<Turn, u32>,
-    /// Each backlogged tenant's oldest ready time.
+    /// Each backlogged tenant's oldest ready time among its jobs without a priority.
     oldest: BTreeSet<(UnixMillis, u32)>,
+    /// Each queued job with a priority: its `ready_at` and its shifted order key
+    /// (its place in its tenant's `boosted` backlog).
+    boosts: HashMap<JobId, (UnixMillis, UnixMillis)>,
+    /// The ready times of the queued jobs with a priority, for the queue's age.
+    boost_ages: BTreeSet<(UnixMillis, JobId)>,
     /// The round of the turn served last.
     round: u64,
     next_seq: u64,
@@ -164,6 +183,8 @@ impl FairQueue {
             len: 0,
             calendar: BTreeMap::new(),
             oldest: BTreeSet::new(),
+            boosts: HashMap::new(),
+            boost_ages: BTreeSet::new(),
             round: 0,
             next_seq: 0,
             holding: false,
@@ -247,6 +268,44 @@ impl FairQueue {
         self.queued(t, 1);
     }
 
+    /// A job of `tenant` became ready at `ready_at` (Unix ms) with a priority of
+    /// `priority_ms` (clamped to ±1 day): it ranks among the tenant's jobs as if it
+    /// had become ready `priority_ms` earlier. A zero priority is [`Self::push`].
+    pub fn push_prioritized(
+        &mut self,
+        tenant: Arc<str>,
+        id: JobId,
+        ready_at: UnixMillis,
+        priority_ms: i64,
+    ) {
+        if priority_ms == 0 {
+            return self.push(tenant, id, ready_at);
+        }
+        let t = self.tenant_slot(tenant);
+        self.file_boosted(t, id, ready_at, priority_ms);
+        self.queued(t, 1);
+    }
+
+    /// Files a prioritized job in the `boosted` backlog of slot `t` and the indexes.
+    fn file_boosted(&mut self, t: u32, id: JobId, ready_at: UnixMillis, priority_ms: i64) {
+        let ready_at = ready_at.max(0);
+        let priority = priority_ms.clamp(-PRIORITY_SHIFT, PRIORITY_SHIFT);
+        let key = ready_at - priority + PRIORITY_SHIFT;
+        self.tenants[t as usize].boosted.push(id, key);
+        if let Some((old_at, _)) = self.boosts.insert(id, (ready_at, key)) {
+            // Handed over twice (the caller's bug): keep the indexes consistent.
+            self.boost_ages.remove(&(old_at, id));
+        }
+        self.boost_ages.insert((ready_at, id));
+    }
+
+    /// Forgets the prioritized job `id` (popped or removed); returns its entry.
+    fn unfile_boosted(&mut self, id: JobId) -> Option<(UnixMillis, UnixMillis)> {
+        let (ready_at, key) = self.boosts.remove(&id)?;
+        self.boost_ages.remove(&(ready_at, id));
+        Some((ready_at, key))
+    }
+
     /// Many jobs of `tenant` became ready (a resync): the same as [`Self::push`] of
     /// each in order, with one tenant lookup for the lot. For `jobs` sorted by
     /// `ready_at` and a tenant with nothing queued (a resync) it is O(1): the list
@@ -278,12 +337,19 @@ impl FairQueue {
         let Some(&t) = self.by_name.get(tenant) else {
             return false;
         };
-        if !self.tenants[t as usize].backlog.remove(id, ready_at) {
+        let removed = match self.boosts.get(&id) {
+            Some(&(_, key)) if self.tenants[t as usize].boosted.remove(id, key) => {
+                self.unfile_boosted(id);
+                true
+            }
+            _ => self.tenants[t as usize].backlog.remove(id, ready_at),
+        };
+        if !removed {
             return false;
         }
         self.len -= 1;
         self.refresh_oldest(t);
-        if self.tenants[t as usize].backlog.is_empty() {
+        if self.tenants[t as usize].is_drained() {
             self.go_idle(t);
         }
         true
@@ -352,6 +418,17 @@ impl FairQueue {
     /// one of them finishes here ([`Self::finish`]), its limits change, or
     /// [`Self::reopen`]. A tenant without a cap (it was lifted meanwhile) is not held.
     pub fn at_cap(&mut self, tenant: Arc<str>, id: JobId, ready_at: UnixMillis) {
+        self.at_cap_prioritized(tenant, id, ready_at, 0);
+    }
+
+    /// [`Self::at_cap`] of a job with a priority ([`Self::push_prioritized`]).
+    pub fn at_cap_prioritized(
+        &mut self,
+        tenant: Arc<str>,
+        id: JobId,
+        ready_at: UnixMillis,
+        priority_ms: i64,
+    ) {
         let t = self.tenant_slot(tenant);
         let per_round = self
             .quantum()
@@ -370,7 +447,11 @@ impl FairQueue {
         }
         tenant.held = tenant.limits.max_concurrency.is_some();
         self.holding |= tenant.held;
-        tenant.backlog.push(id, ready_at);
+        if priority_ms == 0 {
+            tenant.backlog.push(id, ready_at);
+        } else {
+            self.file_boosted(t, id, ready_at, priority_ms);
+        }
         self.queued(t, 1);
         let tenant = &self.tenants[t as usize];
         if tenant.capped() && matches!(tenant.place, Place::Turn(_)) {
@@ -405,6 +486,8 @@ impl FairQueue {
         self.len = 0;
         self.calendar.clear();
         self.oldest.clear();
+        self.boosts.clear();
+        self.boost_ages.clear();
     }
 
     /// Number of ready jobs queued. O(1).
@@ -418,9 +501,15 @@ impl FairQueue {
     }
 
     /// The `ready_at` (Unix ms) of the oldest queued job, for
-    /// `qd_queue_oldest_ready_age_seconds` and pool autoscaling. O(log tenants).
+    /// `qd_queue_oldest_ready_age_seconds` and pool autoscaling: the real wait,
+    /// whatever the jobs' priorities. O(log tenants + log prioritized jobs).
     pub fn oldest_ready_at(&self) -> Option<UnixMillis> {
-        self.oldest.first().map(|&(at, _)| at)
+        let plain = self.oldest.first().map(|&(at, _)| at);
+        let boosted = self.boost_ages.first().map(|&(at, _)| at);
+        match (plain, boosted) {
+            (Some(p), Some(b)) => Some(p.min(b)),
+            (p, b) => p.or(b),
+        }
     }
 
     /// Counters of every tenant with jobs here or with explicit limits, sorted by
@@ -431,12 +520,7 @@ impl FairQueue {
             .values()
             .map(|&t| {
                 let tenant = &self.tenants[t as usize];
-                stats_of(
-                    &tenant.name,
-                    tenant.limits,
-                    tenant.backlog.len(),
-                    tenant.running,
-                )
+                stats_of(&tenant.name, tenant.limits, tenant.queued(), tenant.running)
             })
             .collect();
         for (name, &limits) in &self.limits {
@@ -459,9 +543,8 @@ impl FairQueue {
     fn serve(&mut self, t: u32) -> (Arc<str>, JobId) {
         let cost = self.dispatch_cost(t);
         let tenant = &mut self.tenants[t as usize];
-        let id = tenant
-            .backlog
-            .take_head()
+        let (id, boosted) = tenant
+            .take_first()
             .expect("invariant: a tenant in the calendar has ready jobs");
         self.len -= 1;
         tenant.running = tenant.running.saturating_add(1);
@@ -470,9 +553,12 @@ impl FairQueue {
             tenant.outstanding = tenant.outstanding.saturating_add(cost);
         }
         let name = tenant.name.clone();
+        if boosted {
+            self.unfile_boosted(id);
+        }
         self.refresh_oldest(t);
         let tenant = &self.tenants[t as usize];
-        if tenant.backlog.is_empty() {
+        if tenant.is_drained() {
             self.go_idle(t);
         } else if tenant.capped() {
             self.leave_calendar(t);

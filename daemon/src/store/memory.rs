@@ -36,6 +36,8 @@ struct Row {
     /// The durable record (never in state leased).
     job: Job,
     payload: Vec<u8>,
+    /// What the job handed back, written by the ack, cleared by a redrive.
+    result: Option<Vec<u8>>,
     /// `(seq, entry)`, numbered and capped as SQLite does.
     history: Vec<(u64, HistoryEntry)>,
     /// The live lease, if any: (token, worker, leased_at).
@@ -77,7 +79,7 @@ fn stored(t: &Transition, old: &Job) -> Job {
 type OverrideKey = (String, String, String);
 
 enum Undo {
-    Job(JobId, Option<Row>),
+    Job(JobId, Option<Box<Row>>),
     Override(OverrideKey, Option<String>),
     SqsQueue(String, Option<SqsQueueRecord>),
     Schedule(String, Option<super::ScheduleRow>),
@@ -127,7 +129,7 @@ impl MemoryBackend {
     fn write_job(&mut self, id: JobId, row: Option<Row>) {
         let old = self.replace(id, row);
         if self.in_transaction {
-            self.undo.push(Undo::Job(id, old));
+            self.undo.push(Undo::Job(id, old.map(Box::new)));
         }
     }
 
@@ -166,7 +168,7 @@ impl MemoryBackend {
         while self.undo.len() > len {
             match self.undo.pop() {
                 Some(Undo::Job(id, row)) => {
-                    self.replace(id, row);
+                    self.replace(id, row.map(|r| *r));
                 }
                 Some(Undo::Override(key, Some(value))) => {
                     self.overrides.insert(key, value);
@@ -193,11 +195,27 @@ impl MemoryBackend {
 
     /// Writes `t` and its history line if `allowed` holds for the stored row.
     fn change(&mut self, t: &Transition, allowed: impl Fn(&Row) -> bool) -> bool {
+        self.change_result(t, allowed, false)
+    }
+
+    /// [`Self::change`], clearing the stored result first with `clear` (a redrive).
+    fn change_result(
+        &mut self,
+        t: &Transition,
+        allowed: impl Fn(&Row) -> bool,
+        clear: bool,
+    ) -> bool {
         let Some(mut row) = self.jobs.get(&t.job.id).filter(|r| allowed(r)).cloned() else {
             return false;
         };
         row.job = stored(t, &row.job);
         row.lease = None;
+        if clear {
+            row.result = None;
+        }
+        if let Some(result) = &t.result {
+            row.result = Some(result.to_vec());
+        }
         if let Some(entry) = &t.entry {
             let seq = row.history.last().map_or(1, |(seq, _)| seq + 1);
             let entry = history::bounded(entry, &self.history_limits).into_owned();
@@ -257,6 +275,7 @@ impl Backend for MemoryBackend {
             let row = Row {
                 job: job.clone(),
                 payload: payload.clone(),
+                result: None,
                 history: Vec::new(),
                 lease: None,
             };
@@ -323,7 +342,7 @@ impl Backend for MemoryBackend {
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         Ok(changes
             .iter()
-            .map(|t| self.change(t, |r| r.job.state == State::Dead))
+            .map(|t| self.change_result(t, |r| r.job.state == State::Dead, true))
             .collect())
     }
 
@@ -370,6 +389,7 @@ impl Backend for MemoryBackend {
             JobDetail {
                 job: row.view(),
                 payload: row.payload.clone(),
+                result: row.result.clone(),
                 history: row.history.iter().map(|(_, e)| e.clone()).collect(),
                 history_elided,
                 history_elided_at,

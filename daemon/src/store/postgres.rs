@@ -104,6 +104,12 @@
 //!   -- statement triggers on qd_jobs keep sum(depth) = its ready/delayed rows
 //! -- SQS-created queues
 //! qd_sqs_queues(name PK, attributes text, tags text, created_at, modified_at bigint)
+//! -- RESULTS: what a job handed back
+//! qd_jobs.result bytea NULL           -- set by the ack's fenced UPDATE, NULL on redrive
+//! -- PRIORITY: a job's priority within its tenant
+//! qd_jobs.priority_ms bigint NOT NULL DEFAULT 0
+//!   INDEX (queue, (ready_at - priority_ms), id) WHERE state IN ('ready', 'delayed')
+//!                                   -- claim_next, claimable: the priority order
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -144,6 +150,8 @@ const MIGRATIONS: &[&str] = &[
     QUEUE_DEPTHS,
     SCHEDULES,
     SQS_QUEUES,
+    RESULTS,
+    PRIORITY,
 ];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
@@ -320,6 +328,20 @@ CREATE TABLE qd_sqs_queues (
 );
 "#;
 
+/// A job's priority within its tenant (milliseconds; 0 for jobs stored before). The
+/// claims order a tenant's jobs by `ready_at - priority_ms`.
+const PRIORITY: &str = r#"
+ALTER TABLE qd_jobs ADD COLUMN priority_ms bigint NOT NULL DEFAULT 0;
+CREATE INDEX qd_jobs_claim_order ON qd_jobs (queue, (ready_at - priority_ms), id)
+    WHERE state IN ('ready', 'delayed');
+"#;
+
+/// What a job handed back (an ack's result, at most 1 MiB), written by the ack's
+/// fenced `UPDATE` and cleared by a redrive; read by id only, never listed.
+const RESULTS: &str = r#"
+ALTER TABLE qd_jobs ADD COLUMN result bytea;
+"#;
+
 /// The seed of a queue's depth lock key (`hashtextextended(queue, DEPTH_LOCK_SEED)`,
 /// "qddepth" in ASCII), taken by every enqueue to the queue until its transaction
 /// ends ([`SharedStore::queue_depth`]).
@@ -388,7 +410,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const JOB_COLUMNS: &str = "j.id, j.queue, j.tenant, j.idempotency_key, \
      CASE WHEN j.lease_token IS NULL THEN j.state ELSE 'leased' END, j.attempts, \
      j.budget_start, j.max_attempts, COALESCE(j.lease_token, j.lease_seq), j.worker, \
-     j.leased_at, j.created_at, j.ready_at, j.updated_at, j.last_error";
+     j.leased_at, j.created_at, j.ready_at, j.updated_at, j.last_error, j.priority_ms";
 
 /// A job's state as readers see it.
 const EFFECTIVE_STATE: &str = "CASE WHEN j.lease_token IS NULL THEN j.state ELSE 'leased' END";
@@ -956,6 +978,18 @@ impl PgBackend {
     /// The stored `lease_seq` only grows: a change planned on a stale copy (a redrive
     /// from a node that has not seen a later lease) keeps the higher stored one.
     fn change(&mut self, changes: &[Transition], condition: &str) -> Result<Vec<bool>, StoreError> {
+        self.change_result(changes, condition, "COALESCE(t.result, j.result)")
+    }
+
+    /// [`Self::change`] setting the stored result to `result` (SQL over `j` and `t`,
+    /// whose `t.result` is the transition's own): kept unless the transition brings
+    /// one, or cleared by a redrive.
+    fn change_result(
+        &mut self,
+        changes: &[Transition],
+        condition: &str,
+        result: &str,
+    ) -> Result<Vec<bool>, StoreError> {
         if changes.is_empty() {
             return Ok(Vec::new());
         }
@@ -963,7 +997,7 @@ impl PgBackend {
         if has_duplicates(&ids) {
             return changes
                 .iter()
-                .map(|t| Ok(self.change(std::slice::from_ref(t), condition)?[0]))
+                .map(|t| Ok(self.change_result(std::slice::from_ref(t), condition, result)?[0]))
                 .collect();
         }
         let uuids = uuids(&ids);
@@ -975,17 +1009,18 @@ impl PgBackend {
         let ready: Vec<i64> = jobs.iter().map(|j| j.ready_at).collect();
         let updated: Vec<i64> = jobs.iter().map(|j| j.updated_at).collect();
         let errors: Vec<Option<&str>> = jobs.iter().map(|j| j.last_error.as_deref()).collect();
+        let results: Vec<Option<&[u8]>> = changes.iter().map(|t| t.result.as_deref()).collect();
         let sql = format!(
             "UPDATE qd_jobs j SET state = t.state, attempts = t.attempts, \
                budget_start = t.budget_start, \
                lease_seq = GREATEST(j.lease_seq, t.lease_seq), ready_at = t.ready_at, \
                updated_at = t.updated_at, last_error = t.last_error, lease_token = NULL, \
                worker = NULL, leased_at = NULL, lease_deadline = NULL, lease_node = NULL, \
-               lease_end = NULL \
+               lease_end = NULL, result = {result} \
              FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::int8[], $5::int8[], \
-               $6::int8[], $7::int8[], $8::text[]) \
+               $6::int8[], $7::int8[], $8::text[], $9::bytea[]) \
                AS t(id, state, attempts, budget_start, lease_seq, ready_at, updated_at, \
-               last_error) \
+               last_error, result) \
              WHERE j.id = t.id AND {condition} RETURNING j.id"
         );
         let rows = self.block(async |c| {
@@ -993,7 +1028,7 @@ impl PgBackend {
             c.query(
                 &stmt,
                 &[
-                    &uuids, &states, &attempts, &budget, &seqs, &ready, &updated, &errors,
+                    &uuids, &states, &attempts, &budget, &seqs, &ready, &updated, &errors, &results,
                 ],
             )
             .await
@@ -1222,6 +1257,7 @@ fn job_from_row(r: &Row, target: &str) -> Result<Job, StoreError> {
         ready_at: r.get(12),
         updated_at: r.get(13),
         last_error: r.get(14),
+        priority_ms: r.get(15),
     })
 }
 
@@ -1266,6 +1302,7 @@ impl Backend for PgBackend {
         let ready: Vec<i64> = jobs.iter().map(|j| j.ready_at).collect();
         let updated: Vec<i64> = jobs.iter().map(|j| j.updated_at).collect();
         let errors: Vec<Option<&str>> = jobs.iter().map(|j| j.last_error.as_deref()).collect();
+        let priorities: Vec<i64> = jobs.iter().map(|j| j.priority_ms).collect();
         // Rows are inserted in key order, not request order: an insert whose key
         // another node's open transaction holds waits for it, and two batches of
         // shared keys in different orders would each hold a key the other waits on
@@ -1276,16 +1313,16 @@ impl Backend for PgBackend {
                 .prepare_cached(
                     "INSERT INTO qd_jobs (id, queue, tenant, idempotency_key, state, attempts, \
                        budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at, \
-                       last_error) \
+                       last_error, priority_ms) \
                      SELECT n.id, n.queue, n.tenant, n.idempotency_key, n.state, n.attempts, \
                        n.budget_start, n.max_attempts, n.lease_seq, n.created_at, n.ready_at, \
-                       n.updated_at, n.last_error \
+                       n.updated_at, n.last_error, n.priority_ms \
                      FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
                        $6::int8[], $7::int8[], $8::int8[], $9::int8[], $10::int8[], \
-                       $11::int8[], $12::int8[], $13::text[]) WITH ORDINALITY \
+                       $11::int8[], $12::int8[], $13::text[], $14::int8[]) WITH ORDINALITY \
                        AS n(id, queue, tenant, idempotency_key, state, attempts, budget_start, \
                        max_attempts, lease_seq, created_at, ready_at, updated_at, last_error, \
-                       ord) \
+                       priority_ms, ord) \
                      ORDER BY n.queue COLLATE \"C\", n.idempotency_key COLLATE \"C\", n.ord \
                      ON CONFLICT DO NOTHING RETURNING id",
                 )
@@ -1293,8 +1330,20 @@ impl Backend for PgBackend {
             c.query(
                 &stmt,
                 &[
-                    &ids, &queues, &tenants, &keys, &states, &attempts, &budget, &max, &seqs,
-                    &created, &ready, &updated, &errors,
+                    &ids,
+                    &queues,
+                    &tenants,
+                    &keys,
+                    &states,
+                    &attempts,
+                    &budget,
+                    &max,
+                    &seqs,
+                    &created,
+                    &ready,
+                    &updated,
+                    &errors,
+                    &priorities,
                 ],
             )
             .await
@@ -1404,7 +1453,11 @@ impl Backend for PgBackend {
     }
 
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        let applied = self.change(changes, "j.state = 'dead' AND j.lease_token IS NULL")?;
+        let applied = self.change_result(
+            changes,
+            "j.state = 'dead' AND j.lease_token IS NULL",
+            "NULL",
+        )?;
         self.notify(changes.iter().map(|t| &*t.job.queue))?;
         Ok(applied)
     }
@@ -1442,7 +1495,7 @@ impl Backend for PgBackend {
 
     fn job(&mut self, id: JobId) -> Result<Option<JobDetail>, StoreError> {
         let sql = format!(
-            "SELECT {JOB_COLUMNS}, p.body FROM qd_jobs j \
+            "SELECT {JOB_COLUMNS}, p.body, j.result FROM qd_jobs j \
              JOIN qd_payloads p ON p.job_id = j.id WHERE j.id = $1"
         );
         let (found, lines) = self.block(async |c| {
@@ -1478,7 +1531,8 @@ impl Backend for PgBackend {
         let (history_elided, history_elided_at) = history::elided(&seqs);
         Ok(Some(JobDetail {
             job,
-            payload: found.get(15),
+            payload: found.get(16),
+            result: found.get(17),
             history: entries,
             history_elided,
             history_elided_at,
@@ -1804,7 +1858,7 @@ impl SharedStore for PgBackend {
             "SELECT {JOB_COLUMNS} FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (\
                SELECT * FROM qd_jobs c WHERE c.queue = q.name \
                  AND c.state IN ('ready', 'delayed') AND c.lease_token IS NULL \
-               ORDER BY c.ready_at, c.id LIMIT $2) j"
+               ORDER BY c.ready_at - c.priority_ms, c.id LIMIT $2) j"
         );
         let limit = i64::from(per_queue);
         self.query_jobs(&sql, &[&queues, &limit])
@@ -1839,7 +1893,7 @@ impl SharedStore for PgBackend {
                WHERE queue = $1 AND state IN ('ready', 'delayed') AND ready_at <= $2 \
                  AND lease_token IS NULL AND ($8::text IS NULL OR tenant = $8) \
                  AND EXISTS (SELECT 1 FROM qd_nodes n WHERE n.name = $7 AND n.node_id = $9) \
-               ORDER BY ready_at, id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+               ORDER BY ready_at - priority_ms, id LIMIT $3 FOR UPDATE SKIP LOCKED), \
              claimed AS (\
                UPDATE qd_jobs j SET lease_seq = j.lease_seq + 1, lease_token = j.lease_seq + 1, \
                  worker = $4, leased_at = $5, lease_node = $7, \
@@ -1847,7 +1901,7 @@ impl SharedStore for PgBackend {
                  lease_end = now() + $10::int8 * interval '1 millisecond' \
                FROM picked WHERE j.id = picked.id RETURNING j.*) \
              SELECT {JOB_COLUMNS}, p.body FROM claimed j JOIN qd_payloads p ON p.job_id = j.id \
-             ORDER BY j.ready_at, j.id"
+             ORDER BY j.ready_at - j.priority_ms, j.id"
         );
         let rows = self.block(async |c| {
             let stmt = c.prepare_cached(&sql).await?;
@@ -1869,7 +1923,7 @@ impl SharedStore for PgBackend {
             .await
         })?;
         rows.iter()
-            .map(|r| Ok((job_from_row(r, &self.target)?, r.get(15))))
+            .map(|r| Ok((job_from_row(r, &self.target)?, r.get(16))))
             .collect()
     }
 

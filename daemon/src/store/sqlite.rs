@@ -28,7 +28,16 @@ mod schedules;
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from
 /// `user_version` `i` to `i + 1`. Append only; never edit a released entry.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, SCHEDULES, DEPENDENCIES, SQS_QUEUES];
+const MIGRATIONS: &[&str] = &[
+    V1,
+    V2,
+    V3,
+    SCHEDULES,
+    DEPENDENCIES,
+    SQS_QUEUES,
+    RESULTS,
+    PRIORITY,
+];
 
 /// Version 1: jobs (payload inline, leases stored), history, overrides.
 pub(super) const V1: &str = "
@@ -221,6 +230,20 @@ CREATE TABLE job_edges (
 CREATE INDEX job_edges_child ON job_edges (child);
 ";
 
+/// A job's priority within its tenant (milliseconds; 0 for jobs stored before).
+const PRIORITY: &str = "
+ALTER TABLE jobs ADD COLUMN priority_ms INTEGER NOT NULL DEFAULT 0;
+";
+
+/// Results, in their own table as payloads are: at most 1 MiB each, kept off the
+/// narrow `jobs` rows that every listing and start-up read scans.
+const RESULTS: &str = "
+CREATE TABLE results (
+    job_id BLOB PRIMARY KEY NOT NULL,
+    body   BLOB NOT NULL
+) STRICT;
+";
+
 /// The condition of the `jobs_queue_ended` index (migration 3): succeeded,
 /// cancelled or dead, spelled as the two states it leaves out because SQLite codes
 /// an `IN` list of three or more constants as a temporary index built at every
@@ -260,7 +283,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const JOB_COLUMNS: &str = "j.id, j.queue, j.tenant, j.idempotency_key, \
      CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END, j.attempts, j.budget_start, \
      j.max_attempts, COALESCE(l.token, j.lease_seq), l.worker, l.leased_at, j.created_at, \
-     j.ready_at, j.updated_at, j.last_error";
+     j.ready_at, j.updated_at, j.last_error, j.priority_ms";
 
 /// A job's state as readers see it: `leased` while this process holds a lease.
 const EFFECTIVE_STATE: &str = "CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END";
@@ -271,8 +294,8 @@ const EFFECTIVE_STATE: &str = "CASE WHEN l.id IS NULL THEN j.state ELSE 'leased'
 /// a [`Range`]. The states are spelled as `OR` terms: an `IN` list probes a
 /// temporary index per row.
 const LOAD_UNFINISHED: &str = "SELECT id, queue, tenant, idempotency_key, state, attempts, \
-     budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at, last_error \
-     FROM jobs WHERE (state = 'ready' OR state = 'delayed' OR state = 'dead' \
+     budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at, last_error, \
+     priority_ms FROM jobs WHERE (state = 'ready' OR state = 'delayed' OR state = 'dead' \
      OR state = 'waiting' OR state = 'blocked')";
 
 /// Which ids a start-up read covers: all, those below a key, or those from it on.
@@ -810,7 +833,8 @@ impl SqliteBackend {
         let mut insert_job = self.conn.prepare_cached(
             "INSERT INTO jobs (id, queue, tenant, idempotency_key, state, attempts, \
              budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at, \
-             last_error) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+             last_error, priority_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
              ON CONFLICT DO NOTHING",
         )?;
         let mut insert_payload = self
@@ -833,6 +857,7 @@ impl SqliteBackend {
                 job.ready_at,
                 job.updated_at,
                 job.last_error,
+                job.priority_ms,
             ])?;
             answers.push(if inserted == 1 {
                 insert_payload.execute(params![id_bytes(job.id), record.payload])?;
@@ -949,6 +974,10 @@ impl SqliteBackend {
             self.conn.prepare_cached(NEXT_HISTORY_SEQ)?,
             self.conn.prepare_cached(INSERT_HISTORY)?,
         );
+        let mut set_result = self.conn.prepare_cached(
+            "INSERT INTO results (job_id, body) VALUES (?1, ?2) \
+             ON CONFLICT (job_id) DO UPDATE SET body = excluded.body",
+        )?;
         let mut changed = Vec::with_capacity(changes.len());
         for t in changes {
             let job = &t.job;
@@ -968,9 +997,24 @@ impl SqliteBackend {
             if applied && let Some(entry) = &t.entry {
                 self.append_history(&mut append, job.id, &history::bounded(entry, &self.history))?;
             }
+            if applied && let Some(body) = &t.result {
+                set_result.execute(params![id_bytes(job.id), &**body])?;
+            }
             changed.push(applied);
         }
         Ok(changed)
+    }
+
+    /// Deletes the stored result of each of `changes` that `applied` (a redrive:
+    /// the job's life starts over, and so does what it hands back).
+    fn clear_results(&self, changes: &[Transition], applied: &[bool]) -> rusqlite::Result<()> {
+        let mut clear = self
+            .conn
+            .prepare_cached("DELETE FROM results WHERE job_id = ?1")?;
+        for (t, _) in changes.iter().zip(applied).filter(|(_, a)| **a) {
+            clear.execute([id_bytes(t.job.id)])?;
+        }
+        Ok(())
     }
 
     /// Appends one history line after the job's newest with `append` (the prepared
@@ -1012,6 +1056,7 @@ impl SqliteBackend {
         for sql in [
             "DELETE FROM payloads WHERE job_id = ?1",
             "DELETE FROM history WHERE job_id = ?1",
+            "DELETE FROM results WHERE job_id = ?1",
             "DELETE FROM job_edges WHERE child = ?1",
         ] {
             self.conn.prepare_cached(sql)?.execute([id_bytes(id)])?;
@@ -1136,7 +1181,7 @@ fn state_of(r: &Row<'_>, idx: usize) -> rusqlite::Result<State> {
 }
 
 /// A job without lease fields from columns 0-8 of [`JOB_COLUMNS`], then
-/// `created_at, ready_at, updated_at, last_error` from column `rest` on, sharing
+/// `created_at, ready_at, updated_at, last_error, priority_ms` from column `rest` on, sharing
 /// queue and tenant names through `names`.
 fn stored_job(r: &Row<'_>, names: &mut Names, rest: usize) -> rusqlite::Result<Job> {
     let lease_seq: i64 = r.get(8)?;
@@ -1157,6 +1202,7 @@ fn stored_job(r: &Row<'_>, names: &mut Names, rest: usize) -> rusqlite::Result<J
         ready_at: r.get(rest + 1)?,
         updated_at: r.get(rest + 2)?,
         last_error: r.get(rest + 3)?,
+        priority_ms: r.get(rest + 4)?,
     })
 }
 
@@ -1334,8 +1380,12 @@ impl Backend for SqliteBackend {
     }
 
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        self.change_each(changes, change_sql!("state = 'dead'"), false)
-            .map_err(|e| self.err(e))
+        let run = || {
+            let applied = self.change_each(changes, change_sql!("state = 'dead'"), false)?;
+            self.clear_results(changes, &applied)?;
+            Ok(applied)
+        };
+        run().map_err(|e| self.err(e))
     }
 
     fn set_payload(&mut self, id: JobId, payload: &[u8]) -> Result<bool, StoreError> {
@@ -1490,17 +1540,23 @@ impl Backend for SqliteBackend {
             let found = self
                 .conn
                 .prepare_cached(&sql)?
-                .query_row([id_bytes(id)], |r| Ok((job_from_row(r)?, r.get(15)?)))
+                .query_row([id_bytes(id)], |r| Ok((job_from_row(r)?, r.get(16)?)))
                 .optional()?;
             let Some((job, payload)) = found else {
                 return Ok(None);
             };
+            let result = self
+                .conn
+                .prepare_cached("SELECT body FROM results WHERE job_id = ?1")?
+                .query_row([id_bytes(id)], |r| r.get(0))
+                .optional()?;
             let history = self.history_of(id)?;
             let (history_elided, history_elided_at) =
                 history::elided_of(&self.conn, &id_bytes(id))?;
             Ok(Some(JobDetail {
                 job,
                 payload,
+                result,
                 history,
                 history_elided,
                 history_elided_at,

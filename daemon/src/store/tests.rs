@@ -37,6 +37,7 @@ fn job(n: u128, queue: &str, key: Option<&str>) -> Job {
         ready_at: 1_000,
         updated_at: 1_000,
         last_error: None,
+        priority_ms: 0,
     }
 }
 
@@ -195,6 +196,7 @@ fn jobs_history_and_overrides_survive_reopen() {
     let end = Transition {
         job: stored.clone(),
         entry: Some(entry.clone()),
+        result: None,
     };
     let claim = leased(&stored, 3);
     let claimed = block(&store, move |b| b.claim(&[claim])).expect("claim");
@@ -215,6 +217,7 @@ fn jobs_history_and_overrides_survive_reopen() {
         Some(JobDetail {
             job: stored,
             payload: b"hello".to_vec(),
+            result: None,
             history: vec![entry],
             history_elided: 0,
             history_elided_at: 1,
@@ -806,6 +809,7 @@ fn conditioned_per_item(store: &Store) {
             ..job.clone()
         },
         entry: None,
+        result: None,
     };
     let (cancel_a, cancel_b) = (cancel(&a), cancel(&b_job));
     let cancelled = block(store, move |b| b.cancel(&[cancel_a, cancel_b])).expect("cancel");
@@ -822,6 +826,7 @@ fn conditioned_per_item(store: &Store) {
             ..a.clone()
         },
         entry: None,
+        result: None,
     };
     let (stale, current) = (done(7), done(1));
     let ends = block(store, move |b| b.complete(&[stale, current])).expect("complete");
@@ -832,6 +837,7 @@ fn conditioned_per_item(store: &Store) {
             ..a.clone()
         },
         entry: None,
+        result: None,
     };
     assert_eq!(
         block(store, move |b| b.redrive(&[redrive])),
@@ -867,6 +873,7 @@ fn an_unrecorded_local_lease_ends_only_with_a_newer_token() {
                 ..stored.clone()
             },
             entry: None,
+            result: None,
         };
         assert_eq!(
             b.complete(&[end(1)]),
@@ -955,6 +962,7 @@ fn lease_records_ride_on_the_next_batch_before_its_ops() {
             ..two.clone()
         },
         entry: None,
+        result: None,
     };
     store.record_leases_later(vec![leased(&two, 2)]);
     assert_eq!(
@@ -1185,6 +1193,7 @@ fn redrive_with_payload_replaces_the_payload_only_of_a_dead_job_and_notes_both_d
             ended_at: 5,
             error: Some("redriven by uid 7".into()),
         }),
+        result: None,
     };
     let (fix_dead, fix_ready) = (redrive(&dead), redrive(&ready));
     let applied = block(&store, move |b| {

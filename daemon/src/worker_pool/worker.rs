@@ -164,6 +164,12 @@ async fn run(state: &WorkerArgs, job: &LeasedJob, revoked: &CancellationToken) -
         attempt: job.attempt,
         idempotency_key: job.idempotency_key.clone(),
         payload: job.payload.clone(),
+        max_result: state
+            .limits
+            .config()
+            .queues
+            .get(&*state.queue)
+            .map_or(crate::results::DEFAULT_MAX_RESULT, |q| q.max_result),
         token: job.token,
         lease: job.lease,
     };
@@ -232,7 +238,18 @@ async fn report(state: &WorkerArgs, job: &LeasedJob, result: ExecResult) {
     let lost = CancellationToken::new();
     loop {
         let answer = match &result {
-            ExecResult::Success { .. } => {
+            ExecResult::Success {
+                result: Some(result),
+                ..
+            } => {
+                let result: Arc<[u8]> = Arc::from(result.as_slice());
+                broker::request(
+                    |tx| BrokerMsg::AckResult(id, token, result, tx),
+                    REPORT_TIMEOUT,
+                )
+                .await
+            }
+            ExecResult::Success { result: None, .. } => {
                 broker::request(|tx| BrokerMsg::Ack(id, token, tx), REPORT_TIMEOUT).await
             }
             ExecResult::Failure(failure) => {

@@ -186,6 +186,7 @@ impl CreatedQueue {
             rate_limiter: None,
             fairness: Default::default(),
             tenant_caps: BTreeMap::new(),
+            max_result: crate::results::DEFAULT_MAX_RESULT,
         }
     }
 }

@@ -88,6 +88,7 @@ fn read_message(ctx: &Ctx, queue: &str, p: &Map<String, Value>) -> Result<Outgoi
         idempotency_key: key,
         delay: Duration::from_secs(delay.unsigned_abs()),
         max_attempts: None,
+        priority_ms: 0,
         after: Default::default(),
     };
     broker::validate(&request, max_payload)?;

@@ -2,7 +2,8 @@
 //! database's row is the lease, so any node answers a heartbeat, ack, nack (single
 //! or per item of a batch) or cancel for any lease, fenced by its token in the
 //! same `UPDATE` that applies it. Takes no message of its own: the Broker routes
-//! [`BrokerMsg::Heartbeat`], [`BrokerMsg::Ack`], [`BrokerMsg::AckBatch`] and
+//! [`BrokerMsg::Heartbeat`], [`BrokerMsg::Ack`], [`BrokerMsg::AckResult`],
+//! [`BrokerMsg::AckBatch`] and
 //! [`BrokerMsg::Nack`] here when memory does not hold the lease the report names.
 //!
 //! - **A report for a lease memory does not hold** (another node leased the job, or
@@ -52,6 +53,7 @@ pub(in crate::broker) fn reported_leases(msg: &BrokerMsg) -> Option<Vec<(JobId, 
     match msg {
         BrokerMsg::Heartbeat(id, token, ..)
         | BrokerMsg::Ack(id, token, _)
+        | BrokerMsg::AckResult(id, token, ..)
         | BrokerMsg::Nack(id, token, ..) => Some(vec![(*id, *token)]),
         BrokerMsg::AckBatch(acks, _) => Some(acks.clone()),
         _ => None,

@@ -247,6 +247,7 @@ impl Harness {
                     idempotency_key: key.map(|k| format!("k{k}")),
                     delay: Duration::ZERO,
                     max_attempts: None,
+                    priority_ms: 0,
                     after: Default::default(),
                 };
                 self.take(BrokerMsg::Enqueue(req, tx.into()));

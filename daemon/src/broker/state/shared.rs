@@ -472,6 +472,9 @@ impl BrokerState {
                 self.heartbeat_any((id, token), extend, &leased_elsewhere, reply, now, mono)
             }
             BrokerMsg::Ack(id, token, reply) => self.ack(id, token, &leased_elsewhere, reply, now),
+            BrokerMsg::AckResult(id, token, result, reply) => {
+                self.ack_result(id, token, Some(result), &leased_elsewhere, reply, now)
+            }
             BrokerMsg::AckBatch(acks, reply) => self.ack_batch(acks, &leased_elsewhere, reply, now),
             BrokerMsg::Nack(id, token, failure, reply) => {
                 self.fail_on(id, token, failure, &leased_elsewhere, Some(reply), now)
@@ -743,6 +746,7 @@ mod tests {
             idempotency_key: None,
             delay: Duration::ZERO,
             max_attempts: 3,
+            priority_ms: 0,
         };
         Job::new(new, 1_000)
     }

@@ -68,6 +68,7 @@ fn ready_job(queue: &str) -> Job {
         idempotency_key: None,
         delay: Duration::ZERO,
         max_attempts: 3,
+        priority_ms: 0,
     };
     Job::new(new, 1_000)
 }
@@ -157,6 +158,7 @@ fn request(queue: &str, tenant: Option<&str>) -> EnqueueRequest {
         idempotency_key: None,
         delay: Duration::ZERO,
         max_attempts: None,
+        priority_ms: 0,
         after: Default::default(),
     }
 }
@@ -527,6 +529,7 @@ async fn every_reply_waits_until_its_message_effects_are_performed() {
         idempotency_key: None,
         delay: Duration::ZERO,
         max_attempts: None,
+        priority_ms: 0,
         after: Default::default(),
     };
     let enqueue = BrokerMsg::Enqueue(unknown_queue, tx.into());

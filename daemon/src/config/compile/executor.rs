@@ -59,6 +59,7 @@ fn reject_foreign_keys(diag: &mut Diagnostics<'_>, path: &KeyPath, raw: &RawExec
     let http = [
         ("url", raw.url.is_some()),
         ("headers", raw.headers.is_some()),
+        ("store_result", raw.store_result.is_some()),
     ];
     let foreign: Vec<&str> = match raw.kind {
         ExecutorKind::Command => given(&http),
@@ -257,5 +258,6 @@ fn http(
         url: url.clone(),
         headers,
         timeout: limits.timeout,
+        store_result: raw.store_result.unwrap_or(false),
     })
 }

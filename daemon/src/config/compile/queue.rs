@@ -151,6 +151,22 @@ fn compile_queue(
         secs(86_400),
     );
     let fairness = layers.get(diag, &["fairness"], |r| r.fairness, Default::default());
+    let max_result = layers.get(
+        diag,
+        &["max_result"],
+        |r| r.max_result.map(|s| s.0),
+        crate::results::DEFAULT_MAX_RESULT as u64,
+    );
+    let limit = crate::results::MAX_RESULT_LIMIT as u64;
+    if !max_result.broken && !(1..=limit).contains(&max_result.value) {
+        diag.error(
+            &max_result.path,
+            format!(
+                "max_result must be from 1 byte to 1MiB ({limit} bytes), got {} bytes",
+                max_result.value
+            ),
+        );
+    }
 
     positive(diag, &heartbeat);
     positive(diag, &timeout);
@@ -189,6 +205,8 @@ fn compile_queue(
         rate_limiter,
         fairness: fairness.value,
         tenant_caps,
+        max_result: usize::try_from(max_result.value.min(limit))
+            .unwrap_or(crate::results::MAX_RESULT_LIMIT),
     })
 }
 

@@ -38,6 +38,7 @@ fn job(payload: &[u8]) -> JobRun {
         attempt: 3,
         idempotency_key: "key-42".to_owned(),
         payload: payload.to_vec(),
+        max_result: 64 * 1024,
         token: 41,
         lease: Duration::from_secs(30),
     }
@@ -54,7 +55,7 @@ async fn run(spec: CommandSpec, payload: &[u8]) -> ExecResult {
 fn failure(result: ExecResult) -> Failure {
     match result {
         ExecResult::Failure(f) => f,
-        ExecResult::Success { detail } => panic!("expected a failure, got success {detail:?}"),
+        ExecResult::Success { detail, .. } => panic!("expected a failure, got success {detail:?}"),
     }
 }
 
@@ -138,7 +139,8 @@ async fn success_sees_payload_env_and_cwd() {
     assert_eq!(
         result,
         ExecResult::Success {
-            detail: Some("done".into())
+            detail: Some("done".into()),
+            result: None,
         }
     );
     let env = std::fs::read_to_string(dir.path().join("env.txt")).expect("env.txt");
@@ -359,7 +361,13 @@ async fn stragglers_are_killed_after_a_clean_exit() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = spec(&pids_then(dir.path(), "exit 0"));
     // The grandchild holds stdout open; the attempt must still end promptly.
-    assert_eq!(run(s, b"").await, ExecResult::Success { detail: None });
+    assert_eq!(
+        run(s, b"").await,
+        ExecResult::Success {
+            detail: None,
+            result: None,
+        }
+    );
     assert_gone_soon(&group_pids(dir.path()).await).await;
 }
 
@@ -383,7 +391,10 @@ async fn child_that_never_reads_stdin_does_not_hang() {
     let payload = vec![b'p'; 1024 * 1024];
     assert_eq!(
         run(spec("exit 0"), &payload).await,
-        ExecResult::Success { detail: None }
+        ExecResult::Success {
+            detail: None,
+            result: None,
+        }
     );
     let f = failure(run(spec("sleep 0.2; exit 75"), &payload).await);
     assert_eq!(

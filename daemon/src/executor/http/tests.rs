@@ -90,6 +90,7 @@ fn spec(url: String) -> HttpSpec {
         url,
         headers: BTreeMap::new(),
         timeout: Duration::from_secs(20),
+        store_result: false,
     }
 }
 
@@ -101,6 +102,7 @@ fn job() -> JobRun {
         attempt: 2,
         idempotency_key: "order-7".to_owned(),
         payload: b"{\"order\":7}".to_vec(),
+        max_result: 64 * 1024,
         token: 41,
         lease: Duration::from_secs(30),
     }
@@ -123,7 +125,7 @@ async fn run_path(path: &str) -> ExecResult {
 fn failure(result: ExecResult) -> Failure {
     match result {
         ExecResult::Failure(f) => f,
-        ExecResult::Success { detail } => panic!("expected a failure, got success {detail:?}"),
+        ExecResult::Success { detail, .. } => panic!("expected a failure, got success {detail:?}"),
     }
 }
 
@@ -132,7 +134,8 @@ async fn status_200_is_success_with_body_head() {
     assert_eq!(
         run_path("/ok").await,
         ExecResult::Success {
-            detail: Some("HTTP 200 OK: queued".into())
+            detail: Some("HTTP 200 OK: queued".into()),
+            result: None,
         }
     );
 }
@@ -320,7 +323,8 @@ async fn server_receives_payload_and_identity_headers() {
     assert_eq!(
         result,
         ExecResult::Success {
-            detail: Some("HTTP 204 No Content".into())
+            detail: Some("HTTP 204 No Content".into()),
+            result: None,
         }
     );
     let (headers, body) = seen.lock().expect("lock").take().expect("request seen");

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::TenantLimits;
 use super::backlog::Backlog;
-use crate::job::UnixMillis;
+use crate::job::{JobId, UnixMillis};
 
 /// Calendar key: (round of the turn, arrival order within the round).
 pub(super) type Turn = (u64, u64);
@@ -27,6 +27,9 @@ pub(super) struct Tenant {
     pub(super) name: Arc<str>,
     pub(super) limits: TenantLimits,
     pub(super) backlog: Backlog,
+    /// Its ready jobs with a priority, by order key (`ready_at - priority`, shifted
+    /// by [`super::PRIORITY_SHIFT`] so it is never negative).
+    pub(super) boosted: Backlog,
     pub(super) running: u32,
     /// At its cap across the cluster: the store refused a claim because other
     /// nodes hold the rest of its slots. Counts as capped (if it has a cap) until
@@ -52,6 +55,7 @@ impl Tenant {
             name,
             limits,
             backlog: Backlog::default(),
+            boosted: Backlog::default(),
             running: 0,
             held: false,
             deficit: 0,
@@ -69,6 +73,36 @@ impl Tenant {
         self.limits
             .max_concurrency
             .is_some_and(|cap| self.held || self.running >= cap)
+    }
+
+    /// Ready jobs queued, with and without a priority.
+    pub(super) fn queued(&self) -> usize {
+        self.backlog.len() + self.boosted.len()
+    }
+
+    /// True when no ready job is queued.
+    pub(super) fn is_drained(&self) -> bool {
+        self.backlog.is_empty() && self.boosted.is_empty()
+    }
+
+    /// Removes the job that comes first in the tenant's order, `(order key, id)`:
+    /// the older of the two backlogs' heads, a prioritized job's key being its
+    /// `ready_at - priority`. Returns it and whether it had a priority.
+    pub(super) fn take_first(&mut self) -> Option<(JobId, bool)> {
+        let plain = self.backlog.head();
+        let boosted = self
+            .boosted
+            .head()
+            .map(|(key, id)| (key - super::PRIORITY_SHIFT, id));
+        let from_boosted = match (plain, boosted) {
+            (Some(p), Some(b)) => b < p,
+            (p, b) => p.is_none() && b.is_some(),
+        };
+        if from_boosted {
+            self.boosted.take_head().map(|id| (id, true))
+        } else {
+            self.backlog.take_head().map(|id| (id, false))
+        }
     }
 
     /// Effective weight (>= 1) as a cost multiplier.

@@ -243,7 +243,11 @@ impl Driver {
                     leased_at: None,
                     ..claim.clone()
                 };
-                Action::Complete(Transition { job, entry: None })
+                Action::Complete(Transition {
+                    job,
+                    entry: None,
+                    result: None,
+                })
             })
             .collect()
     }
@@ -298,6 +302,7 @@ impl Driver {
                 let t = Transition {
                     job: job.clone(),
                     entry,
+                    result: None,
                 };
                 [Action::Complete, Action::Redrive, Action::Cancel][kind](t)
             }

@@ -155,6 +155,7 @@ fn jobs_leases_and_history_survive_reopen_with_the_lease_in_the_row() {
             ended_at: 1_600,
             error: None,
         }),
+        result: None,
     };
     assert_eq!(block(&store, move |b| b.complete(&[end])), Ok(vec![true]));
     let id = stored.id;
@@ -225,6 +226,7 @@ fn two_nodes_never_hold_one_job_and_only_the_leader_ends_an_expired_lease() {
             ..stored.clone()
         },
         entry: None,
+        result: None,
     };
     let stale = end.clone();
     assert_eq!(
@@ -259,6 +261,7 @@ fn two_nodes_never_hold_one_job_and_only_the_leader_ends_an_expired_lease() {
             ..old.job.clone()
         },
         entry: None,
+        result: None,
     };
     assert_eq!(block(&a, move |s| s.complete(&[ack])), Ok(vec![false]));
     let fresh = leased(
@@ -497,6 +500,7 @@ fn ack_first(job: &Job) -> Transition {
             ..job.clone()
         },
         entry: None,
+        result: None,
     }
 }
 

@@ -106,6 +106,7 @@ fn history_is_capped_and_counted_alike_by_both_engines() {
             let end = Transition {
                 job: stored.clone(),
                 entry: Some(entry),
+                result: None,
             };
             block(store, move |b| b.claim(&[claim])).expect("claim");
             let applied = block(store, move |b| b.complete(&[end])).expect("complete");

@@ -1,0 +1,6 @@
+//! Results and priority (`results.rs`) with qd on PostgreSQL: the same tests, run
+//! against a fresh database of the run's throw-away cluster (`common::on_postgres`
+//! picks the backend from this binary's name).
+
+#[path = "results.rs"]
+mod results;
