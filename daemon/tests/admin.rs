@@ -662,6 +662,8 @@ fn every_json_output_parses_with_stable_field_sets() {
         "history",
         "history_elided",
         "history_elided_at",
+        "priority_ms",
+        "result_bytes",
     ]);
     assert_keys(&detail, &job_keys);
 
