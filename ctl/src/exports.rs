@@ -30,21 +30,31 @@ pub fn payload(
     let Response::Payload(p) = &resp else {
         return Err(unexpected(&resp, "jobs_payload"));
     };
+    let b64 = p.payload_b64.clone();
+    write_bytes(&resp, b64, "payload", output.as_deref(), json)
+}
+
+/// Writes bytes qd sent in base64 to `output` (created 0600) or stdout; with
+/// `json` and no file, the protocol answer `resp` instead.
+fn write_bytes(
+    resp: &Response,
+    b64: String,
+    what: &str,
+    output: Option<&Path>,
+    json: bool,
+) -> Result<(), CliError> {
     let bytes = if json && output.is_none() {
-        let mut text = serde_json::to_vec_pretty(&resp)
+        let mut text = serde_json::to_vec_pretty(resp)
             .map_err(|e| CliError::Protocol(format!("cannot print JSON: {e}")))?;
         text.push(b'\n');
         text
     } else {
-        Payload::Base64(p.payload_b64.clone())
+        Payload::Base64(b64)
             .into_bytes()
-            .map_err(|e| CliError::Protocol(format!("qd sent a bad payload: {e}")))?
+            .map_err(|e| CliError::Protocol(format!("qd sent a bad {what}: {e}")))?
     };
-    let mut out = sink(output.as_deref())?;
-    finish(
-        out.write_all(&bytes).and_then(|()| out.flush()),
-        output.as_deref(),
-    )
+    let mut out = sink(output)?;
+    finish(out.write_all(&bytes).and_then(|()| out.flush()), output)
 }
 
 /// `qctl jobs result ID [--output FILE]`: the result bytes, unchanged; with `json`
@@ -58,38 +68,12 @@ pub fn result(
     json: bool,
     connect: impl FnOnce() -> Result<Client, CliError>,
 ) -> Result<(), CliError> {
-    use std::os::unix::fs::OpenOptionsExt;
     let resp = connect()?.call(Request::JobsResult { id })?;
     let Response::JobResult(r) = &resp else {
         return Err(unexpected(&resp, "jobs_result"));
     };
-    let bytes = if json && output.is_none() {
-        let mut text = serde_json::to_vec_pretty(&resp)
-            .map_err(|e| CliError::Protocol(format!("cannot print JSON: {e}")))?;
-        text.push(b'\n');
-        text
-    } else {
-        Payload::Base64(r.result_b64.clone())
-            .into_bytes()
-            .map_err(|e| CliError::Protocol(format!("qd sent a bad result: {e}")))?
-    };
-    let mut out: Box<dyn Write> = match output.as_deref() {
-        Some(path) => {
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(path)
-                .map_err(|e| CliError::Usage(format!("cannot create {}: {e}", path.display())))?;
-            Box::new(BufWriter::new(file))
-        }
-        None => sink(None)?,
-    };
-    finish(
-        out.write_all(&bytes).and_then(|()| out.flush()),
-        output.as_deref(),
-    )
+    let b64 = r.result_b64.clone();
+    write_bytes(&resp, b64, "result", output.as_deref(), json)
 }
 
 /// `qctl dlq export [filters] [--output FILE]`: every matching dead job as one JSON
