@@ -63,8 +63,12 @@ def shot(name):
 
 
 def ready():
-    cells = d.find_elements(By.CSS_SELECTOR, 'tr[data-queue="ext"] td.ready')
-    return int(cells[0].text) if cells else -1
+    # Read in one script call: live mode replaces the table's rows, so an element
+    # found in one WebDriver call may be gone by the next (stale reference).
+    return d.execute_script(
+        "const c = document.querySelector('tr[data-queue=\"ext\"] td.ready');"
+        "return c ? parseInt(c.textContent, 10) : -1;"
+    )
 
 
 try:
