@@ -110,6 +110,11 @@
 //! qd_jobs.priority_ms bigint NOT NULL DEFAULT 0
 //!   INDEX (queue, (ready_at - priority_ms), id) WHERE state IN ('ready', 'delayed')
 //!                                   -- claim_next, claimable: the priority order
+//! -- DEPENDENCIES: job dependencies (`after`, see `store/postgres/deps.rs`)
+//! qd_jobs.state also in (waiting blocked)  -- counted toward max_depth, never claimed
+//! qd_jobs.after_policy text NULL, deps_unmet, deps_broken integer  -- a child's counters
+//! qd_job_edges(parent uuid, child uuid, state text in (open met broken))
+//!   PK (parent, child), INDEX (child)
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -152,6 +157,7 @@ const MIGRATIONS: &[&str] = &[
     SQS_QUEUES,
     RESULTS,
     PRIORITY,
+    DEPENDENCIES,
 ];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
@@ -341,6 +347,58 @@ CREATE INDEX qd_jobs_claim_order ON qd_jobs (queue, (ready_at - priority_ms), id
 const RESULTS: &str = r#"
 ALTER TABLE qd_jobs ADD COLUMN result bytea;
 "#;
+
+/// Job dependencies (`deps.rs`, `store/postgres/deps.rs`): the states `waiting`
+/// and `blocked`, each child's policy and counters of unmet and broken edges, the
+/// edges themselves (`qd_job_edges`, the same meaning as SQLite's `job_edges`) with
+/// an index by child, and the depth triggers counting waiting and blocked jobs
+/// toward `max_depth` (no stored row is waiting or blocked yet: nothing to recount).
+/// Claims keep taking only ready and delayed rows.
+const DEPENDENCIES: &str = r#"
+ALTER TABLE qd_jobs DROP CONSTRAINT qd_jobs_state_check;
+ALTER TABLE qd_jobs ADD CONSTRAINT qd_jobs_state_check CHECK (state IN
+    ('delayed', 'ready', 'succeeded', 'dead', 'cancelled', 'waiting', 'blocked'));
+ALTER TABLE qd_jobs ADD COLUMN after_policy text COLLATE "C",
+    ADD COLUMN deps_unmet integer NOT NULL DEFAULT 0 CHECK (deps_unmet >= 0),
+    ADD COLUMN deps_broken integer NOT NULL DEFAULT 0 CHECK (deps_broken >= 0);
+CREATE TABLE qd_job_edges (
+    parent uuid NOT NULL,
+    child  uuid NOT NULL,
+    state  text COLLATE "C" NOT NULL CHECK (state IN ('open', 'met', 'broken')),
+    PRIMARY KEY (parent, child)
+) WITH (autovacuum_vacuum_scale_factor = 0.02);
+CREATE INDEX qd_job_edges_child ON qd_job_edges (child);
+CREATE OR REPLACE FUNCTION qd_count_depths() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO qd_queue_depths AS d (queue, shard, depth)
+        SELECT n.queue, COALESCE(current_setting('qd.node', true), ''), count(*)
+        FROM qd_new_rows n WHERE n.state IN ('ready', 'delayed', 'waiting', 'blocked')
+        GROUP BY n.queue
+        ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO qd_queue_depths AS d (queue, shard, depth)
+        SELECT x.queue, COALESCE(current_setting('qd.node', true), ''), sum(x.delta)
+        FROM (SELECT n.queue, 1 AS delta FROM qd_new_rows n
+                WHERE n.state IN ('ready', 'delayed', 'waiting', 'blocked')
+              UNION ALL
+              SELECT o.queue, -1 FROM qd_old_rows o
+                WHERE o.state IN ('ready', 'delayed', 'waiting', 'blocked')) x
+        GROUP BY x.queue HAVING sum(x.delta) <> 0
+        ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
+    ELSE
+        INSERT INTO qd_queue_depths AS d (queue, shard, depth)
+        SELECT o.queue, COALESCE(current_setting('qd.node', true), ''), -count(*)
+        FROM qd_old_rows o WHERE o.state IN ('ready', 'delayed', 'waiting', 'blocked')
+        GROUP BY o.queue
+        ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
+    END IF;
+    RETURN NULL;
+END
+$f$;
+"#;
+
+mod deps;
 
 /// The seed of a queue's depth lock key (`hashtextextended(queue, DEPTH_LOCK_SEED)`,
 /// "qddepth" in ASCII), taken by every enqueue to the queue until its transaction
@@ -1110,7 +1168,8 @@ impl PgBackend {
                     "WITH gone AS (DELETE FROM qd_jobs WHERE id = ANY($1) \
                        AND state = ANY($2::text[]) RETURNING id), \
                      p AS (DELETE FROM qd_payloads WHERE job_id IN (SELECT id FROM gone)), \
-                     h AS (DELETE FROM qd_history WHERE job_id IN (SELECT id FROM gone)) \
+                     h AS (DELETE FROM qd_history WHERE job_id IN (SELECT id FROM gone)), \
+                     e AS (DELETE FROM qd_job_edges WHERE child IN (SELECT id FROM gone)) \
                      SELECT id FROM gone",
                 )
                 .await?;
@@ -1235,29 +1294,34 @@ fn counter(value: i64, column: &str, target: &str) -> Result<u32, StoreError> {
 }
 
 fn job_from_row(r: &Row, target: &str) -> Result<Job, StoreError> {
-    let state: String = r.get(4);
-    let lease_seq: i64 = r.get(8);
+    job_from_row_offset(r, 0, target)
+}
+
+/// [`job_from_row`] for a row whose [`JOB_COLUMNS`] start at column `at`.
+fn job_from_row_offset(r: &Row, at: usize, target: &str) -> Result<Job, StoreError> {
+    let state: String = r.get(at + 4);
+    let lease_seq: i64 = r.get(at + 8);
     Ok(Job {
-        id: JobId(r.get(0)),
-        queue: Arc::from(r.get::<_, &str>(1)),
-        tenant: Arc::from(r.get::<_, &str>(2)),
-        idempotency_key: r.get(3),
+        id: JobId(r.get(at)),
+        queue: Arc::from(r.get::<_, &str>(at + 1)),
+        tenant: Arc::from(r.get::<_, &str>(at + 2)),
+        idempotency_key: r.get(at + 3),
         state: state
             .parse()
             .map_err(|e: String| StoreError::Corrupt(format!("{target}: {e}")))?,
-        attempts: counter(r.get(5), "attempts", target)?,
-        budget_start: counter(r.get(6), "budget_start", target)?,
-        max_attempts: counter(r.get(7), "max_attempts", target)?,
+        attempts: counter(r.get(at + 5), "attempts", target)?,
+        budget_start: counter(r.get(at + 6), "budget_start", target)?,
+        max_attempts: counter(r.get(at + 7), "max_attempts", target)?,
         lease_seq: u64::try_from(lease_seq).map_err(|_| {
             StoreError::Corrupt(format!("{target}: lease_seq {lease_seq} out of range"))
         })?,
-        worker: r.get(9),
-        leased_at: r.get(10),
-        created_at: r.get(11),
-        ready_at: r.get(12),
-        updated_at: r.get(13),
-        last_error: r.get(14),
-        priority_ms: r.get(15),
+        worker: r.get(at + 9),
+        leased_at: r.get(at + 10),
+        created_at: r.get(at + 11),
+        ready_at: r.get(at + 12),
+        updated_at: r.get(at + 13),
+        last_error: r.get(at + 14),
+        priority_ms: r.get(at + 15),
     })
 }
 
@@ -1284,6 +1348,39 @@ const DIALECT: Dialect = Dialect {
 };
 
 impl Backend for PgBackend {
+    fn enqueue_after(
+        &mut self,
+        batch: &[NewRecord],
+        after: &[crate::deps::After],
+        all: bool,
+    ) -> Result<Vec<(Inserted, State)>, StoreError> {
+        self.enqueue_with_parents(batch, after, all)
+    }
+
+    fn move_edges(
+        &mut self,
+        changed: &[(JobId, State)],
+        now: UnixMillis,
+    ) -> Result<Vec<Job>, StoreError> {
+        self.move_edges_of(changed, now)
+    }
+
+    fn release_edges(
+        &mut self,
+        child: JobId,
+        now: UnixMillis,
+    ) -> Result<Option<super::Released>, StoreError> {
+        self.release_edges_of(child, now)
+    }
+
+    fn edges(&mut self, id: JobId) -> Result<super::Edges, StoreError> {
+        self.edges_of(id)
+    }
+
+    fn dependents(&mut self, root: JobId) -> Result<Vec<JobId>, StoreError> {
+        self.dependents_of(root)
+    }
+
     fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
         if batch.is_empty() {
             return Ok(Vec::new());
@@ -1475,7 +1572,8 @@ impl Backend for PgBackend {
     fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         self.change(
             changes,
-            "j.state IN ('ready', 'delayed', 'dead') AND j.lease_token IS NULL",
+            "j.state IN ('ready', 'delayed', 'dead', 'waiting', 'blocked') \
+             AND j.lease_token IS NULL",
         )
     }
 
@@ -1568,11 +1666,15 @@ impl Backend for PgBackend {
         let (clause, name) = scope_clause(scope, 4);
         let sql = format!(
             "WITH doomed AS (SELECT id FROM qd_jobs WHERE state = $1 AND updated_at < $2 \
-               AND {clause} ORDER BY updated_at, id LIMIT $3), \
+               AND {clause} \
+               AND NOT EXISTS (SELECT 1 FROM qd_job_edges e JOIN qd_jobs c ON c.id = e.child \
+                 WHERE e.parent = qd_jobs.id AND c.state IN ('waiting', 'blocked')) \
+               ORDER BY updated_at, id LIMIT $3), \
              gone AS (DELETE FROM qd_jobs j USING doomed WHERE j.id = doomed.id \
                AND j.state = $1 RETURNING j.id), \
              p AS (DELETE FROM qd_payloads WHERE job_id IN (SELECT id FROM gone)), \
-             h AS (DELETE FROM qd_history WHERE job_id IN (SELECT id FROM gone)) \
+             h AS (DELETE FROM qd_history WHERE job_id IN (SELECT id FROM gone)), \
+             e AS (DELETE FROM qd_job_edges WHERE child IN (SELECT id FROM gone)) \
              SELECT count(*) FROM gone"
         );
         let mut deleted = 0u64;
@@ -2235,7 +2337,8 @@ impl SharedStore for PgBackend {
                     "SELECT queue, CASE WHEN lease_token IS NOT NULL THEN 'leased' \
                        WHEN state = 'delayed' AND ready_at <= $1 THEN 'ready' ELSE state END \
                        AS shown, count(*) \
-                     FROM qd_jobs WHERE state IN ('ready', 'delayed', 'dead') GROUP BY 1, 2",
+                     FROM qd_jobs WHERE state IN ('ready', 'delayed', 'dead', 'waiting', \
+                       'blocked') GROUP BY 1, 2",
                 )
                 .await?;
             c.query(&stmt, &[&now]).await
