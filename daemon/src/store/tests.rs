@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::*;
 use crate::job::{Outcome, Token};
 
+mod dependencies_pg;
 mod model;
 mod pg;
 mod postgres;
