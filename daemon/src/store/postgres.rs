@@ -697,7 +697,17 @@ impl PgBackend {
             self.options.node,
             millis(self.options.call_timeout),
             millis(idle)
-        ))
+        ))?;
+        // A node killed mid-transaction leaves its backend holding row locks
+        // while it waits on another lock (e.g. a child's, for job dependencies),
+        // and a retried report on another node would wait for it into a deadlock:
+        // the server checks every quarter second that the client is still there
+        // and ends the statement if not (PostgreSQL 14 and later; older servers
+        // lack the setting and keep their own behaviour).
+        if let Err(err) = self.exec("SET client_connection_check_interval = 250") {
+            tracing::debug!(%err, "client_connection_check_interval not set.");
+        }
+        Ok(())
     }
 
     /// Applies the missing migrations in one transaction under the migration lock.
@@ -2088,9 +2098,15 @@ impl SharedStore for PgBackend {
         self.query_jobs(&sql, &[&uuids(ids)])
     }
 
-    /// The leader row and a limiter's bucket are locked with `SKIP LOCKED`, never
-    /// waited for: they are taken inside the writer's group commit beside other
-    /// work, and two nodes' batches must not wait on each other (a deadlock). A
+    /// The leases' deadlines are renewed on the rows no other transaction holds
+    /// (`SKIP LOCKED`): a row held elsewhere is being ended or changed by that
+    /// transaction (an ack on another node, which then waits on rows this batch
+    /// holds, e.g. a child's lock of job dependencies), and waiting for it could
+    /// close a cycle; it is renewed at the next heartbeat, four of which come
+    /// before its deadline. The leader row and a limiter's bucket are locked with
+    /// `SKIP LOCKED`, never waited for: they are taken inside the writer's group
+    /// commit beside other work, and two nodes' batches must not wait on each
+    /// other (a deadlock). A
     /// leader lease not renewed because another node's transaction held the row is
     /// renewed at the next heartbeat (it lasts five of them); meanwhile the answer is
     /// the epoch of the last heartbeat that could look (its writes stay fenced by
@@ -2108,7 +2124,9 @@ impl SharedStore for PgBackend {
                      renewed AS (\
                        UPDATE qd_jobs SET lease_deadline = \
                          GREATEST(lease_deadline, now() + $3::int8 * interval '1 millisecond') \
-                       WHERE lease_node = $1 AND lease_token IS NOT NULL \
+                       WHERE id IN (SELECT id FROM qd_jobs \
+                         WHERE lease_node = $1 AND lease_token IS NOT NULL \
+                         FOR UPDATE SKIP LOCKED) \
                          AND EXISTS (SELECT 1 FROM me) RETURNING 1) \
                      SELECT (SELECT count(*) FROM me), (SELECT count(*) FROM renewed)",
                 )
