@@ -185,6 +185,26 @@ fn long_job(dir: &std::path::Path, file: &std::path::Path) -> String {
     )
 }
 
+/// Node a (on `db_a`) takes the long job and starts its run; then node b (on
+/// `db`) starts. Answers both nodes and the job's id.
+fn start_run(
+    db_a: &Database,
+    db: &Database,
+    body: &str,
+    file: &std::path::Path,
+) -> (Qd, Qd, String) {
+    let mut a = node(db_a, "a", body);
+    a.spawn(&[]);
+    let id = a.enqueue("long", "x");
+    wait_for("node a to start the run", Duration::from_secs(60), || {
+        (!runs(file).is_empty()).then_some(())
+    });
+    let mut b = node(db, "b", body);
+    b.spawn(&[]);
+    assert_eq!(runs(file).len(), 1, "node a runs the job, not b");
+    (a, b, id)
+}
+
 /// Asserts that the first run (node a's) was stopped gracefully before it ended
 /// by itself, and that no two runs overlap.
 fn assert_runs_apart(file: &std::path::Path, a: &Qd) {
@@ -221,15 +241,7 @@ fn a_node_cut_off_from_its_database_stops_its_run_before_another_node_starts_it(
     let partition = Partition::open(&db);
     let mut db_a = db.clone();
     db_a.url = partition.url(&db);
-    let mut a = node(&db_a, "a", &body);
-    a.spawn(&[]);
-    let id = a.enqueue("long", "x");
-    wait_for("node a to start the run", Duration::from_secs(60), || {
-        (!runs(&file).is_empty()).then_some(())
-    });
-    let mut b = node(&db, "b", &body);
-    b.spawn(&[]);
-    assert_eq!(runs(&file).len(), 1, "node a runs the job, not b");
+    let (a, b, id) = start_run(&db_a, &db, &body, &file);
 
     partition.cut();
     let cut_at = Instant::now();
@@ -288,15 +300,7 @@ fn a_frozen_node_has_its_run_stopped_by_the_watchdog_before_another_node_starts_
     let work = tempfile::tempdir().expect("tempdir");
     let file = work.path().join("runs");
     let body = long_job(work.path(), &file);
-    let mut a = node(&db, "a", &body);
-    a.spawn(&[]);
-    let id = a.enqueue("long", "x");
-    wait_for("node a to start the run", Duration::from_secs(60), || {
-        (!runs(&file).is_empty()).then_some(())
-    });
-    let mut b = node(&db, "b", &body);
-    b.spawn(&[]);
-    assert_eq!(runs(&file).len(), 1, "node a runs the job, not b");
+    let (a, b, id) = start_run(&db, &db, &body, &file);
     signal(a.pid(), "STOP");
     let job = b.wait_final(&id, Duration::from_secs(120));
     signal(a.pid(), "CONT");
