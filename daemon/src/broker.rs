@@ -470,8 +470,7 @@ const LOAD_CHUNK: usize = 4096;
 /// Pieces the store may read ahead of the Broker at start-up.
 const LOAD_AHEAD: usize = 4;
 
-/// The largest retry budget a producer may ask for.
-pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
+pub use crate::config::MAX_ATTEMPTS_LIMIT;
 /// The longest idempotency key, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
 /// The longest delay a producer may ask for (HTTP API and `qctl enqueue` alike).

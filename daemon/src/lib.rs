@@ -25,6 +25,7 @@ pub mod gauges;
 pub mod job;
 pub mod limits;
 pub mod log_every;
+pub mod machine;
 pub mod metrics;
 pub mod notify;
 pub mod periodic;

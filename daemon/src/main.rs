@@ -130,7 +130,7 @@ fn main() -> ExitCode {
 /// one pass). `check-config`, `run` and a reload share it, so systemd's
 /// `ExecStartPre` catches what would stop the daemon.
 fn load(path: &std::path::Path) -> Result<Config, String> {
-    Config::load_checked(path).map_err(|errors| errors.to_string())
+    Config::load_checked(path, &qd::machine::Machine).map_err(|errors| errors.to_string())
 }
 
 fn init_logging() {

@@ -485,32 +485,7 @@ pub struct PgBackend {
     epoch: Option<u64>,
 }
 
-/// Where `config` points, for messages and logs: hosts, ports, database and user,
-/// never the password. E.g. `PostgreSQL database "qd" on /run/postgresql:5432 as "qd"`.
-pub fn describe(config: &tokio_postgres::Config) -> String {
-    let ports = config.get_ports();
-    let hosts: Vec<String> = config
-        .get_hosts()
-        .iter()
-        .enumerate()
-        .map(|(n, host)| {
-            let name = match host {
-                tokio_postgres::config::Host::Tcp(name) => name.clone(),
-                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-            };
-            let port = ports.get(n).or(ports.first()).copied().unwrap_or(5432);
-            format!("{name}:{port}")
-        })
-        .collect();
-    let hosts = if hosts.is_empty() {
-        "localhost:5432".to_owned()
-    } else {
-        hosts.join(",")
-    };
-    let user = config.get_user().unwrap_or("(no user)");
-    let dbname = config.get_dbname().unwrap_or(user);
-    format!("PostgreSQL database {dbname:?} on {hosts} as {user:?}")
-}
+pub use crate::config::describe_postgres as describe;
 
 impl PgBackend {
     /// Connects to the database `config` names, makes sure commits are durable
