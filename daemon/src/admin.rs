@@ -24,11 +24,12 @@ use crate::admin_server::{AdminHandler, AdminServer, AdminServerArgs, DEFAULT_ID
 use crate::api::JobBody;
 use crate::broker::{self, BatchError, BrokerError, BrokerMsg, EnqueueRequest};
 use crate::config::MAX_WORKERS;
+use crate::daemon::Daemon;
 use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::{JobId, State};
 use crate::scheduler::{self, SchedulerMsg};
 use crate::store::{self, JobDetail as StoredJob};
-use crate::supervisor::{Daemon, SupervisorMsg};
+use crate::supervisor::SupervisorMsg;
 use crate::worker_pool::{self, PoolMsg};
 
 /// The registered name of the admin server.

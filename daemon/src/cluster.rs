@@ -50,12 +50,13 @@ use tracing::{debug, error, info, warn};
 
 use crate::broker::{self, BrokerMsg};
 use crate::config::DatabaseConfig;
+use crate::daemon::Daemon;
 use crate::fence;
 use crate::metrics::DepthState;
 use crate::scheduler::SchedulerMsg;
 use crate::store::StoreError;
 use crate::store::postgres::NOTIFY_CHANNEL;
-use crate::supervisor::{self, Daemon, SupervisorMsg};
+use crate::supervisor::{self, SupervisorMsg};
 
 /// The registered name of the Cluster actor.
 pub const NAME: &str = "cluster";

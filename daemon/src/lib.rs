@@ -16,6 +16,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod console;
+pub mod daemon;
 pub mod data_lock;
 pub mod deps;
 pub mod dlq;

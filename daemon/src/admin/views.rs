@@ -10,11 +10,11 @@ use qd_proto::{
 
 use crate::broker::{BatchOutcome, QueueCounts};
 use crate::clock::wall_ms;
+use crate::daemon::Daemon;
 use crate::job::{Job, State};
 use crate::limits::Source;
 use crate::scheduler::SchedulerStats;
 use crate::store::JobDetail as StoredJob;
-use crate::supervisor::Daemon;
 use crate::worker_pool::PoolStats;
 
 /// The actor kinds `qctl status` reports, in tree order.

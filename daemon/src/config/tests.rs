@@ -772,7 +772,11 @@ fn cluster_keys_need_a_database_and_sane_values() {
     assert_eq!(database.node_timeout, Duration::from_secs(10));
     assert_eq!(database.poll_interval, Duration::from_secs(1));
     for (key, value, says) in [
-        ("node_name", "\"a b\"", "invalid node name \"a b\": use 1 to 64 characters"),
+        (
+            "node_name",
+            "\"a b\"",
+            "invalid node name \"a b\": use 1 to 64 characters",
+        ),
         ("node_name", "\"\"", "use 1 to 64 characters"),
         ("node_timeout", "\"500ms\"", "at least 1s"),
         ("poll_interval", "\"5ms\"", "between 10ms and 60s"),
