@@ -565,6 +565,12 @@ pub trait SharedStore {
     /// commit (the enqueue is refused as unavailable; retry).
     fn queue_depth(&mut self, queue: &str) -> Result<Option<u64>, StoreError>;
 
+    /// How many jobs of `tenant` in `queue` count against the tenant's `max_depth`
+    /// across every node (ready, delayed and leased), once no other node is
+    /// deciding an enqueue of that tenant to that queue: [`Self::queue_depth`] for
+    /// the tenant's own depth lock ([`DepthLock::Tenant`]).
+    fn tenant_depth(&mut self, queue: &str, tenant: &str) -> Result<Option<u64>, StoreError>;
+
     /// The stored records of `ids` (unknown ids are absent), a lease showing as
     /// state leased with its token: what a node reads before an operator's change
     /// of jobs another node may have changed.
@@ -649,6 +655,17 @@ pub struct TenantCap {
     /// The most of its jobs of this queue leased at once across every node (0
     /// holds them all).
     pub max: u32,
+}
+
+/// A `max_depth` lock an enqueue takes in a shared store until its transaction
+/// ends ([`SharedStore::queue_depth`], [`SharedStore::tenant_depth`]): the
+/// writer takes every such lock of a batch up front ([`Engine::lock_depths`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DepthLock {
+    /// A queue's `max_depth`.
+    Queue(String),
+    /// A tenant's `max_depth` in a queue: (queue, tenant).
+    Tenant(String, String),
 }
 
 /// Whose lease a claim takes on a shared store.
@@ -766,13 +783,13 @@ pub(crate) trait Engine: Backend {
     fn rollback(&mut self);
     /// Called once when the writer stops: checkpoint the WAL and close.
     fn shutdown(&mut self);
-    /// Takes, right after [`Engine::begin`], the `max_depth` locks of `queues`
-    /// (distinct) that operations of the batch will ask for
-    /// ([`SharedStore::queue_depth`]): all at once, in one order every node uses,
+    /// Takes, right after [`Engine::begin`], the `max_depth` locks (distinct)
+    /// that operations of the batch will ask for ([`SharedStore::queue_depth`],
+    /// [`SharedStore::tenant_depth`]): all at once, in one order every node uses,
     /// before the batch holds any other lock, so two nodes' batches wait for each
     /// other at most briefly and never in a cycle. A lock not taken here is left to
     /// the operation, which then tries it. Engines without such locks do nothing.
-    fn lock_depths(&mut self, _queues: &[&str]) -> Result<(), StoreError> {
+    fn lock_depths(&mut self, _locks: &[&DepthLock]) -> Result<(), StoreError> {
         Ok(())
     }
 }
@@ -965,6 +982,21 @@ pub enum StoreError {
         /// The queue.
         queue: String,
         /// Its depth across the cluster.
+        depth: u64,
+        /// Its limit.
+        max: u64,
+    },
+    /// An enqueue would take `tenant`'s jobs in `queue` past the tenant's
+    /// `max_depth` counted across every node of a shared store
+    /// ([`SharedStore::tenant_depth`]): nothing was written; the store itself is
+    /// fine.
+    #[error("tenant {tenant:?} is full in queue {queue:?} ({depth} jobs, max_depth {max})")]
+    TenantFull {
+        /// The queue.
+        queue: String,
+        /// The tenant.
+        tenant: String,
+        /// The tenant's depth in the queue across the cluster.
         depth: u64,
         /// Its limit.
         max: u64,
@@ -1187,19 +1219,20 @@ impl Store {
         Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
         Done: FnOnce(Result<R, StoreError>) + Send + 'static,
     {
-        self.submit_locking_depth(None, op, done);
+        self.submit_locking_depth(Vec::new(), op, done);
     }
 
-    /// [`Store::submit`] for an operation that takes `queue`'s `max_depth` lock
-    /// ([`SharedStore::queue_depth`]): the writer takes it with the batch's other
-    /// depth locks before any operation runs ([`Engine::lock_depths`]).
-    pub fn submit_locking_depth<R, Op, Done>(&self, queue: Option<String>, op: Op, done: Done)
+    /// [`Store::submit`] for an operation that takes the `max_depth` locks
+    /// `locks` ([`SharedStore::queue_depth`], [`SharedStore::tenant_depth`]): the
+    /// writer takes them with the batch's other depth locks before any operation
+    /// runs ([`Engine::lock_depths`]).
+    pub fn submit_locking_depth<R, Op, Done>(&self, locks: Vec<DepthLock>, op: Op, done: Done)
     where
         R: Send + 'static,
         Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
         Done: FnOnce(Result<R, StoreError>) + Send + 'static,
     {
-        let task: Box<dyn Task> = Box::new(OpTask::new(op, done).locking_depth(queue));
+        let task: Box<dyn Task> = Box::new(OpTask::new(op, done).locking_depth(locks));
         let rejected = {
             let sender = self
                 .shared

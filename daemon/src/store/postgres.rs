@@ -70,6 +70,9 @@
 //!   ([`SharedStore::queue_depth`]). The writer takes a batch's depth locks up
 //!   front, sorted by key, before anything else ([`Engine::lock_depths`]), so two
 //!   nodes' batches never hold one queue's lock each while wanting the other's.
+//!   A tenant's `max_depth` is the same with a counter and a lock per queue and
+//!   tenant (`postgres/tenant_depth.rs`); both kinds of lock are taken up front
+//!   in one key order.
 //!
 //! # Schema (version 6, in `qd_migrations`)
 //! ```text
@@ -110,6 +113,9 @@
 //! qd_jobs.priority_ms bigint NOT NULL DEFAULT 0
 //!   INDEX (queue, (ready_at - priority_ms), id) WHERE state IN ('ready', 'delayed')
 //!                                   -- claim_next, claimable: the priority order
+//! -- TENANT_DEPTHS: tenants' depths across the cluster
+//! qd_tenant_depths(queue, tenant, shard, depth bigint) PK (queue, tenant, shard)
+//!   -- kept by the same statement triggers as qd_queue_depths
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -133,9 +139,9 @@ use uuid::Uuid;
 
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
-    Backend, Claim, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, LeaseCheck, LeaseKind,
-    NewClaim, NewRecord, NodeInfo, Override, PruneScope, SharedStore, SqsQueueRecord, StoreError,
-    TenantCap, history, sort_counts,
+    Backend, Claim, DepthLock, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, LeaseCheck,
+    LeaseKind, NewClaim, NewRecord, NodeInfo, Override, PruneScope, SharedStore, SqsQueueRecord,
+    StoreError, TenantCap, history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
@@ -152,6 +158,7 @@ const MIGRATIONS: &[&str] = &[
     SQS_QUEUES,
     RESULTS,
     PRIORITY,
+    tenant_depth::TENANT_DEPTHS,
 ];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
@@ -375,6 +382,7 @@ CREATE TABLE qd_schedules (
 "#;
 
 mod schedules;
+mod tenant_depth;
 
 /// How often at most one queue's new jobs are announced to idle nodes
 /// (`NOTIFY qd_jobs`); jobs enqueued in between are found by the notified nodes'
@@ -1819,30 +1827,26 @@ impl Engine for PgBackend {
     /// anything else, so the waits cannot form a cycle. Given up after the wait
     /// (the savepoint undoes the locks taken), the operations try the locks
     /// themselves and answer busy as before.
-    fn lock_depths(&mut self, queues: &[&str]) -> Result<(), StoreError> {
-        let queues: Vec<&str> = queues.to_vec();
+    fn lock_depths(&mut self, locks: &[&DepthLock]) -> Result<(), StoreError> {
         self.exec(&format!(
             "SAVEPOINT depth_locks; SET LOCAL lock_timeout = {}",
             millis(DEPTH_LOCK_WAIT)
         ))?;
-        let locked = self.block_raw(async |c| {
-            let keys = c
-                .prepare_cached(&format!(
-                    "SELECT DISTINCT hashtextextended(q, {DEPTH_LOCK_SEED}) AS k \
-                     FROM unnest($1::text[]) AS q ORDER BY k"
-                ))
-                .await?;
-            let lock = c.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
-            for key in c.query(&keys, &[&queues]).await? {
-                c.execute(&lock, &[&key.get::<_, i64>(0)]).await?;
-            }
-            Ok(())
-        })?;
+        let locked = match tenant_depth::sorted_keys(self, locks)? {
+            Ok(keys) => self.block_raw(async |c| {
+                let lock = c.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
+                for key in keys {
+                    c.execute(&lock, &[&key]).await?;
+                }
+                Ok(())
+            })?,
+            Err(e) => Err(e),
+        };
         match locked {
             Ok(()) => self.exec("SET LOCAL lock_timeout = DEFAULT; RELEASE SAVEPOINT depth_locks"),
             Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                 tracing::debug!(
-                    ?queues,
+                    ?locks,
                     "Depth locks still held by another node; each enqueue tries its own."
                 );
                 self.exec("ROLLBACK TO SAVEPOINT depth_locks; RELEASE SAVEPOINT depth_locks")
@@ -2184,6 +2188,10 @@ impl SharedStore for PgBackend {
             std::thread::sleep(Duration::from_millis(2));
         }
         Ok(None)
+    }
+
+    fn tenant_depth(&mut self, queue: &str, tenant: &str) -> Result<Option<u64>, StoreError> {
+        tenant_depth::tenant_depth(self, queue, tenant)
     }
 
     fn take_tokens(

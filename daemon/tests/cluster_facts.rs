@@ -1,0 +1,147 @@
+//! Facts that hold for a cluster of qd nodes on one PostgreSQL database as a
+//! whole, not per node: a tenant's `max_depth` counts every node's jobs of that
+//! tenant, and a throttled result's pause of a rate limiter holds on every node.
+
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+
+use common::Qd;
+use common::pg::{self, Database};
+use serde_json::json;
+
+/// `[daemon]` keys of node `i`.
+fn node_keys(i: usize) -> String {
+    format!("node_name = \"node-{i}\"\nnode_timeout = \"2s\"\npoll_interval = \"200ms\"\n")
+}
+
+fn start_cluster(db: &Database, n: usize, body: &str) -> Vec<Qd> {
+    (0..n)
+        .map(|i| {
+            let mut qd = Qd::configure_node(db, &node_keys(i), body);
+            qd.spawn(&[]);
+            qd
+        })
+        .collect()
+}
+
+/// One number `psql` printed.
+fn number(db: &Database, sql: &str) -> i64 {
+    db.psql(sql)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Tenant acme has `max_depth = 100` in queues whose own limit is far away: 150
+/// enqueues of acme alternating between two nodes accept exactly 100, the rest
+/// refused `429 tenant_full` naming acme, while another tenant still gets in; then
+/// the same from two producers at once, one per node. A batch names its first item
+/// past the tenant's limit. Jobs finished on one node make room on the other.
+#[test]
+fn a_tenants_max_depth_holds_for_the_cluster_under_alternating_and_concurrent_enqueues() {
+    let Some(db) = pg::database() else { return };
+    let body = "[tenants.acme]\nmax_depth = 100\n\n\
+                [queues.ext]\nexecutor = { kind = \"external\" }\nmax_depth = 1000\n\n\
+                [queues.other]\nexecutor = { kind = \"external\" }\nmax_depth = 1000\n";
+    let nodes = Arc::new(start_cluster(&db, 2, body));
+    let mut accepted = 0;
+    for i in 0..150 {
+        let (status, answer) = nodes[i % 2].post(
+            "/v1/queues/ext/jobs",
+            &json!({"payload": format!("{i}"), "tenant": "acme"}),
+        );
+        match status {
+            202 => accepted += 1,
+            429 => {
+                assert_eq!(answer["error"]["code"], "tenant_full", "{answer}");
+                let message = answer["error"]["message"].as_str().unwrap_or_default();
+                assert!(message.contains("\"acme\""), "{answer}");
+            }
+            _ => panic!("enqueue {i}: {status} {answer}"),
+        }
+    }
+    assert_eq!(accepted, 100);
+    // The tenant is full, the queue is not: another tenant gets in on both nodes.
+    for qd in nodes.iter() {
+        let (status, answer) = qd.post(
+            "/v1/queues/ext/jobs",
+            &json!({"payload": "other tenant", "tenant": "zed"}),
+        );
+        assert_eq!(status, 202, "{answer}");
+    }
+    // A batch: zed's item fits, acme's does not; refused whole, naming acme's item.
+    let (status, answer) = nodes[1].post(
+        "/v1/queues/ext/jobs/batch",
+        &json!({"jobs": [{"payload": "z", "tenant": "zed"}, {"payload": "a", "tenant": "acme"}]}),
+    );
+    assert_eq!(status, 429, "{answer}");
+    assert_eq!(answer["error"]["code"], "tenant_full", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("at jobs[1], tenant \"acme\""), "{answer}");
+    // Two producers at once on the other queue, one per node.
+    let producers: Vec<_> = (0..2)
+        .map(|n| {
+            let nodes = nodes.clone();
+            thread::spawn(move || {
+                (0..75)
+                    .filter(|i| {
+                        let (status, answer) = nodes[n].post(
+                            "/v1/queues/other/jobs",
+                            &json!({"payload": format!("{n}.{i}"), "tenant": "acme"}),
+                        );
+                        assert!(matches!(status, 202 | 429 | 503), "{status} {answer}");
+                        status == 202
+                    })
+                    .count()
+            })
+        })
+        .collect();
+    let both: usize = producers
+        .into_iter()
+        .map(|p| p.join().expect("producer"))
+        .sum();
+    assert_eq!(both, 100, "two producers at once");
+    // The counters match the rows, for the tenant and for the queues.
+    let counted = number(
+        &db,
+        "SELECT sum(depth) FROM qd_tenant_depths WHERE queue = 'other' AND tenant = 'acme'",
+    );
+    assert_eq!(counted, 100, "the tenant's counter matches the rows");
+    for queue in ["ext", "other"] {
+        let counted = number(
+            &db,
+            &format!("SELECT sum(depth) FROM qd_queue_depths WHERE queue = '{queue}'"),
+        );
+        let rows = number(
+            &db,
+            &format!(
+                "SELECT count(*) FROM qd_jobs WHERE queue = '{queue}' \
+                 AND state IN ('ready', 'delayed')"
+            ),
+        );
+        assert_eq!(counted, rows, "queue {queue}'s counter matches its rows");
+    }
+    // Ten of acme's jobs finished through node 0 leave room for ten on node 1.
+    let mut finished = 0;
+    while finished < 10 {
+        let job = common::lease_one(&nodes[0], "ext", "w", "5s").expect("a job");
+        if job["tenant"] == "acme" {
+            finished += 1;
+        }
+        common::ack(&nodes[0], &job);
+    }
+    let more = (0..12)
+        .filter(|i| {
+            nodes[1]
+                .post(
+                    "/v1/queues/ext/jobs",
+                    &json!({"payload": format!("more {i}"), "tenant": "acme"}),
+                )
+                .0
+                == 202
+        })
+        .count();
+    assert_eq!(more, 10);
+}
