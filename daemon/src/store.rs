@@ -604,13 +604,30 @@ pub trait SharedStore {
     /// a live retune of a local bucket does; it refills at `settings.per_second` by
     /// the database's clock and holds at most `settings.burst`, or the rate when 0);
     /// answers how many were taken (0 also when another node's transaction holds the
-    /// bucket). Tokens are never given back.
+    /// bucket), or, while a pause stored by [`Self::pause_limiter`] is in force,
+    /// none and what is left of the pause. Tokens are never given back.
     fn take_tokens(
         &mut self,
         name: &str,
         want: u32,
         settings: &crate::config::RateLimiterConfig,
-    ) -> Result<u32, StoreError>;
+    ) -> Result<Tokens, StoreError>;
+
+    /// Pauses rate limiter `name` for every node: its bucket hands out no token
+    /// until `for_at_least` from now by the database's clock (a later stored end
+    /// stays), and every node is told (`NOTIFY`). Answers what is left of the
+    /// pause in force. [`StoreError::Busy`] when other nodes' refills held the
+    /// limiter's row through every try (the pause is then this node's only).
+    fn pause_limiter(
+        &mut self,
+        name: &str,
+        for_at_least: Duration,
+        settings: &crate::config::RateLimiterConfig,
+    ) -> Result<Duration, StoreError>;
+
+    /// Every rate limiter whose stored pause is in force, with what is left of it
+    /// by the database's clock.
+    fn limiter_pauses(&mut self) -> Result<Vec<(String, Duration)>, StoreError>;
 
     /// Jobs per (queue, state) for the unfinished states, across the cluster, at
     /// `now` (Unix ms): a lease counts as leased, a delayed job whose `ready_at` has
@@ -666,6 +683,15 @@ pub enum DepthLock {
     Queue(String),
     /// A tenant's `max_depth` in a queue: (queue, tenant).
     Tenant(String, String),
+}
+
+/// What [`SharedStore::take_tokens`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tokens {
+    /// Tokens taken (0 when the bucket is empty or another node holds it).
+    Taken(u32),
+    /// None: the limiter is paused for every node, for this much longer.
+    Paused(Duration),
 }
 
 /// Whose lease a claim takes on a shared store.

@@ -6,6 +6,7 @@ mod common;
 
 use std::sync::Arc;
 use std::thread;
+use std::time::{Duration, Instant};
 
 use common::Qd;
 use common::pg::{self, Database};
@@ -144,4 +145,65 @@ fn a_tenants_max_depth_holds_for_the_cluster_under_alternating_and_concurrent_en
         })
         .count();
     assert_eq!(more, 10);
+}
+
+/// Leases up to one job of `queue` on `qd`, waiting up to `wait`.
+fn lease(qd: &Qd, queue: &str, wait: &str) -> Option<serde_json::Value> {
+    let (status, body) = qd.post(
+        &format!("/v1/queues/{queue}/leases"),
+        &json!({"worker_id": "w", "max_jobs": 1, "wait": wait}),
+    );
+    assert_eq!(status, 200, "{body}");
+    body["jobs"].as_array().expect("jobs").first().cloned()
+}
+
+/// Two nodes share rate limiter api (with tokens to spare). An external worker's
+/// throttled nack on node 0 pauses leasing of api's queue on node 1 too, for the
+/// nack's `retry_after`; then both nodes lease again.
+#[test]
+fn a_throttled_nack_on_one_node_pauses_the_shared_limiter_on_every_node() {
+    const PAUSE: Duration = Duration::from_secs(5);
+    let Some(db) = pg::database() else { return };
+    let body = "[rate_limiters.api]\nper_second = 200\nburst = 50\n\n\
+                [queues.ext]\nexecutor = { kind = \"external\" }\nrate_limiter = \"api\"\n";
+    let nodes = start_cluster(&db, 2, body);
+    let batch: Vec<_> = (0..100)
+        .map(|i| json!({"payload": format!("{i}")}))
+        .collect();
+    let (status, answer) = nodes[0].post("/v1/queues/ext/jobs/batch", &json!({"jobs": batch}));
+    assert_eq!(status, 202, "{answer}");
+    // Both nodes lease before the pause (node 1 holds tokens of its own then).
+    let job = lease(&nodes[1], "ext", "10s").expect("node 1 leases before the pause");
+    common::ack(&nodes[1], &job);
+    let job = lease(&nodes[0], "ext", "10s").expect("node 0 leases before the pause");
+    let (status, answer) = nodes[0].post(
+        &format!("/v1/jobs/{}/nack", job["id"].as_str().expect("id")),
+        &json!({"token": job["token"], "kind": "throttled", "retry_after": "5s"}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let paused_at = Instant::now();
+    // The pause is the database's, and node 1 honours it once announced.
+    std::thread::sleep(Duration::from_secs(1));
+    let stored = db.psql("SELECT paused_until > now() FROM qd_rate_limiters WHERE name = 'api'");
+    assert_eq!(stored.trim(), "t", "the pause is stored with the limiter");
+    while paused_at.elapsed() < PAUSE - Duration::from_secs(1) {
+        for (n, qd) in nodes.iter().enumerate() {
+            let job = lease(qd, "ext", "200ms");
+            assert!(
+                job.is_none() || paused_at.elapsed() >= PAUSE - Duration::from_millis(300),
+                "node {n} leased {job:?} {:?} into a {PAUSE:?} pause",
+                paused_at.elapsed()
+            );
+        }
+    }
+    // Then both resume.
+    for (n, qd) in nodes.iter().enumerate() {
+        let job = lease(qd, "ext", "20s").unwrap_or_else(|| panic!("node {n} resumes"));
+        assert!(
+            paused_at.elapsed() >= PAUSE - Duration::from_millis(300),
+            "node {n} resumed after {:?}",
+            paused_at.elapsed()
+        );
+        common::ack(qd, &job);
+    }
 }

@@ -116,6 +116,8 @@
 //! -- TENANT_DEPTHS: tenants' depths across the cluster
 //! qd_tenant_depths(queue, tenant, shard, depth bigint) PK (queue, tenant, shard)
 //!   -- kept by the same statement triggers as qd_queue_depths
+//! -- LIMITER_PAUSES: a throttled result pauses a limiter on every node
+//! qd_rate_limiters.paused_until timestamptz NULL  -- the database's clock
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -141,7 +143,7 @@ use super::sql_filter::{self, Arg, Dialect};
 use super::{
     Backend, Claim, DepthLock, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, LeaseCheck,
     LeaseKind, NewClaim, NewRecord, NodeInfo, Override, PruneScope, SharedStore, SqsQueueRecord,
-    StoreError, TenantCap, history, sort_counts,
+    StoreError, TenantCap, Tokens, history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
@@ -159,6 +161,7 @@ const MIGRATIONS: &[&str] = &[
     RESULTS,
     PRIORITY,
     tenant_depth::TENANT_DEPTHS,
+    limiter_pause::LIMITER_PAUSES,
 ];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
@@ -381,6 +384,7 @@ CREATE TABLE qd_schedules (
 );
 "#;
 
+pub mod limiter_pause;
 mod schedules;
 mod tenant_depth;
 
@@ -2199,41 +2203,21 @@ impl SharedStore for PgBackend {
         name: &str,
         want: u32,
         settings: &crate::config::RateLimiterConfig,
-    ) -> Result<u32, StoreError> {
-        let rate = f64::from(settings.per_second.max(1));
-        let burst = if settings.burst == 0 {
-            rate
-        } else {
-            f64::from(settings.burst)
-        };
-        let want = f64::from(want);
-        let taken = self.block(async |c| {
-            let stmt = c
-                .prepare_cached(
-                    "INSERT INTO qd_rate_limiters (name, tokens, updated_at, per_second, burst) \
-                     VALUES ($1, $2, clock_timestamp(), $3, $2) ON CONFLICT (name) DO NOTHING",
-                )
-                .await?;
-            c.execute(&stmt, &[&name, &burst, &rate]).await?;
-            let stmt = c
-                .prepare_cached(
-                    "WITH cur AS (\
-                       SELECT CASE WHEN per_second = $4::float8 AND burst = $3::float8 \
-                         THEN LEAST($3::float8, tokens + $4::float8 * GREATEST(0, \
-                           extract(epoch FROM clock_timestamp() - updated_at)::float8)) \
-                         ELSE $3::float8 END AS avail \
-                       FROM qd_rate_limiters WHERE name = $1 FOR UPDATE SKIP LOCKED) \
-                     UPDATE qd_rate_limiters l \
-                     SET tokens = cur.avail - LEAST($2::float8, floor(cur.avail)), \
-                       updated_at = clock_timestamp(), per_second = $4, burst = $3 \
-                     FROM cur WHERE l.name = $1 \
-                     RETURNING LEAST($2::float8, floor(cur.avail))::int8",
-                )
-                .await?;
-            c.query_opt(&stmt, &[&name, &want, &burst, &rate]).await
-        })?;
-        // No row: another node's transaction holds the bucket; none this time.
-        Ok(taken.map_or(0, |row| u32::try_from(row.get::<_, i64>(0)).unwrap_or(0)))
+    ) -> Result<Tokens, StoreError> {
+        limiter_pause::take(self, name, want, settings)
+    }
+
+    fn pause_limiter(
+        &mut self,
+        name: &str,
+        for_at_least: Duration,
+        settings: &crate::config::RateLimiterConfig,
+    ) -> Result<Duration, StoreError> {
+        limiter_pause::pause(self, name, for_at_least, settings)
+    }
+
+    fn limiter_pauses(&mut self) -> Result<Vec<(String, Duration)>, StoreError> {
+        limiter_pause::pauses(self)
     }
 
     fn depths(&mut self, now: UnixMillis) -> Result<Vec<(String, State, u64)>, StoreError> {
