@@ -44,6 +44,10 @@ use crate::store::{Store, StoreError, Tokens};
 /// empty and its refill is under way.
 const REFILL_RETRY: Duration = Duration::from_millis(10);
 
+/// How much later than the last pause it stored a throttled result's pause must
+/// end for a node to store it again (see `SharedBucket::stored_pause`).
+const STORE_PAUSE_STEP: Duration = Duration::from_millis(100);
+
 /// Tokens a node takes from a shared bucket at once: a quarter of a second's
 /// worth, at least 1, at most the burst. A node asks for the next chunk when it
 /// spends the last token of one, so a round trip to the database rarely stalls it.
@@ -61,6 +65,10 @@ struct SharedBucket {
     store: Store,
     /// Tokens taken from the store and not yet spent.
     pool: Arc<AtomicU32>,
+    /// The end of the last pause this node asked the store to keep: a throttled
+    /// result that would not move it by more than [`STORE_PAUSE_STEP`] is not
+    /// stored again, so a burst of throttled results costs one write.
+    stored_pause: Arc<Mutex<Option<Instant>>>,
     /// A refill is under way.
     refilling: Arc<AtomicBool>,
     /// After a refill that got nothing: no new one before this (the time one token
@@ -120,6 +128,7 @@ impl RateLimiter {
             shared: Some(SharedBucket {
                 store,
                 pool: Arc::default(),
+                stored_pause: Arc::default(),
                 refilling: Arc::default(),
                 not_before: Arc::default(),
             }),
@@ -233,19 +242,37 @@ impl RateLimiter {
     /// pauses too: the pause is stored with the bucket (behind the scenes; until
     /// it is, other nodes may still spend tokens).
     pub fn pause(&self, for_at_least: Duration) {
-        extend_pause(&self.paused_until, Instant::now() + for_at_least);
+        let until = Instant::now() + for_at_least;
+        extend_pause(&self.paused_until, until);
         crate::metrics::limiter_throttled(&self.name);
         if let Some(shared) = &self.shared {
+            {
+                let mut stored = shared
+                    .stored_pause
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if stored.is_some_and(|s| s + STORE_PAUSE_STEP >= until) {
+                    return;
+                }
+                *stored = Some(until);
+            }
             let (name, settings) = (self.name.clone(), self.settings());
+            let stored = shared.stored_pause.clone();
             shared.store.submit(
                 move |b| {
                     b.shared()
                         .ok_or_else(|| StoreError::Other("the store is not shared".into()))?
                         .pause_limiter(&name, for_at_least, &settings)
                 },
-                |result| {
+                move |result| {
                     if let Err(err) = result {
-                        tracing::warn!(error = %err, "Storing a rate limiter's pause failed; it holds on this node only.");
+                        // The next throttled result tries again.
+                        *stored.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        static LOG: crate::log_every::Every =
+                            crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                        if let Some(left_out) = LOG.due() {
+                            tracing::warn!(error = %err, earlier_not_logged = left_out, "Storing a rate limiter's pause failed; it holds on this node only (logged at most every 10 s).");
+                        }
                     }
                 },
             );

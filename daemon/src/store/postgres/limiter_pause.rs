@@ -46,7 +46,10 @@ fn rate_and_burst(settings: &RateLimiterConfig) -> (f64, f64) {
     (rate, burst)
 }
 
-/// Creates limiter `name`'s row, full, unless it exists.
+/// Creates limiter `name`'s row, full, unless it exists. An existing row is seen
+/// in the statement's snapshot and left alone without touching its index entry,
+/// so another node's transaction holding the row is not waited for (a plain
+/// `ON CONFLICT DO NOTHING` would wait for it to end).
 async fn ensure_row(
     c: &deadpool_postgres::ClientWrapper,
     name: &str,
@@ -56,7 +59,9 @@ async fn ensure_row(
     let stmt = c
         .prepare_cached(
             "INSERT INTO qd_rate_limiters (name, tokens, updated_at, per_second, burst) \
-             VALUES ($1, $2, clock_timestamp(), $3, $2) ON CONFLICT (name) DO NOTHING",
+             SELECT $1::text, $2::float8, clock_timestamp(), $3::float8, $2::float8 \
+             WHERE NOT EXISTS (SELECT 1 FROM qd_rate_limiters WHERE name = $1) \
+             ON CONFLICT (name) DO NOTHING",
         )
         .await?;
     c.execute(&stmt, &[&name, &burst, &rate]).await.map(drop)
