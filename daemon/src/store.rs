@@ -486,6 +486,18 @@ pub trait SharedStore {
     /// other nodes enqueued, redrove or gave back.
     fn claimable(&mut self, queues: &[String], per_queue: u32) -> Result<Vec<Job>, StoreError>;
 
+    /// The oldest claimable jobs of each tenant with unfinished jobs in each of
+    /// `queues`: `per_tenant` of each, fewer when more than `most / per_tenant`
+    /// tenants share a queue (at least one each). What a node reads when
+    /// [`Self::claimable`]'s window did not hold a queue whole, so that every
+    /// backlogged tenant is seen by every node.
+    fn tenant_heads(
+        &mut self,
+        queues: &[String],
+        per_tenant: u32,
+        most: u32,
+    ) -> Result<Vec<Job>, StoreError>;
+
     /// Claims up to `next.limit` jobs of `next.queue` (of `next.tenant` only, if
     /// given) that no node holds and whose `ready_at` is at most `next.now`, oldest
     /// first, skipping rows another node is claiming at this moment (`FOR UPDATE

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -206,4 +206,76 @@ fn a_throttled_nack_on_one_node_pauses_the_shared_limiter_on_every_node() {
         );
         common::ack(qd, &job);
     }
+}
+
+/// Tenant a (weight 3) enqueues only on node 0 and tenant b (weight 1) only on
+/// node 1, after a, with a backlog larger than a node's look at the oldest jobs
+/// (1,000 per queue): node 0's look holds only a's jobs, and b's are seen there
+/// through each backlogged tenant's oldest jobs. The leases of workers on both
+/// nodes follow 3:1 within ±10%.
+#[test]
+fn weights_hold_across_nodes_with_a_backlog_larger_than_the_look_window() {
+    const PER_TENANT: usize = 1600;
+    const LEASES: usize = 400;
+    let Some(db) = pg::database() else { return };
+    let body = "[tenants.a]\nweight = 3\n\n[tenants.b]\nweight = 1\n\n\
+                [queues.ext]\nexecutor = { kind = \"external\" }\n";
+    let nodes = Arc::new(start_cluster(&db, 2, body));
+    for (n, tenant) in ["a", "b"].into_iter().enumerate() {
+        for chunk in 0..PER_TENANT / 200 {
+            let batch: Vec<_> = (0..200)
+                .map(|i| json!({"payload": format!("{tenant} {chunk}.{i}"), "tenant": tenant}))
+                .collect();
+            let (status, answer) =
+                nodes[n].post("/v1/queues/ext/jobs/batch", &json!({"jobs": batch}));
+            assert_eq!(status, 202, "{answer}");
+        }
+    }
+    // Node 0 holds its 1,600 and sees b's first jobs; node 1 holds b's 1,600 and
+    // sees a's oldest 1,000.
+    for (qd, least) in nodes.iter().zip([PER_TENANT + 1, 1000 + PER_TENANT]) {
+        common::wait_for(
+            "each node to see both tenants' jobs",
+            Duration::from_secs(60),
+            || {
+                let ready = common::metric(
+                    &qd.scrape(),
+                    "qd_queue_depth",
+                    &[("queue", "ext"), ("state", "ready")],
+                );
+                (ready >= least as f64).then_some(())
+            },
+        );
+    }
+    let tenants: Arc<Mutex<Vec<String>>> = Arc::default();
+    let consumers: Vec<_> = (0..4)
+        .map(|c| {
+            let (nodes, tenants) = (nodes.clone(), tenants.clone());
+            thread::spawn(move || {
+                let qd = &nodes[c % 2];
+                while tenants.lock().expect("lock").len() < LEASES {
+                    let Some(job) = lease(qd, "ext", "1s") else {
+                        continue;
+                    };
+                    tenants
+                        .lock()
+                        .expect("lock")
+                        .push(job["tenant"].as_str().expect("tenant").to_owned());
+                    common::ack(qd, &job);
+                }
+            })
+        })
+        .collect();
+    for c in consumers {
+        c.join().expect("consumer");
+    }
+    let tenants = tenants.lock().expect("lock").clone();
+    let a = tenants[..LEASES].iter().filter(|t| *t == "a").count();
+    let b = LEASES - a;
+    let ratio = a as f64 / b.max(1) as f64;
+    eprintln!("first {LEASES} leases: a {a}, b {b} (weights 3:1, ratio {ratio:.2})");
+    assert!(
+        (2.7..=3.3).contains(&ratio),
+        "a {a} : b {b} (ratio {ratio:.2})"
+    );
 }

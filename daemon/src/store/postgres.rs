@@ -118,6 +118,8 @@
 //!   -- kept by the same statement triggers as qd_queue_depths
 //! -- LIMITER_PAUSES: a throttled result pauses a limiter on every node
 //! qd_rate_limiters.paused_until timestamptz NULL  -- the database's clock
+//! -- TENANT_CLAIM_ORDER: each tenant's claimable jobs beyond the look's window
+//!   INDEX (queue, tenant, (ready_at - priority_ms), id) WHERE state IN ('ready', 'delayed')
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -162,6 +164,7 @@ const MIGRATIONS: &[&str] = &[
     PRIORITY,
     tenant_depth::TENANT_DEPTHS,
     limiter_pause::LIMITER_PAUSES,
+    tenant_heads::TENANT_CLAIM_ORDER,
 ];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
@@ -387,6 +390,7 @@ CREATE TABLE qd_schedules (
 pub mod limiter_pause;
 mod schedules;
 mod tenant_depth;
+mod tenant_heads;
 
 /// How often at most one queue's new jobs are announced to idle nodes
 /// (`NOTIFY qd_jobs`); jobs enqueued in between are found by the notified nodes'
@@ -2192,6 +2196,15 @@ impl SharedStore for PgBackend {
             std::thread::sleep(Duration::from_millis(2));
         }
         Ok(None)
+    }
+
+    fn tenant_heads(
+        &mut self,
+        queues: &[String],
+        per_tenant: u32,
+        most: u32,
+    ) -> Result<Vec<Job>, StoreError> {
+        tenant_heads::heads(self, queues, per_tenant, most)
     }
 
     fn tenant_depth(&mut self, queue: &str, tenant: &str) -> Result<Option<u64>, StoreError> {

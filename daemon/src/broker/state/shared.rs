@@ -8,6 +8,9 @@
 //!   the Broker itself after a look that found something or a lost claim). A look
 //!   that read a queue whole also drops the waiting jobs it no longer offers: other
 //!   nodes leased, finished, cancelled or purged them.
+//!   A queue whose backlog the look did not read whole is read again per tenant
+//!   (the oldest few jobs of each backlogged tenant), so every node sees every
+//!   backlogged tenant and weighted fairness holds across nodes.
 //! - **Claiming**: a lease is a conditional claim in the store; one that does not
 //!   apply (another node took the job or changed it) drops the job from memory, and
 //!   the lessee gets the next unclaimed job of the same tenant instead, if any
@@ -58,6 +61,12 @@ use crate::store::{Backend, Claim, DepthLock, LeaseKind, NewClaim, StoreError, T
 
 /// Claimable jobs a look at the store reads per queue, oldest first.
 const REFRESH_WINDOW: u32 = 1000;
+
+/// Claimable jobs a look reads of each backlogged tenant of a queue whose oldest
+/// [`REFRESH_WINDOW`] did not hold it whole (fewer each when more tenants share
+/// [`REFRESH_WINDOW`], at least one), so that a tenant whose jobs are all newer
+/// than the window is still seen here and served at its weight.
+const TENANT_HEADS: u32 = 100;
 
 /// Expired leases the leader ends per sweep.
 const SWEEP_BATCH: u32 = 500;
@@ -393,9 +402,25 @@ impl BrokerState {
         let queues: Vec<String> = self.config.queues.keys().cloned().collect();
         self.write(
             move |b| {
-                b.shared()
-                    .ok_or_else(not_shared)?
-                    .claimable(&queues, REFRESH_WINDOW)
+                let shared = b.shared().ok_or_else(not_shared)?;
+                let mut jobs = shared.claimable(&queues, REFRESH_WINDOW)?;
+                let mut read: HashMap<&str, usize> = HashMap::new();
+                for job in &jobs {
+                    *read.entry(&*job.queue).or_default() += 1;
+                }
+                let cut: Vec<String> = queues
+                    .iter()
+                    .filter(|q| {
+                        read.get(q.as_str()).copied().unwrap_or(0) >= REFRESH_WINDOW as usize
+                    })
+                    .cloned()
+                    .collect();
+                if !cut.is_empty() {
+                    let seen: HashSet<JobId> = jobs.iter().map(|j| j.id).collect();
+                    let heads = shared.tenant_heads(&cut, TENANT_HEADS, REFRESH_WINDOW)?;
+                    jobs.extend(heads.into_iter().filter(|j| !seen.contains(&j.id)));
+                }
+                Ok(jobs)
             },
             move |result, back| {
                 back(BrokerMsg::Refreshed(result));

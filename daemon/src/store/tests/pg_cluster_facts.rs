@@ -182,3 +182,43 @@ fn a_stored_limiter_pause_refuses_every_nodes_refill_until_it_ends() {
     a.rollback();
     b.commit().expect("commit b");
 }
+
+/// Each backlogged tenant's oldest claimable jobs, in claim order, without the
+/// leased ones; many tenants share the total, at least one job each.
+#[test]
+fn tenant_heads_show_every_backlogged_tenants_oldest_claimable_jobs() {
+    let Some(db) = database() else { return };
+    let mut a = PgBackend::open(&config(&db.url), &node("a")).expect("open");
+    let mut jobs: Vec<Job> = (1..=5).map(|n| of(n, "acme")).collect();
+    jobs.extend((6..=8).map(|n| of(n, "bee")));
+    jobs.push(of(9, "cat"));
+    a.begin().expect("begin");
+    a.enqueue(&NewRecord::batch(jobs.clone(), b"p"))
+        .expect("enqueue");
+    a.claim_capped_as(
+        &[leased(&jobs[5], 1)],
+        Duration::from_secs(60),
+        &[],
+        LeaseKind::External,
+    )
+    .expect("claim bee's oldest");
+    a.commit().expect("commit");
+    let ids = |heads: Vec<Job>| -> Vec<u128> {
+        let mut ids: Vec<u128> = heads.iter().map(|j| j.id.0.as_u128()).collect();
+        ids.sort_unstable();
+        ids
+    };
+    a.begin().expect("begin");
+    let queues = ["q".to_owned()];
+    assert_eq!(
+        a.tenant_heads(&queues, 2, 100).map(ids),
+        Ok(vec![1, 2, 7, 8, 9]),
+        "two of each, the lease left out"
+    );
+    assert_eq!(
+        a.tenant_heads(&queues, 2, 2).map(ids),
+        Ok(vec![1, 7, 9]),
+        "three tenants share two: one each"
+    );
+    a.commit().expect("commit");
+}
