@@ -279,3 +279,31 @@ fn weights_hold_across_nodes_with_a_backlog_larger_than_the_look_window() {
         "a {a} : b {b} (ratio {ratio:.2})"
     );
 }
+
+/// A schedule's ticks on PostgreSQL are checked against the queue's and the
+/// tenant's `max_depth` in the database, as an enqueue is: once the queue or the
+/// tenant holds its 2 jobs, the next ticks are missed and nothing more is stored.
+#[test]
+fn a_schedules_ticks_stop_at_max_depth_on_postgres() {
+    let Some(db) = pg::database() else { return };
+    let body = "[tenants.acme]\nmax_depth = 2\n\n\
+                [queues.ext]\nexecutor = { kind = \"external\" }\n\n\
+                [queues.small]\nexecutor = { kind = \"external\" }\nmax_depth = 2\n\n\
+                [schedules.acme]\nqueue = \"ext\"\nevery = \"1s\"\ntenant = \"acme\"\n\n\
+                [schedules.small]\nqueue = \"small\"\nevery = \"1s\"\n";
+    let nodes = start_cluster(&db, 1, body);
+    for schedule in ["acme", "small"] {
+        common::wait_for("two missed ticks", Duration::from_secs(60), || {
+            let missed = common::metric(
+                &nodes[0].scrape(),
+                "qd_schedule_fires_total",
+                &[("schedule", schedule), ("result", "missed")],
+            );
+            (missed >= 2.0).then_some(())
+        });
+    }
+    let stored = number(&db, "SELECT count(*) FROM qd_jobs WHERE tenant = 'acme'");
+    assert_eq!(stored, 2, "ticks past the tenant's max_depth store nothing");
+    let stored = number(&db, "SELECT count(*) FROM qd_jobs WHERE queue = 'small'");
+    assert_eq!(stored, 2, "ticks past the queue's max_depth store nothing");
+}
