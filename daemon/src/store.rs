@@ -486,6 +486,18 @@ pub trait SharedStore {
     /// other nodes enqueued, redrove or gave back.
     fn claimable(&mut self, queues: &[String], per_queue: u32) -> Result<Vec<Job>, StoreError>;
 
+    /// The oldest claimable jobs of each tenant with unfinished jobs in each of
+    /// `queues`: `per_tenant` of each, fewer when more than `most / per_tenant`
+    /// tenants share a queue (at least one each). What a node reads when
+    /// [`Self::claimable`]'s window did not hold a queue whole, so that every
+    /// backlogged tenant is seen by every node.
+    fn tenant_heads(
+        &mut self,
+        queues: &[String],
+        per_tenant: u32,
+        most: u32,
+    ) -> Result<Vec<Job>, StoreError>;
+
     /// Claims up to `next.limit` jobs of `next.queue` (of `next.tenant` only, if
     /// given) that no node holds and whose `ready_at` is at most `next.now`, oldest
     /// first, skipping rows another node is claiming at this moment (`FOR UPDATE
@@ -565,6 +577,12 @@ pub trait SharedStore {
     /// commit (the enqueue is refused as unavailable; retry).
     fn queue_depth(&mut self, queue: &str) -> Result<Option<u64>, StoreError>;
 
+    /// How many jobs of `tenant` in `queue` count against the tenant's `max_depth`
+    /// across every node (ready, delayed and leased), once no other node is
+    /// deciding an enqueue of that tenant to that queue: [`Self::queue_depth`] for
+    /// the tenant's own depth lock ([`DepthLock::Tenant`]).
+    fn tenant_depth(&mut self, queue: &str, tenant: &str) -> Result<Option<u64>, StoreError>;
+
     /// The stored records of `ids` (unknown ids are absent), a lease showing as
     /// state leased with its token: what a node reads before an operator's change
     /// of jobs another node may have changed.
@@ -598,13 +616,30 @@ pub trait SharedStore {
     /// a live retune of a local bucket does; it refills at `settings.per_second` by
     /// the database's clock and holds at most `settings.burst`, or the rate when 0);
     /// answers how many were taken (0 also when another node's transaction holds the
-    /// bucket). Tokens are never given back.
+    /// bucket), or, while a pause stored by [`Self::pause_limiter`] is in force,
+    /// none and what is left of the pause. Tokens are never given back.
     fn take_tokens(
         &mut self,
         name: &str,
         want: u32,
         settings: &crate::config::RateLimiterConfig,
-    ) -> Result<u32, StoreError>;
+    ) -> Result<Tokens, StoreError>;
+
+    /// Pauses rate limiter `name` for every node: its bucket hands out no token
+    /// until `for_at_least` from now by the database's clock (a later stored end
+    /// stays), and every node is told (`NOTIFY`). Answers what is left of the
+    /// pause in force. [`StoreError::Busy`] when other nodes' refills held the
+    /// limiter's row through every try (the pause is then this node's only).
+    fn pause_limiter(
+        &mut self,
+        name: &str,
+        for_at_least: Duration,
+        settings: &crate::config::RateLimiterConfig,
+    ) -> Result<Duration, StoreError>;
+
+    /// Every rate limiter whose stored pause is in force, with what is left of it
+    /// by the database's clock.
+    fn limiter_pauses(&mut self) -> Result<Vec<(String, Duration)>, StoreError>;
 
     /// Jobs per (queue, state) for the unfinished states, across the cluster, at
     /// `now` (Unix ms): a lease counts as leased, a delayed job whose `ready_at` has
@@ -649,6 +684,26 @@ pub struct TenantCap {
     /// The most of its jobs of this queue leased at once across every node (0
     /// holds them all).
     pub max: u32,
+}
+
+/// A `max_depth` lock an enqueue takes in a shared store until its transaction
+/// ends ([`SharedStore::queue_depth`], [`SharedStore::tenant_depth`]): the
+/// writer takes every such lock of a batch up front ([`Engine::lock_depths`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DepthLock {
+    /// A queue's `max_depth`.
+    Queue(String),
+    /// A tenant's `max_depth` in a queue: (queue, tenant).
+    Tenant(String, String),
+}
+
+/// What [`SharedStore::take_tokens`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tokens {
+    /// Tokens taken (0 when the bucket is empty or another node holds it).
+    Taken(u32),
+    /// None: the limiter is paused for every node, for this much longer.
+    Paused(Duration),
 }
 
 /// Whose lease a claim takes on a shared store.
@@ -766,13 +821,13 @@ pub(crate) trait Engine: Backend {
     fn rollback(&mut self);
     /// Called once when the writer stops: checkpoint the WAL and close.
     fn shutdown(&mut self);
-    /// Takes, right after [`Engine::begin`], the `max_depth` locks of `queues`
-    /// (distinct) that operations of the batch will ask for
-    /// ([`SharedStore::queue_depth`]): all at once, in one order every node uses,
+    /// Takes, right after [`Engine::begin`], the `max_depth` locks (distinct)
+    /// that operations of the batch will ask for ([`SharedStore::queue_depth`],
+    /// [`SharedStore::tenant_depth`]): all at once, in one order every node uses,
     /// before the batch holds any other lock, so two nodes' batches wait for each
     /// other at most briefly and never in a cycle. A lock not taken here is left to
     /// the operation, which then tries it. Engines without such locks do nothing.
-    fn lock_depths(&mut self, _queues: &[&str]) -> Result<(), StoreError> {
+    fn lock_depths(&mut self, _locks: &[&DepthLock]) -> Result<(), StoreError> {
         Ok(())
     }
 }
@@ -965,6 +1020,21 @@ pub enum StoreError {
         /// The queue.
         queue: String,
         /// Its depth across the cluster.
+        depth: u64,
+        /// Its limit.
+        max: u64,
+    },
+    /// An enqueue would take `tenant`'s jobs in `queue` past the tenant's
+    /// `max_depth` counted across every node of a shared store
+    /// ([`SharedStore::tenant_depth`]): nothing was written; the store itself is
+    /// fine.
+    #[error("tenant {tenant:?} is full in queue {queue:?} ({depth} jobs, max_depth {max})")]
+    TenantFull {
+        /// The queue.
+        queue: String,
+        /// The tenant.
+        tenant: String,
+        /// The tenant's depth in the queue across the cluster.
         depth: u64,
         /// Its limit.
         max: u64,
@@ -1187,19 +1257,20 @@ impl Store {
         Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
         Done: FnOnce(Result<R, StoreError>) + Send + 'static,
     {
-        self.submit_locking_depth(None, op, done);
+        self.submit_locking_depth(Vec::new(), op, done);
     }
 
-    /// [`Store::submit`] for an operation that takes `queue`'s `max_depth` lock
-    /// ([`SharedStore::queue_depth`]): the writer takes it with the batch's other
-    /// depth locks before any operation runs ([`Engine::lock_depths`]).
-    pub fn submit_locking_depth<R, Op, Done>(&self, queue: Option<String>, op: Op, done: Done)
+    /// [`Store::submit`] for an operation that takes the `max_depth` locks
+    /// `locks` ([`SharedStore::queue_depth`], [`SharedStore::tenant_depth`]): the
+    /// writer takes them with the batch's other depth locks before any operation
+    /// runs ([`Engine::lock_depths`]).
+    pub fn submit_locking_depth<R, Op, Done>(&self, locks: Vec<DepthLock>, op: Op, done: Done)
     where
         R: Send + 'static,
         Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
         Done: FnOnce(Result<R, StoreError>) + Send + 'static,
     {
-        let task: Box<dyn Task> = Box::new(OpTask::new(op, done).locking_depth(queue));
+        let task: Box<dyn Task> = Box::new(OpTask::new(op, done).locking_depth(locks));
         let rejected = {
             let sender = self
                 .shared

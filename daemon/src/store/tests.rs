@@ -13,6 +13,7 @@ use crate::job::{Outcome, Token};
 
 mod model;
 mod pg;
+mod pg_cluster_facts;
 mod postgres;
 mod schedules;
 mod upkeep;
