@@ -6,7 +6,8 @@
 //! queue (kept with their history, `qctl dlq list`); a move task from a
 //! dead-letter queue's ARN is qd's redrive (through the Dlq actor) of the dead
 //! jobs of every queue whose `RedrivePolicy` names it, each back to its own queue
-//! with a fresh attempt budget. Tasks are kept in memory (the last
+//! with a fresh attempt budget; one in flight through the dead-letter queue
+//! (`dead.rs`) stays. Tasks are kept in memory (the last
 //! [`KEPT_PER_SOURCE`] per source queue) for ListMessageMoveTasks.
 
 use std::collections::HashMap;
@@ -16,6 +17,7 @@ use ractor::ActorRef;
 use serde_json::{Map, Value, json};
 use tracing::info;
 
+use super::dead::{DeadLeases, dead_ids};
 use super::error::{ErrorKind, SqsError};
 use super::params::{opt_int, opt_str, req_str};
 use super::queues::dead_letter_sources;
@@ -23,6 +25,7 @@ use super::{BROKER_TIMEOUT, Ctx};
 use crate::api::auth::Role;
 use crate::broker::{self, BrokerMsg};
 use crate::dlq::{self, DlqMsg, Selection};
+use crate::store::Store;
 
 /// Tasks ListMessageMoveTasks can show per source queue (SQS shows the last 10).
 const KEPT_PER_SOURCE: usize = 10;
@@ -110,7 +113,8 @@ pub async fn start(ctx: &Ctx) -> Result<Value, SqsError> {
             ));
         }
     }
-    let to_move = dead_count(&sources).await?;
+    let in_flight = ctx.state.dead.in_flight(&dlq_name, crate::clock::wall_ms());
+    let to_move = dead_count(&sources).await?.saturating_sub(in_flight);
     let handle = uuid::Uuid::now_v7().to_string();
     let task = Task {
         handle: handle.clone(),
@@ -131,7 +135,9 @@ pub async fn start(ctx: &Ctx) -> Result<Value, SqsError> {
             list.remove(0);
         }
     }
-    tokio::spawn(run(tasks, source_arn, handle.clone(), sources));
+    let dead = ctx.state.dead.clone();
+    let store = ctx.args.store.clone();
+    tokio::spawn(run(tasks, dead, store, source_arn, handle.clone(), sources));
     Ok(json!({ "TaskHandle": handle }))
 }
 
@@ -145,8 +151,17 @@ async fn dead_count(queues: &[String]) -> Result<u64, SqsError> {
         .sum())
 }
 
-/// Redrives each source queue's dead jobs in turn, until done or cancelled.
-async fn run(tasks: Arc<MoveTasks>, source_arn: String, handle: String, sources: Vec<String>) {
+/// Redrives each source queue's dead jobs in turn, until done or cancelled; a
+/// dead job in flight through the dead-letter queue (received and neither deleted
+/// nor visible again) stays, as SQS moves only visible messages.
+async fn run(
+    tasks: Arc<MoveTasks>,
+    dead: Arc<DeadLeases>,
+    store: Store,
+    source_arn: String,
+    handle: String,
+    sources: Vec<String>,
+) {
     let by = "sqs StartMessageMoveTask".to_string();
     for queue in sources {
         let cancelling = {
@@ -159,8 +174,26 @@ async fn run(tasks: Arc<MoveTasks>, source_arn: String, handle: String, sources:
             tasks.update(&source_arn, &handle, |t| t.status = "CANCELLED");
             return;
         }
+        let ids = match dead_ids(&store, &queue).await {
+            Ok((ids, _)) => {
+                let now = crate::clock::wall_ms();
+                ids.into_iter()
+                    .filter(|id| !dead.is_in_flight(*id, now))
+                    .collect::<Vec<_>>()
+            }
+            Err(err) => {
+                tasks.update(&source_arn, &handle, |t| {
+                    t.status = "FAILED";
+                    t.failure = Some(err.message);
+                });
+                return;
+            }
+        };
+        if ids.is_empty() {
+            continue;
+        }
         let selection = Selection {
-            queue: Some(queue.clone()),
+            ids,
             ..Selection::default()
         };
         let outcome = match ActorRef::<DlqMsg>::where_is(dlq::NAME) {
@@ -172,7 +205,10 @@ async fn run(tasks: Arc<MoveTasks>, source_arn: String, handle: String, sources:
                 )
                 .await
             {
-                Ok(ractor::rpc::CallResult::Success(Ok(outcome))) => Ok(outcome.moved.len()),
+                Ok(ractor::rpc::CallResult::Success(Ok(outcome))) => {
+                    dead.forget(&outcome.moved);
+                    Ok(outcome.moved.len())
+                }
                 Ok(ractor::rpc::CallResult::Success(Err(e))) => Err(e.to_string()),
                 _ => Err("the Dlq actor did not answer".to_string()),
             },
