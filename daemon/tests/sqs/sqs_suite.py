@@ -689,6 +689,45 @@ class CreatedQueues(unittest.TestCase):
         self.assertEqual(got[0]["MessageId"], sent)
         self.assertLess(time.time() - started, 19, "answered when it died, not at the end of the poll")
 
+    def wait_task(self, dlq_arn):
+        deadline = time.time() + 60
+        while True:
+            task = self.sqs.list_message_move_tasks(SourceArn=dlq_arn)["Results"][0]
+            if task["Status"] not in ("RUNNING", "CANCELLING") or time.time() > deadline:
+                return task
+            time.sleep(0.1)
+
+    def test_a_paced_move_task_moves_so_many_a_second_and_stops_when_cancelled(self):
+        dlq_name, src_name = self.name("dlq"), self.name("src")
+        dlq = self.sqs.create_queue(QueueName=dlq_name)["QueueUrl"]
+        policy = json.dumps({"deadLetterTargetArn": self.arn(dlq_name), "maxReceiveCount": "1"})
+        src = self.sqs.create_queue(QueueName=src_name, Attributes={"RedrivePolicy": policy})["QueueUrl"]
+        self.kill_into_dlq(src, dlq, [f"m{i}" for i in range(5)])
+        # One a second: a cancel right after the start stops it before the fifth.
+        handle = self.sqs.start_message_move_task(SourceArn=self.arn(dlq_name), MaxNumberOfMessagesPerSecond=1)["TaskHandle"]
+        self.sqs.cancel_message_move_task(TaskHandle=handle)
+        task = self.wait_task(self.arn(dlq_name))
+        self.assertEqual(task["Status"], "CANCELLED")
+        self.assertEqual(task["MaxNumberOfMessagesPerSecond"], 1)
+        moved = task["ApproximateNumberOfMessagesMoved"]
+        self.assertLess(moved, 5)
+        left = 5 - moved
+        self.assertEqual(self.attrs(dlq)["ApproximateNumberOfMessages"], str(left))
+        # Two a second: the rest take at least ceil(left / 2) - 1 seconds.
+        started = time.time()
+        self.sqs.start_message_move_task(SourceArn=self.arn(dlq_name), MaxNumberOfMessagesPerSecond=2)
+        task = self.wait_task(self.arn(dlq_name))
+        took = time.time() - started
+        self.assertEqual(task["Status"], "COMPLETED")
+        self.assertEqual(task["ApproximateNumberOfMessagesMoved"], left)
+        self.assertGreaterEqual(took, (left + 1) // 2 - 1 - 0.05, task)
+        self.assertEqual(self.attrs(dlq)["ApproximateNumberOfMessages"], "0")
+        self.assertEqual(self.attrs(src)["ApproximateNumberOfMessages"], "5")
+        with self.assertRaises(Exception) as ctx:
+            self.sqs.start_message_move_task(SourceArn=self.arn(dlq_name), MaxNumberOfMessagesPerSecond=501)
+        code = ctx.exception.response["Error"]["Code"] if hasattr(ctx.exception, "response") else "param"
+        self.assertIn(code, ("InvalidParameterValue", "param"))
+
 
 class RawWire(unittest.TestCase):
     """The error answers' exact shape, which SDKs depend on."""
