@@ -235,6 +235,23 @@ pub trait Backend: Send {
         Ok(Edges::default())
     }
 
+    /// The parents of each of `children` as the child's attempt sees them (a
+    /// lease's `parents`, `$QD_PARENTS_FILE`, a webhook's envelope): each parent's
+    /// id, state, result and last error, in parent id order, one list per child in
+    /// the order given (empty for a job without parents). One read. An engine
+    /// without dependencies answers empty lists (it refuses `after`).
+    fn parents_of(&mut self, children: &[JobId]) -> Result<Vec<Vec<ParentView>>, StoreError> {
+        Ok(vec![Vec::new(); children.len()])
+    }
+
+    /// The queue of each of `ids`, in order; `None` for an unknown job (the check
+    /// that a token may use the queues of the parents it names).
+    fn queues_of(&mut self, ids: &[JobId]) -> Result<Vec<Option<Arc<str>>>, StoreError> {
+        ids.iter()
+            .map(|id| Ok(self.job(*id)?.map(|d| d.job.queue)))
+            .collect()
+    }
+
     /// Every unfinished job that depends on `root`, directly or not, in id order.
     fn dependents(&mut self, root: JobId) -> Result<Vec<JobId>, StoreError> {
         let _ = root;
@@ -804,6 +821,20 @@ pub struct Edges {
     pub parents: Vec<(JobId, crate::deps::Edge)>,
     /// Its direct children, with the edge's state.
     pub children: Vec<(JobId, crate::deps::Edge)>,
+}
+
+/// One parent of a job, as [`Backend::parents_of`] answers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParentView {
+    /// The parent's id.
+    pub id: JobId,
+    /// Its state now (final, unless an operator released a broken edge and the
+    /// parent was redriven since).
+    pub state: State,
+    /// What its successful attempt handed back, if anything.
+    pub result: Option<Vec<u8>>,
+    /// Its last attempt's error, if that attempt failed.
+    pub last_error: Option<String>,
 }
 
 /// A job with everything the store holds about it: what `qctl jobs show` prints.

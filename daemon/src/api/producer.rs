@@ -162,6 +162,7 @@ pub async fn enqueue(
         known_queue(&config, &queue)?;
         parse_enqueue(&queue, &body, &headers, max)
     })?;
+    authorize_parents(&args, &caller, std::slice::from_ref(&req), false).await?;
     let delayed = !req.delay.is_zero();
     let done = broker::request(|tx| BrokerMsg::Enqueue(req, tx), ENQUEUE_TIMEOUT).await??;
     if done.duplicate {
@@ -179,6 +180,48 @@ pub async fn enqueue(
         StatusCode::ACCEPTED,
         Json(json!({ "id": done.id, "state": state })),
     ))
+}
+
+/// `403 forbidden` unless `caller` may use the queue of every stored job that
+/// `reqs` name in `after`, naming the first that it may not (the item's index in
+/// a batch): a token limited to some queues cannot make its jobs wait on, and
+/// read the results of, jobs of other queues. One store read, skipped for a
+/// caller that may use every queue. An unknown parent is left to the Broker
+/// (`400 unknown_dependency`).
+async fn authorize_parents(
+    args: &ApiArgs,
+    caller: &Caller,
+    reqs: &[EnqueueRequest],
+    batch: bool,
+) -> Result<(), ApiError> {
+    if caller.every_queue() {
+        return Ok(());
+    }
+    let named: Vec<(usize, JobId)> = reqs
+        .iter()
+        .enumerate()
+        .flat_map(|(n, r)| r.after.parents.iter().map(move |id| (n, *id)))
+        .collect();
+    if named.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<JobId> = named.iter().map(|(_, id)| *id).collect();
+    let queues = args.store.run(move |b| b.queues_of(&ids)).await?;
+    for ((n, id), queue) in named.into_iter().zip(queues) {
+        let Some(queue) = queue else { continue };
+        if let Err(mut err) = caller.allow_queue(&queue) {
+            let item = if batch {
+                format!("jobs[{n}]: ")
+            } else {
+                String::new()
+            };
+            err.message = format!(
+                "{item}after names job {id} of queue {queue:?}, which this token may not use"
+            );
+            return Err(err);
+        }
+    }
+    Ok(())
 }
 
 /// Runs an enqueue's checks before the Broker (body size, queue, parsing,
@@ -272,6 +315,7 @@ pub async fn enqueue_batch(
         }
         parse_batch(&queue, &body, max)
     })?;
+    authorize_parents(&args, &caller, &reqs, true).await?;
     let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), ENQUEUE_TIMEOUT)
         .await?
         .map_err(batch_error)?;
