@@ -385,3 +385,284 @@ fn the_same_idempotency_key_with_other_parents_is_409_and_changes_nothing() {
     ack(&qd, &job);
     assert_eq!(qd.job(&child)["state"], "ready");
 }
+
+fn batch(qd: &Qd, path: &str, jobs: Value) -> (u16, Value) {
+    qd.post(path, &json!({ "jobs": jobs }))
+}
+
+fn ids(resp: &Value) -> Vec<String> {
+    resp["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .map(|j| j["id"].as_str().expect("id").to_owned())
+        .collect()
+}
+
+#[test]
+fn a_batch_fans_out_and_its_finisher_names_the_members_by_ref_in_one_commit() {
+    let qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\nlease = \"60s\"\n");
+    let earlier = succeed(&qd, "ext", "earlier", json!({ "result": "e" }));
+    let (status, resp) = batch(
+        &qd,
+        "/v1/queues/ext/jobs/batch",
+        json!([
+            { "payload": "m0", "ref": "m0" },
+            { "payload": "m1", "ref": "m1" },
+            { "payload": "finisher", "ref": "fin", "after": ["m1", earlier, "m0"] },
+            { "payload": "report", "after": ["fin"], "after_policy": "finished" },
+        ]),
+    );
+    assert_eq!(status, 202, "{resp}");
+    let got = ids(&resp);
+    assert_eq!(qd.job(&got[2])["state"], "waiting");
+    assert_eq!(qd.job(&got[3])["state"], "waiting");
+    for (n, member) in ["m0", "m1"].iter().enumerate() {
+        let job = lease_expecting(&qd, "ext", member);
+        assert_eq!(job["id"], got[n].as_str());
+        ack_with(&qd, &job, json!({ "result": format!("r{n}") }));
+    }
+    let job = lease_expecting(&qd, "ext", "finisher");
+    let mut want = vec![
+        json!({ "id": earlier, "state": "succeeded", "result": "e", "last_error": null }),
+        json!({ "id": got[0], "state": "succeeded", "result": "r0", "last_error": null }),
+        json!({ "id": got[1], "state": "succeeded", "result": "r1", "last_error": null }),
+    ];
+    want.sort_by_key(|p| p["id"].as_str().expect("id").to_owned());
+    assert_eq!(job["parents"], json!(want), "{job}");
+    ack(&qd, &job);
+    let job = lease_expecting(&qd, "ext", "report");
+    assert_eq!(job["parents"][0]["id"], got[2].as_str(), "{job}");
+}
+
+#[test]
+fn a_bad_ref_is_400_naming_it_and_nothing_of_the_batch_is_written() {
+    let qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\n");
+    let job = |key: &str, extra: Value| {
+        let mut j = json!({ "payload": key, "idempotency_key": key });
+        for (k, v) in extra.as_object().expect("object") {
+            j[k] = v.clone();
+        }
+        j
+    };
+    let cases = [
+        (
+            json!([
+                job("k0", json!({ "ref": "a" })),
+                job("k1", json!({ "after": ["b"] }))
+            ]),
+            ["jobs[1]", "unknown ref \"b\""],
+        ),
+        (
+            json!([
+                job("k0", json!({ "after": ["b"] })),
+                job("k1", json!({ "ref": "b" }))
+            ]),
+            ["jobs[0]", "forward ref"],
+        ),
+        (
+            json!([
+                job("k0", json!({ "ref": "a" })),
+                job("k1", json!({ "ref": "a" }))
+            ]),
+            ["jobs[1]", "ref \"a\" is given twice"],
+        ),
+        (
+            json!([
+                job("k0", json!({ "ref": "a", "after": ["a"] })),
+                job("k1", json!({}))
+            ]),
+            ["jobs[0]", "own ref \"a\""],
+        ),
+        (
+            json!([
+                job("k0", json!({ "ref": "a" })),
+                job("k1", json!({ "after": ["a", "a"] }))
+            ]),
+            ["jobs[1]", "names ref \"a\" twice"],
+        ),
+        (
+            json!([
+                job(
+                    "k0",
+                    json!({ "ref": "0190f1c2-0000-7000-8000-000000000001" })
+                ),
+                job("k1", json!({}))
+            ]),
+            ["jobs[0]", "shaped like a job id"],
+        ),
+        (
+            json!([job("k0", json!({ "ref": "" })), job("k1", json!({}))]),
+            ["jobs[0]", "ref must be 1 to 128 bytes"],
+        ),
+        (
+            json!([job("k0", json!({})), job("k1", json!({ "queue": "ext" }))]),
+            ["jobs[1]", "queue is named by the path"],
+        ),
+    ];
+    for (jobs, needles) in cases {
+        let (status, resp) = batch(&qd, "/v1/queues/ext/jobs/batch", jobs.clone());
+        assert_eq!(status, 400, "{jobs}: {resp}");
+        let message = resp["error"]["message"].as_str().expect("message");
+        for needle in needles {
+            assert!(message.contains(needle), "{jobs}: {message}");
+        }
+    }
+    let (status, resp) = qd.post(
+        "/v1/queues/ext/jobs",
+        &json!({ "payload": "x", "ref": "a" }),
+    );
+    assert_eq!(status, 400, "a single enqueue has no ref: {resp}");
+    // Nothing was written: both keys are free.
+    let (status, resp) = batch(
+        &qd,
+        "/v1/queues/ext/jobs/batch",
+        json!([
+            job("k0", json!({ "ref": "a" })),
+            job("k1", json!({ "after": ["a"] }))
+        ]),
+    );
+    assert_eq!(status, 202, "{resp}");
+    for item in resp["jobs"].as_array().expect("jobs") {
+        assert_eq!(item["duplicate"], false, "{resp}");
+    }
+}
+
+#[test]
+fn post_v1_jobs_batch_takes_a_queue_per_job_for_a_flow_across_queues() {
+    let qd = with_tokens();
+    let post = |body: Value, token: &str| {
+        let (status, _, body) = qd.post_as("/v1/jobs/batch", &json!({ "jobs": body }), Some(token));
+        (status, body)
+    };
+    let flow = json!([
+        { "queue": "a", "payload": "extract", "ref": "x" },
+        { "queue": "b", "payload": "load", "after": ["x"] },
+    ]);
+    let (status, resp) = post(flow.clone(), PRODUCER_A);
+    assert_eq!(status, 403, "{resp}");
+    assert!(
+        resp["error"]["message"]
+            .as_str()
+            .expect("message")
+            .starts_with("jobs[1]: "),
+        "{resp}"
+    );
+    let (status, resp) = post(json!([{ "queue": "nope", "payload": "p" }]), ANY);
+    assert_eq!(status, 404, "{resp}");
+    let (status, resp) = post(json!([{ "payload": "p" }]), ANY);
+    assert_eq!(status, 400, "{resp}");
+    assert!(
+        resp["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("queue is required")
+    );
+
+    let (status, resp) = post(flow, ANY);
+    assert_eq!(status, 202, "{resp}");
+    let got = ids(&resp);
+    let (status, _, load) = qd.post_as(
+        "/v1/queues/b/leases",
+        &json!({ "worker_id": "w", "wait": "1s" }),
+        Some(ANY),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(load["jobs"], json!([]), "load waits for extract");
+    let (_, _, leased) = qd.post_as(
+        "/v1/queues/a/leases",
+        &json!({ "worker_id": "w", "wait": "5s" }),
+        Some(ANY),
+    );
+    let extract = &leased["jobs"][0];
+    assert_eq!(extract["id"], got[0].as_str(), "{leased}");
+    let (status, _, body) = qd.post_as(
+        &format!("/v1/jobs/{}/ack", got[0]),
+        &json!({ "token": extract["token"], "result": "rows=3" }),
+        Some(ANY),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (_, _, leased) = qd.post_as(
+        "/v1/queues/b/leases",
+        &json!({ "worker_id": "w", "wait": "5s" }),
+        Some(ANY),
+    );
+    assert_eq!(leased["jobs"][0]["id"], got[1].as_str(), "{leased}");
+    assert_eq!(
+        leased["jobs"][0]["parents"][0]["result"], "rows=3",
+        "{leased}"
+    );
+}
+
+/// Runs `qctl enqueue ext --ndjson -` with `input` on stdin.
+fn ndjson(qd: &Qd, input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(common::qctl_bin())
+        .arg("--socket")
+        .arg(&qd.socket)
+        .args(["enqueue", "ext", "--ndjson", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run qctl");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input.as_bytes()).expect("write stdin");
+    drop(stdin);
+    child.wait_with_output().expect("qctl output")
+}
+
+#[test]
+fn qctl_enqueue_ndjson_resolves_refs_within_and_across_its_batches() {
+    let qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\n");
+    // 1,000 jobs fill the first batch; the finisher and its report go in the
+    // second, naming a ref of the first (resolved by qctl) and of their own
+    // batch (resolved by qd).
+    let mut input = String::from("{\"payload\": {\"n\": 0}, \"ref\": \"first\"}\n");
+    for n in 1..1000 {
+        input.push_str(&format!("{{\"payload\": \"m{n}\", \"ref\": \"m{n}\"}}\n"));
+    }
+    input.push_str("{\"payload\": \"fin\", \"ref\": \"fin\", \"after\": [\"first\", \"m999\"]}\n");
+    input.push_str("{\"payload\": \"report\", \"after\": [\"fin\"]}\n");
+    let out = ndjson(&qd, &input);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let printed = String::from_utf8(out.stdout).expect("utf-8");
+    let got: Vec<&str> = printed.lines().collect();
+    assert_eq!(got.len(), 1002, "an id per line");
+    assert_eq!(qd.job(got[0])["state"], "ready");
+    assert_eq!(qd.job(got[0])["payload_bytes"], 7, "the payload as written");
+    assert_eq!(qd.job(got[1000])["state"], "waiting");
+    assert_eq!(qd.job(got[1001])["state"], "waiting");
+
+    // The finisher waits on exactly `first` and `m999`: once both are acked it
+    // is released, and its lease lists them.
+    let mut seen = 0;
+    while let Some(job) = lease_one(&qd, "ext", "w", "2s") {
+        if job["payload"] == "fin" {
+            let parents: Vec<&str> = job["parents"]
+                .as_array()
+                .expect("parents")
+                .iter()
+                .map(|p| p["id"].as_str().expect("id"))
+                .collect();
+            assert_eq!(parents, vec![got[0], got[999]], "{job}");
+            ack(&qd, &job);
+            break;
+        }
+        ack(&qd, &job);
+        seen += 1;
+    }
+    assert_eq!(seen, 1000, "the finisher came after the 1,000 members");
+
+    // A ref given twice is refused naming its lines; the lines before are accepted.
+    let out = ndjson(
+        &qd,
+        "{\"payload\": \"a\", \"ref\": \"dup\"}\n{\"payload\": \"b\", \"ref\": \"dup\"}\n",
+    );
+    assert!(!out.status.success());
+    let err = common::text(&out);
+    assert!(
+        err.contains("line 2") && err.contains("given on line 1"),
+        "{err}"
+    );
+}
