@@ -823,6 +823,17 @@ pub struct Edges {
     pub children: Vec<(JobId, crate::deps::Edge)>,
 }
 
+/// Whether a local store (SQLite) of this process ever held a dependency edge:
+/// set when one opens with edges stored or stores one (before that commit, so
+/// before any lease of the child), never cleared. Until then no job has parents
+/// and a lease skips the read of them.
+static LOCAL_EDGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks that a local store holds a dependency edge ([`LOCAL_EDGES`]).
+pub(crate) fn note_local_edges() {
+    LOCAL_EDGES.store(true, Ordering::SeqCst);
+}
+
 /// One parent of a job, as [`Backend::parents_of`] answers it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParentView {
@@ -1185,6 +1196,14 @@ impl Store {
     /// store without a writer thread).
     pub fn leases_are_local(&self) -> bool {
         self.shared.leases_are_local
+    }
+
+    /// Whether a job of this store may have parents, so an attempt's parents are
+    /// worth a store read ([`Backend::parents_of`], a round trip through the
+    /// writer): always on a shared store; on a local one (SQLite, memory) once a
+    /// store of this process held an edge.
+    pub fn may_hold_parents(&self) -> bool {
+        !self.leases_are_local() || LOCAL_EDGES.load(Ordering::SeqCst)
     }
 
     /// [`Backend::token_skip`] of the engine behind this store (1 for a store

@@ -666,3 +666,20 @@ fn qctl_enqueue_ndjson_resolves_refs_within_and_across_its_batches() {
         "{err}"
     );
 }
+
+#[test]
+fn a_restarted_daemon_still_hands_on_the_parents_stored_before() {
+    let mut qd = Qd::start("[queues.ext]\nexecutor = { kind = \"external\" }\n");
+    let parent = succeed(&qd, "ext", "a", json!({ "result": "alpha" }));
+    let child = qd.enqueue_json("ext", json!({ "payload": "child", "after": [parent] }));
+    // A new process has seen no enqueue with after: it must find the stored edges.
+    qd.kill9();
+    qd.spawn(&[]);
+    let job = lease_expecting(&qd, "ext", "child");
+    assert_eq!(job["id"], child.as_str());
+    assert_eq!(
+        job["parents"],
+        json!([{ "id": parent, "state": "succeeded", "result": "alpha", "last_error": null }]),
+        "{job}"
+    );
+}

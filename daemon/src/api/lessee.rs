@@ -125,8 +125,8 @@ async fn parents_of(
     args: &ApiArgs,
     jobs: &[LeasedJob],
 ) -> Result<Vec<Vec<crate::store::ParentView>>, ApiError> {
-    if jobs.is_empty() {
-        return Ok(Vec::new());
+    if jobs.is_empty() || !args.store.may_hold_parents() {
+        return Ok(vec![Vec::new(); jobs.len()]);
     }
     let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
     match args.store.run(move |b| b.parents_of(&ids)).await {

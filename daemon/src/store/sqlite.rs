@@ -444,6 +444,13 @@ impl SqliteBackend {
         // migrated file is rewritten once, compacted, in its final schema.
         space::adopt(&backend.conn, path).map_err(|e| backend.err(e))?;
         backend.runs = backend.count_run().map_err(|e| backend.err(e))?;
+        let edges: bool = backend
+            .conn
+            .query_row("SELECT EXISTS (SELECT 1 FROM job_edges)", [], |r| r.get(0))
+            .map_err(|e| backend.err(e))?;
+        if edges {
+            super::note_local_edges();
+        }
         Ok(backend)
     }
 
@@ -617,6 +624,7 @@ impl SqliteBackend {
         let answer = answer.into_iter().next().flatten();
         match answer {
             Some(Inserted::New) => {
+                super::note_local_edges();
                 let mut edge = self.conn.prepare_cached(
                     "INSERT INTO job_edges (parent, child, state) VALUES (?1, ?2, ?3)",
                 )?;

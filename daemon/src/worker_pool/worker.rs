@@ -127,6 +127,9 @@ async fn parents_of(
     state: &WorkerArgs,
     id: crate::job::JobId,
 ) -> Result<Vec<crate::results::ParentBody>, Failure> {
+    if !state.store.may_hold_parents() {
+        return Ok(Vec::new());
+    }
     match state.store.run(move |b| b.parents_of(&[id])).await {
         Ok(mut lists) => Ok(crate::results::ParentBody::list(
             lists.pop().unwrap_or_default(),
