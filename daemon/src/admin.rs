@@ -601,18 +601,16 @@ impl Handler {
         self.queue_exists(&queue)?;
         broker::check_batch_len(jobs.len())?;
         let max_payload = self.daemon.config().daemon.max_payload;
-        let mut reqs = Vec::with_capacity(jobs.len());
+        let mut bodies = Vec::with_capacity(jobs.len());
         for (index, job) in jobs.into_iter().enumerate() {
-            let req = job
-                .body()
-                .map_err(|e| BrokerError::Invalid(e.to_string()))
-                .and_then(|body| body.into_request(&queue, None, max_payload))
-                .map_err(|error| BatchError {
-                    index: Some(index),
-                    error,
-                })?;
-            reqs.push(req);
+            let body = job.body().map_err(|e| BatchError {
+                index: Some(index),
+                error: BrokerError::Invalid(e.to_string()),
+            })?;
+            bodies.push(body);
         }
+        let reqs =
+            crate::api::batch_requests(bodies, crate::api::BatchQueues::Path(&queue), max_payload)?;
         let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), CALL).await??;
         let new: Vec<JobId> = done.iter().filter(|e| !e.duplicate).map(|e| e.id).collect();
         audit::jobs(author, op, &new, "-", &format!("enqueued in queue {queue}"));

@@ -231,6 +231,7 @@ pub fn parse_after(after: Option<Vec<String>>, policy: Option<String>) -> Result
         return Ok(After {
             parents: Vec::new(),
             policy,
+            refs: Vec::new(),
         });
     };
     if after.is_empty() {
@@ -251,7 +252,11 @@ pub fn parse_after(after: Option<Vec<String>>, policy: Option<String>) -> Result
         })
         .collect::<Result<Vec<_>, _>>()?;
     check_after(&parents).map_err(|e| e.to_string())?;
-    Ok(After { parents, policy })
+    Ok(After {
+        parents,
+        policy,
+        refs: Vec::new(),
+    })
 }
 
 /// The dependency part of one new job: its parents and policy.
@@ -261,6 +266,10 @@ pub struct After {
     pub parents: Vec<JobId>,
     /// When an edge counts as met.
     pub policy: AfterPolicy,
+    /// Parents that are earlier items of the same batch, by index (a batch item's
+    /// `"ref"`): their ids are chosen by the Broker, which adds them to `parents`
+    /// before the write.
+    pub refs: Vec<usize>,
 }
 
 /// Edges and counters held in memory: the memory engine's tables, and the model

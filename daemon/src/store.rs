@@ -235,6 +235,23 @@ pub trait Backend: Send {
         Ok(Edges::default())
     }
 
+    /// The parents of each of `children` as the child's attempt sees them (a
+    /// lease's `parents`, `$QD_PARENTS_FILE`, a webhook's envelope): each parent's
+    /// id, state, result and last error, in parent id order, one list per child in
+    /// the order given (empty for a job without parents). One read. An engine
+    /// without dependencies answers empty lists (it refuses `after`).
+    fn parents_of(&mut self, children: &[JobId]) -> Result<Vec<Vec<ParentView>>, StoreError> {
+        Ok(vec![Vec::new(); children.len()])
+    }
+
+    /// The queue of each of `ids`, in order; `None` for an unknown job (the check
+    /// that a token may use the queues of the parents it names).
+    fn queues_of(&mut self, ids: &[JobId]) -> Result<Vec<Option<Arc<str>>>, StoreError> {
+        ids.iter()
+            .map(|id| Ok(self.job(*id)?.map(|d| d.job.queue)))
+            .collect()
+    }
+
     /// Every unfinished job that depends on `root`, directly or not, in id order.
     fn dependents(&mut self, root: JobId) -> Result<Vec<JobId>, StoreError> {
         let _ = root;
@@ -861,6 +878,31 @@ pub struct Edges {
     pub children: Vec<(JobId, crate::deps::Edge)>,
 }
 
+/// Whether a local store (SQLite) of this process ever held a dependency edge:
+/// set when one opens with edges stored or stores one (before that commit, so
+/// before any lease of the child), never cleared. Until then no job has parents
+/// and a lease skips the read of them.
+static LOCAL_EDGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks that a local store holds a dependency edge ([`LOCAL_EDGES`]).
+pub(crate) fn note_local_edges() {
+    LOCAL_EDGES.store(true, Ordering::SeqCst);
+}
+
+/// One parent of a job, as [`Backend::parents_of`] answers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParentView {
+    /// The parent's id.
+    pub id: JobId,
+    /// Its state now (final, unless an operator released a broken edge and the
+    /// parent was redriven since).
+    pub state: State,
+    /// What its successful attempt handed back, if anything.
+    pub result: Option<Vec<u8>>,
+    /// Its last attempt's error, if that attempt failed.
+    pub last_error: Option<String>,
+}
+
 /// A job with everything the store holds about it: what `qctl jobs show` prints.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobDetail {
@@ -1224,6 +1266,14 @@ impl Store {
     /// store without a writer thread).
     pub fn leases_are_local(&self) -> bool {
         self.shared.leases_are_local
+    }
+
+    /// Whether a job of this store may have parents, so an attempt's parents are
+    /// worth a store read ([`Backend::parents_of`], a round trip through the
+    /// writer): always on a shared store; on a local one (SQLite, memory) once a
+    /// store of this process held an edge.
+    pub fn may_hold_parents(&self) -> bool {
+        !self.leases_are_local() || LOCAL_EDGES.load(Ordering::SeqCst)
     }
 
     /// [`Backend::token_skip`] of the engine behind this store (1 for a store

@@ -326,6 +326,7 @@ impl SupervisorState {
                     limits: d.limits.clone(),
                     test_hooks: d.test_hooks,
                     restarts: d.restarts.clone(),
+                    store: d.store.clone(),
                 };
                 Actor::spawn_linked(Some(worker_pool::name(q)), WorkerPool, args, sup)
                     .await?

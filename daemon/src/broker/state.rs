@@ -764,9 +764,31 @@ impl BrokerState {
         now: UnixMillis,
     ) {
         let queue = reqs.first().map(|r| r.queue.clone()).unwrap_or_default();
-        let afters: Vec<crate::deps::After> = reqs.iter().map(|r| r.after.clone()).collect();
+        if self.shared() && reqs.iter().any(|r| r.queue != queue) {
+            // The depth of one queue is checked and locked in the enqueue's own
+            // transaction on a shared store (`shared::within_depth`); a batch
+            // across queues would need every queue's.
+            let error = BrokerError::Invalid(
+                "a batch across queues is not supported on a shared (PostgreSQL) store yet; \
+                 send one batch per queue"
+                    .into(),
+            );
+            metrics::enqueue_rejected(None, reject_reason(&error));
+            self.answer(reply, Err(BatchError::whole(error)));
+            return;
+        }
+        let mut afters: Vec<crate::deps::After> = reqs.iter().map(|r| r.after.clone()).collect();
         match self.admit_all(reqs, now) {
             Ok(records) => {
+                // An item's refs name earlier items, whose ids were just chosen.
+                for after in &mut afters {
+                    let named: Vec<JobId> = after
+                        .refs
+                        .iter()
+                        .filter_map(|&k| records.get(k).map(|r| r.job.id))
+                        .collect();
+                    after.parents.extend(named);
+                }
                 let jobs: Vec<Job> = records.iter().map(|r| r.job.clone()).collect();
                 let depth = jobs.first().and_then(|j| self.depth_check(&j.queue, &jobs));
                 let check = depth.clone();
