@@ -415,3 +415,27 @@ fn top_and_queues_count_waiting_and_blocked_jobs() {
     let queues = json_of(&qd, &["queues"]);
     assert_eq!(queues["queues"][0]["blocked"], 1, "{queues}");
 }
+
+#[test]
+fn a_release_and_a_releasing_purge_survive_kill_9() {
+    let mut qd = Qd::start(EXTERNAL);
+    let a = qd.enqueue("ext", "a");
+    let b = enqueue_after(&qd, "b", &[&a]);
+    let p = qd.enqueue("ext", "p");
+    let c = enqueue_after(&qd, "c", &[&p]);
+    kill(&qd, "a");
+    kill(&qd, "p");
+    ok(&qd, &["jobs", "release", &b]);
+    ok(&qd, &["dlq", "purge", &p, "--release", "--yes"]);
+    qd.kill9();
+    qd.spawn(&[]);
+    assert_eq!(state(&qd, &b), "ready", "the release was durable");
+    assert_eq!(state(&qd, &c), "ready", "the purge's release was durable");
+    assert!(!exists(&qd, &p));
+    assert_eq!(state(&qd, &a), "dead");
+    let first = lease_one(&qd, "ext", "w", "10s").expect("a released job");
+    let second = lease_one(&qd, "ext", "w", "10s").expect("the other one");
+    let mut got = [first["payload"].clone(), second["payload"].clone()];
+    got.sort_by_key(|v| v.to_string());
+    assert_eq!(got, [json!("b"), json!("c")]);
+}
