@@ -9,6 +9,7 @@
 
 mod audit;
 pub use audit::Author;
+mod deps;
 mod inspect;
 mod ops;
 mod schedules;
@@ -168,22 +169,15 @@ impl Handler {
                 };
                 self.jobs_list(&selection, state, limit, after).await
             }
-            Request::JobsShow { id } => Ok(Response::Job(Box::new(views::detail(
-                &self.stored(&id).await?,
-            )))),
-            Request::DlqShow { id } => {
-                let detail = self.stored(&id).await?;
-                if detail.job.state != State::Dead {
-                    return Err(err(
-                        ErrorCode::Conflict,
-                        format!(
-                            "job {} is {}, not dead; see `qctl jobs show {}`",
-                            detail.job.id, detail.job.state, detail.job.id
-                        ),
-                    ));
-                }
-                Ok(Response::Job(Box::new(views::detail(&detail))))
-            }
+            Request::JobsShow { id } => self.show(&id, false).await,
+            Request::DlqShow { id } => self.show(&id, true).await,
+            Request::JobsRelease { id } => self.release(&id, peer, req_op).await,
+            Request::JobsTree {
+                id,
+                parents,
+                max_depth,
+                max_nodes,
+            } => self.tree(&id, parents, max_depth, max_nodes).await,
             Request::JobsCancel {
                 id,
                 keep_dependents,
@@ -326,18 +320,14 @@ impl Handler {
                 }
                 Ok(Response::Redrive(views::redrive(outcome, dry_run)))
             }
-            Request::DlqPurge { selection, dry_run } => {
-                selection
-                    .check_mutation()
-                    .map_err(|e| err(ErrorCode::BadRequest, e))?;
-                self.queue_filter(selection.queue.as_deref())?;
-                let sel = selection_of(&selection)?;
-                let pace = Pace::new(None, None);
-                let outcome = self.batched(sel, dry_run, pace, DlqMsg::Purge).await?;
-                if !dry_run {
-                    audit::jobs(peer, req_op, &outcome.moved, "dead", "deleted");
-                }
-                Ok(Response::Purge(views::purge(outcome, dry_run)))
+            Request::DlqPurge {
+                selection,
+                dry_run,
+                cascade,
+                release,
+            } => {
+                self.purge(&selection, dry_run, (cascade, release), peer, req_op)
+                    .await
             }
             Request::LimitsShow {} => Ok(self.limits()),
             Request::LimitsSet {

@@ -190,6 +190,25 @@ pub fn settle_child(child: &Job, counts: Counts, now: UnixMillis) -> Option<Job>
     Some(next)
 }
 
+/// How many ids a refusal or a count names before it says "and N more".
+pub const NAMED: usize = 10;
+
+/// The refusal of a purge of `parent`, which holds back the unfinished jobs
+/// `blocked`: names them (the first [`NAMED`], then how many more) and the ways
+/// out.
+pub fn holds_back(parent: JobId, blocked: &[JobId]) -> String {
+    let mut names: Vec<String> = blocked.iter().take(NAMED).map(JobId::to_string).collect();
+    if blocked.len() > NAMED {
+        names.push(format!("and {} more", blocked.len() - NAMED));
+    }
+    format!(
+        "job {parent} blocks {} unfinished job(s): {}; purge with --cascade to cancel its \
+         dependents, or --release to count its edges as met",
+        blocked.len(),
+        names.join(", ")
+    )
+}
+
 /// Why an enqueue's `after` was refused. Nothing is written.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AfterError {

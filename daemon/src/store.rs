@@ -228,6 +228,87 @@ pub trait Backend: Send {
         Ok(None)
     }
 
+    /// [`Backend::release_edges`] with the operator `by` named in the child's
+    /// history line (`released by uid N (parents ...)`). Only a `blocked` child is
+    /// released; any other state answers `None`. The default ignores `by`.
+    fn release_edges_by(
+        &mut self,
+        child: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Option<Released>, StoreError> {
+        let _ = by;
+        self.release_edges(child, now)
+    }
+
+    /// The records of `ids` (no payload, no history), in order; `None` for a job
+    /// not stored (never enqueued, or purged or pruned). The default reads each
+    /// job whole.
+    fn job_records(&mut self, ids: &[JobId]) -> Result<Vec<Option<Job>>, StoreError> {
+        ids.iter()
+            .map(|id| Ok(self.job(*id)?.map(|d| d.job)))
+            .collect()
+    }
+
+    /// The unfinished direct children `parent` holds back: those whose edge from it
+    /// is not met (a dead parent's broken edges), in id order. A purge of `parent`
+    /// would leave them waiting for a job that no longer exists. The default reads
+    /// [`Backend::edges`] and each child's state.
+    fn blocked_by(&mut self, parent: JobId) -> Result<Vec<JobId>, StoreError> {
+        let edges = self.edges(parent)?;
+        let mut held = Vec::new();
+        for (child, edge) in edges.children {
+            if edge == crate::deps::Edge::Met {
+                continue;
+            }
+            if self.job(child)?.is_some_and(|d| !d.job.state.is_final()) {
+                held.push(child);
+            }
+        }
+        Ok(held)
+    }
+
+    /// How many jobs `parent` holds back: its direct ones ([`Backend::blocked_by`])
+    /// and, transitively, every unfinished job below them reached over edges that
+    /// are not met (each job once).
+    fn blocked_counts(&mut self, parent: JobId) -> Result<BlockedCounts, StoreError> {
+        let direct = self.blocked_by(parent)?;
+        let mut seen: std::collections::BTreeSet<JobId> = direct.iter().copied().collect();
+        let mut todo = direct.clone();
+        while let Some(id) = todo.pop() {
+            for child in self.blocked_by(id)? {
+                if seen.insert(child) {
+                    todo.push(child);
+                }
+            }
+        }
+        Ok(BlockedCounts {
+            direct: direct.len() as u64,
+            transitive: seen.len() as u64,
+        })
+    }
+
+    /// Counts every edge from `parent` to an unfinished child that is not met as
+    /// met (a purge with `--release`), and settles those children at `now` with a
+    /// history line naming `by`; answers the children whose state changed. A
+    /// backend without dependencies has nothing to release; one that holds edges
+    /// but cannot release them refuses.
+    fn release_parent(
+        &mut self,
+        parent: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Vec<Job>, StoreError> {
+        let _ = (by, now);
+        if self.blocked_by(parent)?.is_empty() {
+            Ok(Vec::new())
+        } else {
+            Err(StoreError::Other(
+                "this store engine cannot release dependency edges".into(),
+            ))
+        }
+    }
+
     /// The edges of `id`: its parents and its direct children, each with the edge's
     /// state, in id order.
     fn edges(&mut self, id: JobId) -> Result<Edges, StoreError> {
@@ -868,6 +949,15 @@ pub enum Inserted {
 /// What [`Backend::release_edges`] did: the child's new record if it changed
 /// state, and the parents whose broken edges now count as met.
 pub type Released = (Option<Job>, Vec<JobId>);
+
+/// How many unfinished jobs one job holds back ([`Backend::blocked_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockedCounts {
+    /// Its direct children whose edge from it is not met.
+    pub direct: u64,
+    /// Those and every unfinished job below them, each once.
+    pub transitive: u64,
+}
 
 /// The edges of one job ([`Backend::edges`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -752,3 +752,27 @@ fn a_scheduled_job_shows_its_schedule_and_tick() {
     assert_eq!(page.status, 200);
     assert!(!page.body.contains("<th>Schedule</th>"), "{}", page.body);
 }
+
+#[test]
+fn a_job_page_lists_its_parents_and_dependents_with_links() {
+    let (qd, c) = start_open("");
+    let a = enqueue(&qd, "a");
+    let b = qd.enqueue_json("ext", json!({ "payload": "b", "after": [a] }));
+    let page = c.get(&format!("/jobs/{b}"), "");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("Runs after (1)"), "{}", page.body);
+    let row = format!(
+        "<td><a href=\"{PREFIX}/jobs/{a}\"><code>{a}</code></a></td><td class=\"edge\">open</td><td class=\"state\">ready</td>"
+    );
+    assert!(page.body.contains(&row), "{}", page.body);
+    assert!(!page.body.contains("Runs before"), "{}", page.body);
+
+    let page = c.get(&format!("/jobs/{a}"), "");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("Runs before (1)"), "{}", page.body);
+    let row = format!(
+        "<td><a href=\"{PREFIX}/jobs/{b}\"><code>{b}</code></a></td><td class=\"edge\">open</td><td class=\"state\">waiting</td>"
+    );
+    assert!(page.body.contains(&row), "{}", page.body);
+    assert!(!page.body.contains("Runs after"), "{}", page.body);
+}

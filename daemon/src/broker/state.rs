@@ -1443,10 +1443,17 @@ impl BrokerState {
         }
     }
 
+    /// Deletes dead jobs. One that holds back unfinished jobs is refused naming
+    /// them, unless `release_by` (an operator) is given: then its edges to them
+    /// count as met in the purge's commit.
+    /// `done` gets the outcome and the dependents whose state a released edge
+    /// changed.
     pub(super) fn purge(
         &mut self,
         ids: Vec<JobId>,
-        reply: RpcReplyPort<Result<BatchOutcome, BrokerError>>,
+        release_by: Option<String>,
+        done: impl FnOnce(Result<(BatchOutcome, Vec<JobId>), BrokerError>) + Send + 'static,
+        now: UnixMillis,
     ) {
         let mut outcome = BatchOutcome::default();
         for id in ids {
@@ -1463,10 +1470,63 @@ impl BrokerState {
                 None => outcome.refused.push((id, format!("unknown job {id}"))),
             }
         }
-        let ids = outcome.moved.clone();
-        self.commit_purge(ids, move |r| {
-            let _ = reply.send(r.map(|()| outcome).map_err(BrokerError::from));
+        let ids = std::mem::take(&mut outcome.moved);
+        self.commit_purge(ids, release_by, now, move |r| {
+            done(r.map_err(BrokerError::from).map(|purged| {
+                outcome.moved = purged.gone;
+                for (id, blocked) in purged.held {
+                    outcome
+                        .refused
+                        .push((id, crate::deps::holds_back(id, &blocked)));
+                }
+                (outcome, purged.released.iter().map(|j| j.id).collect())
+            }));
         });
+    }
+
+    /// Counts a blocked job's broken edges as met (an operator's release, as `by`)
+    /// and settles it: answers what the store did, `None` when the job is not
+    /// blocked (nothing written). The job's new state reaches memory and its
+    /// Scheduler only after the commit.
+    pub(super) fn release(
+        &mut self,
+        id: JobId,
+        by: String,
+        reply: RpcReplyPort<Result<Option<crate::store::Released>, BrokerError>>,
+        now: UnixMillis,
+    ) {
+        match self.jobs.get(id).map(|j| j.state) {
+            None => return self.answer(reply, Err(BrokerError::UnknownJob(id))),
+            Some(_) if self.writing.contains(&id) => {
+                let msg = format!("job {id} has a write in flight; retry");
+                return self.answer(reply, Err(BrokerError::Unavailable(msg)));
+            }
+            Some(State::Blocked) => {}
+            Some(_) => return self.answer(reply, Ok(None)),
+        }
+        self.writing.insert(id);
+        self.write(
+            move |b| b.release_edges_by(id, &by, now),
+            move |result, back| {
+                let moved = match &result {
+                    Ok(Some((Some(job), _))) => vec![job.clone()],
+                    _ => Vec::new(),
+                };
+                let failed = result.as_ref().err().cloned();
+                let settle = Settle::with(move |state: &mut BrokerState, now, mono| {
+                    state.writing.remove(&id);
+                    match failed {
+                        None => {
+                            state.dependents_moved(moved, now);
+                            state.store_accepted(now, mono);
+                        }
+                        Some(err) => state.store_refused(&err),
+                    }
+                });
+                back(BrokerMsg::Settle(settle));
+                let _ = reply.send(result.map_err(BrokerError::from));
+            },
+        );
     }
 
     pub(super) fn cancel(

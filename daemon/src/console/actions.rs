@@ -301,11 +301,23 @@ pub async fn purge(
     let req = Request::DlqPurge {
         selection: sel.clone(),
         dry_run: preview,
+        cascade: false,
+        release: false,
     };
     match attempt!(run(&ctx, &who, req).await) {
         AdminResponse::Purge(r) if preview => confirm_page(&ctx, &who, "purge", &sel, r.matched),
         AdminResponse::Purge(r) => {
-            see_other(&ctx, "/dlq", &format!("Purged {} dead jobs.", r.purged))
+            // A dead job that holds back unfinished jobs is kept: say which and why.
+            let notice = match r.refused.first() {
+                None => format!("Purged {} dead jobs.", r.purged),
+                Some(first) => format!(
+                    "Purged {} dead jobs; {} refused, e.g. {}",
+                    r.purged,
+                    r.refused.len(),
+                    first.reason
+                ),
+            };
+            see_other(&ctx, "/dlq", &notice)
         }
         other => unexpected(&ctx, &other),
     }

@@ -25,6 +25,7 @@ use super::{
 use crate::deps::{self, After, AfterError, AfterPolicy, Counts, Edge};
 use crate::job::{HistoryEntry, Job, JobId, Outcome, State, Token, Transition, UnixMillis};
 
+mod edges;
 mod schedules;
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from
@@ -820,8 +821,19 @@ impl SqliteBackend {
     fn release_edges_of(
         &self,
         child: JobId,
+        by: &str,
         now: UnixMillis,
     ) -> rusqlite::Result<Option<super::Released>> {
+        // Only a blocked job is released: a finished one keeps its edges as they
+        // were, and a waiting one has no broken edge.
+        let state: Option<String> = self
+            .conn
+            .prepare_cached("SELECT state FROM jobs WHERE id = ?1")?
+            .query_row([id_bytes(child)], |r| r.get(0))
+            .optional()?;
+        if state.as_deref() != Some(State::Blocked.as_str()) {
+            return Ok(None);
+        }
         let released: Vec<JobId> = self
             .conn
             .prepare_cached(
@@ -852,7 +864,7 @@ impl SqliteBackend {
                     broken: r.get(1)?,
                 })
             })?;
-        let by = format!("operator (parents {})", display_ids(&released));
+        let by = format!("{by} (parents {})", display_ids(&released));
         let next = self.settle_held(child, counts, now, None, Some(&by))?;
         Ok(Some((next, released)))
     }
@@ -1334,7 +1346,40 @@ impl Backend for SqliteBackend {
         child: JobId,
         now: UnixMillis,
     ) -> Result<Option<super::Released>, StoreError> {
-        self.release_edges_of(child, now).map_err(|e| self.err(e))
+        self.release_edges_of(child, "operator", now)
+            .map_err(|e| self.err(e))
+    }
+
+    fn release_edges_by(
+        &mut self,
+        child: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Option<super::Released>, StoreError> {
+        self.release_edges_of(child, by, now)
+            .map_err(|e| self.err(e))
+    }
+
+    fn job_records(&mut self, ids: &[JobId]) -> Result<Vec<Option<Job>>, StoreError> {
+        self.job_records_of(ids).map_err(|e| self.err(e))
+    }
+
+    fn blocked_by(&mut self, parent: JobId) -> Result<Vec<JobId>, StoreError> {
+        self.blocked_by_of(parent).map_err(|e| self.err(e))
+    }
+
+    fn blocked_counts(&mut self, parent: JobId) -> Result<super::BlockedCounts, StoreError> {
+        self.blocked_counts_of(parent).map_err(|e| self.err(e))
+    }
+
+    fn release_parent(
+        &mut self,
+        parent: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Vec<Job>, StoreError> {
+        self.release_parent_of(parent, by, now)
+            .map_err(|e| self.err(e))
     }
 
     fn edges(&mut self, id: JobId) -> Result<Edges, StoreError> {
