@@ -137,6 +137,30 @@ pub enum JobsCmd {
         #[arg(long)]
         keep_dependents: bool,
     },
+    /// Count a blocked job's broken edges (to dead or cancelled parents) as met:
+    /// it then waits only for its other parents, or runs. Audited, and written in
+    /// the job's history. A job that is not blocked is refused (exit 1).
+    Release {
+        /// Job id.
+        id: String,
+    },
+    /// A job's dependency tree: the jobs that run after it (its dependents, down),
+    /// or with --parents the jobs it runs after (up). Each line shows the edge
+    /// (open, met or broken) and the job's state; a job reached twice is marked
+    /// and not expanded again. Bounded by --depth and --limit; a cut is marked.
+    Tree {
+        /// Job id.
+        id: String,
+        /// Walk up to the parents instead of down to the dependents.
+        #[arg(long)]
+        parents: bool,
+        /// Levels below the job to show, 1 to 100.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=i64::from(qd_proto::MAX_TREE_DEPTH)))]
+        depth: u32,
+        /// Jobs to show at most, the root included, 1 to 10,000.
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=i64::from(qd_proto::MAX_TREE_NODES)))]
+        limit: u32,
+    },
     /// The exact bytes of a job's payload, to stdout or a file (with --json: base64
     /// in a JSON object).
     Payload {
@@ -319,7 +343,9 @@ pub enum DlqCmd {
         #[arg(long, value_name = "FILE", conflicts_with_all = ["queue", "tenant", "error", "since", "all", "dry_run", "rate"])]
         payload_file: Option<PathBuf>,
     },
-    /// Delete dead jobs for good (requires --yes unless --dry-run).
+    /// Delete dead jobs for good (requires --yes unless --dry-run). A dead job
+    /// that blocks unfinished jobs (enqueued with --after it) is refused, naming
+    /// them (exit 1), unless --cascade or --release.
     Purge {
         /// Which jobs.
         #[command(flatten)]
@@ -327,6 +353,14 @@ pub enum DlqCmd {
         /// Confirm the deletion.
         #[arg(long)]
         yes: bool,
+        /// Cancel the unfinished jobs that depend on each purged job, directly or
+        /// not (each is named and audited), then purge it.
+        #[arg(long, conflicts_with = "release")]
+        cascade: bool,
+        /// Count each purged job's edges to the jobs it blocks as met, in the
+        /// purge's commit: they wait only for their other parents, or run.
+        #[arg(long)]
+        release: bool,
     },
 }
 

@@ -50,7 +50,12 @@ pub fn run(
             ..
         }) => dlq_redrive_with_payload(&target, &file, connect),
         Command::Dlq(DlqCmd::Redrive { target, rate, .. }) => dlq_redrive(&target, rate, connect),
-        Command::Dlq(DlqCmd::Purge { target, yes }) => dlq_purge(&target, yes, connect),
+        Command::Dlq(DlqCmd::Purge {
+            target,
+            yes,
+            cascade,
+            release,
+        }) => dlq_purge(&target, yes, (cascade, release), connect),
         Command::Enqueue(args) => {
             let req = enqueue_request(args)?;
             simple(&mut connect()?, req)
@@ -100,6 +105,18 @@ fn request_for(cmd: Command) -> Request {
         }) => Request::JobsCancel {
             id,
             keep_dependents,
+        },
+        Command::Jobs(JobsCmd::Release { id }) => Request::JobsRelease { id },
+        Command::Jobs(JobsCmd::Tree {
+            id,
+            parents,
+            depth,
+            limit,
+        }) => Request::JobsTree {
+            id,
+            parents,
+            max_depth: Some(depth),
+            max_nodes: Some(limit),
         },
         Command::Dlq(DlqCmd::List {
             filter,
@@ -200,6 +217,16 @@ fn simple(client: &mut Client, req: Request) -> Result<Output, CliError> {
             }
             format!("{}\n", e.id)
         }
+        Response::Released {
+            id,
+            previous_state,
+            state,
+            parents,
+        } => format!(
+            "released {id} (was {previous_state}, now {state}): edges from {} count as met\n",
+            parents.join(", ")
+        ),
+        Response::Tree(t) => render::tree(t),
         Response::Redrive(r) => render::redrive(r),
         Response::Purge(p) => render::purge(p),
         Response::Limits(l) => render::limits(l),
@@ -364,6 +391,7 @@ fn dlq_redrive_with_payload(
 fn dlq_purge(
     target: &DlqTarget,
     yes: bool,
+    (cascade, release): (bool, bool),
     connect: impl FnOnce() -> Result<Client, CliError>,
 ) -> Result<Output, CliError> {
     let selection = checked_selection(target)?;
@@ -373,18 +401,29 @@ fn dlq_purge(
         ));
     }
     let mut client = connect()?;
-    let mut call = |selection: DlqSelection, dry_run: bool| match client
-        .call(Request::DlqPurge { selection, dry_run })?
-    {
-        Response::Purge(p) => Ok(p),
-        other => Err(unexpected(&other, "dlq_purge")),
-    };
+    let mut call =
+        |selection: DlqSelection, dry_run: bool| match client.call(Request::DlqPurge {
+            selection,
+            dry_run,
+            cascade,
+            release,
+        })? {
+            Response::Purge(p) => Ok(p),
+            other => Err(unexpected(&other, "dlq_purge")),
+        };
     let plan = call(selection, true)?;
     let result = if target.dry_run {
         plan
     } else {
+        // Dependents cancelled or released by each batch, gathered across batches.
+        let mut cancelled = Vec::new();
+        let mut released = Vec::new();
         let done = in_batches(&plan.ids, batch_len(target.batch, None), None, |ids| {
-            call(DlqSelection::of_ids(ids), false).map(|p| (p.purged, p.ids, p.refused))
+            call(DlqSelection::of_ids(ids), false).map(|p| {
+                cancelled.extend(p.cancelled);
+                released.extend(p.released);
+                (p.purged, p.ids, p.refused)
+            })
         })
         .map_err(|(e, purged)| stopped(e, "purging", purged, plan.matched))?;
         PurgeResult {
@@ -393,6 +432,8 @@ fn dlq_purge(
             ids: done.ids,
             refused: [plan.refused, done.refused].concat(),
             dry_run: false,
+            cancelled,
+            released,
         }
     };
     let text = render::purge(&result);
@@ -535,9 +576,11 @@ mod tests {
             dry_run: false,
             batch: 100,
         };
-        let err = dlq_purge(&target, false, || panic!("must not connect"))
-            .err()
-            .expect("refused");
+        let err = dlq_purge(&target, false, (false, false), || {
+            panic!("must not connect")
+        })
+        .err()
+        .expect("refused");
         assert_eq!(err.exit_code(), 2);
         assert!(err.to_string().contains("--yes"));
     }

@@ -6,7 +6,8 @@
 //! after a failure exactly the job lines before one line (the "resume line") are
 //! accepted: the error says how many and from which line to resume. Ids are
 //! printed as each batch is accepted, one line per job line (with `--json`, one
-//! `{"line", "id", "duplicate"}` object per line).
+//! `{"line", "id", "duplicate"}` object per line). A line may carry a `ref` that
+//! later lines name in `after` ([`Refs`]).
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
@@ -56,6 +57,7 @@ pub fn enqueue(
         bytes: 0,
         accepted: 0,
         duplicates: 0,
+        refs: Refs::default(),
     };
     for (n, line) in input.lines().enumerate() {
         let number = n + 1;
@@ -65,10 +67,19 @@ pub fn enqueue(
             continue;
         }
         let job = parse_line(&line, sender.budget);
-        let (job, size) = sender.flush_then(job.map_err(|e| sender.stop(number, e)))?;
+        let (job, _) = sender.flush_then(job.map_err(|e| sender.stop(number, e)))?;
+        let resolved = sender.refs.resolve(&job, number, sender.budget);
+        let (mut job, mut size) =
+            sender.flush_then(resolved.map_err(|e| sender.stop(number, e)))?;
         if sender.batch.len() == MAX_JOBS || sender.bytes + size > sender.budget {
             sender.send()?;
+            // The refs of the batch just sent are ids now.
+            (job, size) = sender
+                .refs
+                .resolve(&job, number, sender.budget)
+                .map_err(|e| sender.stop(number, e))?;
         }
+        sender.refs.hold(&job, number, sender.batch.len());
         sender.batch.push(job);
         sender.lines.push(number);
         sender.bytes += size;
@@ -125,6 +136,90 @@ struct Sender<W: Write> {
     bytes: usize,
     accepted: usize,
     duplicates: usize,
+    refs: Refs,
+}
+
+/// The `ref`s of the lines so far. A line's `after` may name the `ref` of an
+/// earlier line: within the batch being filled the daemon resolves it; a `ref`
+/// of a batch already accepted is replaced by that job's id before the line is
+/// sent, so a flow may span batches (each batch is still all or nothing).
+#[derive(Default)]
+struct Refs {
+    /// Each `ref` given, with the line that gave it and its job's id once accepted.
+    known: std::collections::HashMap<String, (usize, Option<String>)>,
+    /// The `ref`s of the batch being filled, by index in the batch.
+    pending: Vec<(usize, String)>,
+}
+
+impl Refs {
+    /// `job` with the refs of accepted batches in its `after` replaced by their
+    /// ids (unchanged, as written, when it names none), and its size in the frame.
+    /// Errors: a `ref` given on an earlier line too, or a line grown past `budget`.
+    fn resolve(&self, job: &str, number: usize, budget: usize) -> Result<(String, usize), String> {
+        let mut fields: std::collections::BTreeMap<String, Box<RawValue>> =
+            serde_json::from_str(job).map_err(|e| format!("not a job object: {e}"))?;
+        if let Some(name) = fields
+            .get("ref")
+            .and_then(|r| serde_json::from_str::<String>(r.get()).ok())
+            && let Some((line, _)) = self.known.get(&name)
+            && *line != number
+        {
+            return Err(format!("ref {name:?} was given on line {line} already"));
+        }
+        let after: Option<Vec<Value>> = fields
+            .get("after")
+            .and_then(|a| serde_json::from_str(a.get()).ok());
+        let mut changed = false;
+        let after: Option<Vec<Value>> = after.map(|entries| {
+            entries
+                .into_iter()
+                .map(
+                    |entry| match entry.as_str().and_then(|e| self.known.get(e)) {
+                        Some((_, Some(id))) => {
+                            changed = true;
+                            Value::from(id.as_str())
+                        }
+                        _ => entry,
+                    },
+                )
+                .collect()
+        });
+        if !changed {
+            let size = Value::from(job).to_string().len() + 1;
+            return Ok((job.to_owned(), size));
+        }
+        let after = serde_json::value::to_raw_value(&after).map_err(|e| e.to_string())?;
+        fields.insert("after".into(), after);
+        let job = serde_json::to_string(&fields).map_err(|e| e.to_string())?;
+        let size = Value::from(job.as_str()).to_string().len() + 1;
+        if size > budget {
+            return Err(over_frame("the job", size, budget));
+        }
+        Ok((job, size))
+    }
+
+    /// Records the `ref` of `job` (line `number`), item `index` of the batch.
+    fn hold(&mut self, job: &str, number: usize, index: usize) {
+        let fields: Option<std::collections::BTreeMap<String, Box<RawValue>>> =
+            serde_json::from_str(job).ok();
+        let name = fields
+            .as_ref()
+            .and_then(|f| f.get("ref"))
+            .and_then(|r| serde_json::from_str::<String>(r.get()).ok());
+        if let Some(name) = name {
+            self.known.insert(name.clone(), (number, None));
+            self.pending.push((index, name));
+        }
+    }
+
+    /// The batch was accepted with these ids, in order.
+    fn accepted(&mut self, ids: &[String]) {
+        for (index, name) in std::mem::take(&mut self.pending) {
+            if let (Some(id), Some(entry)) = (ids.get(index), self.known.get_mut(&name)) {
+                entry.1 = Some(id.clone());
+            }
+        }
+    }
 }
 
 impl<W: Write> Sender<W> {
@@ -198,6 +293,8 @@ impl<W: Write> Sender<W> {
                 return Err(CliError::Protocol(format!("cannot write to stdout: {e}")));
             }
         }
+        let ids: Vec<String> = jobs.iter().map(|j| j.id.clone()).collect();
+        self.refs.accepted(&ids);
         self.accepted += jobs.len();
         self.duplicates += jobs.iter().filter(|j| j.duplicate).count();
         Ok(())

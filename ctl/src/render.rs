@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use comfy_table::{ContentArrangement, Table, presets};
 use qd_proto::{
-    BackupInfo, JobDetail, JobSummary, LimitsView, PurgeResult, QueueInfo, RedriveResult, Refusal,
-    ReloadInfo, Request, StatusInfo, Valued,
+    BackupInfo, EdgeInfo, JobDetail, JobSummary, JobTree, LimitsView, PurgeResult, QueueInfo,
+    RedriveResult, Refusal, ReloadInfo, Request, StatusInfo, TreeNode, Valued,
 };
 
 use crate::format::{age, bytes, one_line, secs_since, time};
@@ -201,6 +201,7 @@ pub fn dead_jobs(js: &[JobSummary], now_ms: i64) -> String {
         "QUEUE",
         "TENANT",
         "ATTEMPTS",
+        "BLOCKS",
         "DIED AT",
         "AGE",
         "LAST ERROR",
@@ -211,6 +212,7 @@ pub fn dead_jobs(js: &[JobSummary], now_ms: i64) -> String {
             j.queue.clone(),
             j.tenant.clone(),
             j.attempts.to_string(),
+            j.blocks.map_or("-".into(), |n| n.to_string()),
             time(j.updated_at),
             age(secs_since(j.updated_at, now_ms)),
             last_error(j),
@@ -243,6 +245,15 @@ pub fn job(d: &JobDetail, now_ms: i64) -> String {
     for (name, value) in fields {
         let _ = writeln!(out, "{name:<9}{value}");
     }
+    if let (Some(direct), Some(all)) = (j.blocks, d.blocks_transitive) {
+        let _ = writeln!(
+            out,
+            "{:<9}{direct} job(s) directly, {all} in all (transitively)",
+            "blocks"
+        );
+    }
+    edges(&mut out, "parents", &d.parents, d.parents.len() as u64);
+    edges(&mut out, "dependents", &d.dependents, d.dependents_total);
     let shown = d.payload_preview.len() as u64;
     let more = if d.payload_bytes > shown {
         " (truncated)"
@@ -268,6 +279,77 @@ pub fn job(d: &JobDetail, now_ms: i64) -> String {
         t.add_row(elided_row(d.history_elided));
     }
     out + &finish(&t)
+}
+
+/// A job's parents or dependents: one table row per edge, and how many more the
+/// daemon did not list.
+fn edges(out: &mut String, title: &str, list: &[EdgeInfo], total: u64) {
+    if total == 0 {
+        return;
+    }
+    let _ = writeln!(out, "\n{title} ({total}):");
+    let mut t = table(&["ID", "EDGE", "STATE", "QUEUE"]);
+    for e in list {
+        t.add_row(vec![
+            e.id.clone(),
+            e.edge.clone(),
+            e.state.clone().unwrap_or_else(|| "(purged)".into()),
+            e.queue.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    out.push_str(&finish(&t));
+    if total > list.len() as u64 {
+        let _ = writeln!(out, "... {} more", total - list.len() as u64);
+    }
+}
+
+/// `qctl jobs tree`: one line per job, indented by level, with the edge to the
+/// job above, then what was shown and whether a bound cut it.
+pub fn tree(t: &JobTree) -> String {
+    let mut out = String::new();
+    node_line(&mut out, &t.root, "", "");
+    let cut = if t.truncated {
+        format!(
+            "; truncated (at most {} levels, {} jobs: raise --depth or --limit)",
+            t.max_depth, t.max_nodes
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "{} job(s) of {}, {} level(s){cut}",
+        t.nodes, t.direction, t.depth
+    );
+    out
+}
+
+fn node_line(out: &mut String, n: &TreeNode, lead: &str, child_lead: &str) {
+    let state = n.state.as_deref().unwrap_or("(purged)");
+    let queue = n.queue.as_deref().unwrap_or("-");
+    let edge = n.edge.as_ref().map_or(String::new(), |e| format!("[{e}] "));
+    let mut tail = String::new();
+    if n.repeated {
+        tail.push_str(" (shown above)");
+    }
+    if n.more > 0 {
+        let _ = write!(tail, " (+{} not shown)", n.more);
+    }
+    let _ = writeln!(out, "{lead}{edge}{} {queue} {state}{tail}", n.id);
+    let last = n.children.len().saturating_sub(1);
+    for (i, c) in n.children.iter().enumerate() {
+        let (branch, next) = if i == last {
+            ("└── ", "    ")
+        } else {
+            ("├── ", "│   ")
+        };
+        node_line(
+            out,
+            c,
+            &format!("{child_lead}{branch}"),
+            &format!("{child_lead}{next}"),
+        );
+    }
 }
 
 /// A job's priority as `enqueue --priority` takes it: `0s`, `10m`, `-5m`.
@@ -329,9 +411,22 @@ pub fn redrive(r: &RedriveResult) -> String {
     )
 }
 
-/// `qctl dlq purge`: ids on a dry run, then exactly how many were purged.
+/// `qctl dlq purge`: ids on a dry run, the dependents `--cascade` cancelled or
+/// `--release` released, then exactly how many were purged.
 pub fn purge(r: &PurgeResult) -> String {
-    batch(
+    let (cancel, release) = if r.dry_run {
+        ("would cancel", "would release")
+    } else {
+        ("cancelled", "released")
+    };
+    let mut out = String::new();
+    for id in &r.cancelled {
+        let _ = writeln!(out, "{cancel} {id} (a dependent)");
+    }
+    for id in &r.released {
+        let _ = writeln!(out, "{release} {id} (a dependent)");
+    }
+    out + &batch(
         r.dry_run,
         &r.ids,
         &r.refused,
@@ -452,6 +547,7 @@ mod tests {
             updated_at: 1_000,
             ready_at: None,
             last_error: err.map(Into::into),
+            blocks: None,
         }
     }
 
@@ -531,6 +627,10 @@ mod tests {
             history_elided_at: 2,
             priority_ms: -300_000,
             result_bytes: Some(2048),
+            parents: vec![],
+            dependents: vec![],
+            dependents_total: 0,
+            blocks_transitive: None,
         };
         let out = job(&detail, 1_000);
         assert!(out.contains("priority -5m\n"), "{out}");

@@ -69,6 +69,8 @@ fn queue(name: &str, oldest: Option<f64>) -> QueueInfo {
         workers_min: 1,
         workers_max: 16,
         paused: false,
+        waiting: 0,
+        blocked: 0,
     }
 }
 

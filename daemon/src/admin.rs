@@ -9,6 +9,7 @@
 
 mod audit;
 pub use audit::Author;
+mod deps;
 mod inspect;
 mod ops;
 mod schedules;
@@ -24,11 +25,12 @@ use crate::admin_server::{AdminHandler, AdminServer, AdminServerArgs, DEFAULT_ID
 use crate::api::JobBody;
 use crate::broker::{self, BatchError, BrokerError, BrokerMsg, EnqueueRequest};
 use crate::config::MAX_WORKERS;
+use crate::daemon::Daemon;
 use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::{JobId, State};
 use crate::scheduler::{self, SchedulerMsg};
 use crate::store::{self, JobDetail as StoredJob};
-use crate::supervisor::{Daemon, SupervisorMsg};
+use crate::supervisor::SupervisorMsg;
 use crate::worker_pool::{self, PoolMsg};
 
 /// The registered name of the admin server.
@@ -167,22 +169,15 @@ impl Handler {
                 };
                 self.jobs_list(&selection, state, limit, after).await
             }
-            Request::JobsShow { id } => Ok(Response::Job(Box::new(views::detail(
-                &self.stored(&id).await?,
-            )))),
-            Request::DlqShow { id } => {
-                let detail = self.stored(&id).await?;
-                if detail.job.state != State::Dead {
-                    return Err(err(
-                        ErrorCode::Conflict,
-                        format!(
-                            "job {} is {}, not dead; see `qctl jobs show {}`",
-                            detail.job.id, detail.job.state, detail.job.id
-                        ),
-                    ));
-                }
-                Ok(Response::Job(Box::new(views::detail(&detail))))
-            }
+            Request::JobsShow { id } => self.show(&id, false).await,
+            Request::DlqShow { id } => self.show(&id, true).await,
+            Request::JobsRelease { id } => self.release(&id, peer, req_op).await,
+            Request::JobsTree {
+                id,
+                parents,
+                max_depth,
+                max_nodes,
+            } => self.tree(&id, parents, max_depth, max_nodes).await,
             Request::JobsCancel {
                 id,
                 keep_dependents,
@@ -325,18 +320,14 @@ impl Handler {
                 }
                 Ok(Response::Redrive(views::redrive(outcome, dry_run)))
             }
-            Request::DlqPurge { selection, dry_run } => {
-                selection
-                    .check_mutation()
-                    .map_err(|e| err(ErrorCode::BadRequest, e))?;
-                self.queue_filter(selection.queue.as_deref())?;
-                let sel = selection_of(&selection)?;
-                let pace = Pace::new(None, None);
-                let outcome = self.batched(sel, dry_run, pace, DlqMsg::Purge).await?;
-                if !dry_run {
-                    audit::jobs(peer, req_op, &outcome.moved, "dead", "deleted");
-                }
-                Ok(Response::Purge(views::purge(outcome, dry_run)))
+            Request::DlqPurge {
+                selection,
+                dry_run,
+                cascade,
+                release,
+            } => {
+                self.purge(&selection, dry_run, (cascade, release), peer, req_op)
+                    .await
             }
             Request::LimitsShow {} => Ok(self.limits()),
             Request::LimitsSet {
@@ -600,18 +591,16 @@ impl Handler {
         self.queue_exists(&queue)?;
         broker::check_batch_len(jobs.len())?;
         let max_payload = self.daemon.config().daemon.max_payload;
-        let mut reqs = Vec::with_capacity(jobs.len());
+        let mut bodies = Vec::with_capacity(jobs.len());
         for (index, job) in jobs.into_iter().enumerate() {
-            let req = job
-                .body()
-                .map_err(|e| BrokerError::Invalid(e.to_string()))
-                .and_then(|body| body.into_request(&queue, None, max_payload))
-                .map_err(|error| BatchError {
-                    index: Some(index),
-                    error,
-                })?;
-            reqs.push(req);
+            let body = job.body().map_err(|e| BatchError {
+                index: Some(index),
+                error: BrokerError::Invalid(e.to_string()),
+            })?;
+            bodies.push(body);
         }
+        let reqs =
+            crate::api::batch_requests(bodies, crate::api::BatchQueues::Path(&queue), max_payload)?;
         let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), CALL).await??;
         let new: Vec<JobId> = done.iter().filter(|e| !e.duplicate).map(|e| e.id).collect();
         audit::jobs(author, op, &new, "-", &format!("enqueued in queue {queue}"));

@@ -42,7 +42,7 @@ use crate::store::Store;
 use auth::LiveTokens;
 
 pub use error::ApiError;
-pub use producer::JobBody;
+pub use producer::{BatchQueues, JobBody, batch_requests};
 
 /// What the Api actor is started with.
 #[derive(Clone)]
@@ -165,6 +165,10 @@ pub fn router(args: ApiArgs, hosts: origin::HostAllow) -> Router {
         .route(
             "/v1/queues/{queue}/jobs/batch",
             post(producer::enqueue_batch).layer(DefaultBodyLimit::max(batch_limit)),
+        )
+        .route(
+            "/v1/jobs/batch",
+            post(producer::enqueue_flow).layer(DefaultBodyLimit::max(batch_limit)),
         )
         .route("/v1/jobs/{id}", get(producer::job))
         .route("/v1/queues/{queue}/leases", post(lessee::lease))

@@ -401,8 +401,28 @@ pub enum BrokerMsg {
         String,
         RpcReplyPort<Result<(), BrokerError>>,
     ),
-    /// Delete dead jobs (one atomic write).
+    /// Delete dead jobs (one atomic write). A job that holds back unfinished
+    /// jobs (children whose edge from it is not met) is refused, naming them.
     Purge(Vec<JobId>, RpcReplyPort<Result<BatchOutcome, BrokerError>>),
+    /// Delete dead jobs as [`BrokerMsg::Purge`] does, but count each one's edges
+    /// to the unfinished jobs it holds back as met first, in the same commit (a
+    /// purge with `--release`, by the operator named). Answers the outcome and
+    /// the dependents whose state a released edge changed.
+    PurgeReleasing(
+        Vec<JobId>,
+        String,
+        RpcReplyPort<Result<(BatchOutcome, Vec<JobId>), BrokerError>>,
+    ),
+    /// Count a blocked job's broken edges as met (an operator's release, by the
+    /// operator named) and settle it; answers after the commit: the job's new
+    /// record if its state changed and the parents released, or `None` when it
+    /// is not blocked (nothing written). An unknown job is
+    /// [`BrokerError::UnknownJob`].
+    Release(
+        JobId,
+        String,
+        RpcReplyPort<Result<Option<crate::store::Released>, BrokerError>>,
+    ),
     /// Cancel a job; a leased one loses its lease and its attempt ends `cancelled`
     /// (the lessee learns it from its next heartbeat or report, or sooner from its
     /// pool: see [`crate::worker_pool::PoolMsg::Revoke`]; on a shared store a job
@@ -470,8 +490,7 @@ const LOAD_CHUNK: usize = 4096;
 /// Pieces the store may read ahead of the Broker at start-up.
 const LOAD_AHEAD: usize = 4;
 
-/// The largest retry budget a producer may ask for.
-pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
+pub use crate::config::MAX_ATTEMPTS_LIMIT;
 /// The longest idempotency key, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
 /// The longest delay a producer may ask for (HTTP API and `qctl enqueue` alike).
@@ -729,7 +748,19 @@ impl BrokerState {
             BrokerMsg::RedriveWithPayload(id, payload, by, reply) => {
                 state.redrive_with_payload(id, payload, &by, reply, now)
             }
-            BrokerMsg::Purge(ids, reply) => state.purge(ids, reply),
+            BrokerMsg::Purge(ids, reply) => {
+                let done = move |r: Result<(BatchOutcome, Vec<JobId>), BrokerError>| {
+                    let _ = reply.send(r.map(|(outcome, _)| outcome));
+                };
+                state.purge(ids, None, done, now)
+            }
+            BrokerMsg::PurgeReleasing(ids, by, reply) => {
+                let done = move |r| {
+                    let _ = reply.send(r);
+                };
+                state.purge(ids, Some(by), done, now)
+            }
+            BrokerMsg::Release(id, by, reply) => state.release(id, by, reply, now),
             BrokerMsg::Cancel(id, by, reply) => state.cancel(id, &by, reply, now),
             BrokerMsg::Resync(what) => state.resync(what),
             BrokerMsg::Counts(reply) => {
@@ -765,8 +796,12 @@ impl BrokerState {
 /// they are read from it first.
 fn operator_targets(msg: &BrokerMsg) -> Option<Vec<JobId>> {
     match msg {
-        BrokerMsg::Redrive(ids, ..) | BrokerMsg::Purge(ids, _) => Some(ids.clone()),
-        BrokerMsg::RedriveWithPayload(id, ..) | BrokerMsg::Cancel(id, ..) => Some(vec![*id]),
+        BrokerMsg::Redrive(ids, ..)
+        | BrokerMsg::Purge(ids, _)
+        | BrokerMsg::PurgeReleasing(ids, ..) => Some(ids.clone()),
+        BrokerMsg::RedriveWithPayload(id, ..)
+        | BrokerMsg::Cancel(id, ..)
+        | BrokerMsg::Release(id, ..) => Some(vec![*id]),
         _ => None,
     }
 }

@@ -21,6 +21,9 @@
 //!   connection of its own, reconnected after a loss) and sends the Broker
 //!   [`BrokerMsg::Refresh`] for each notification, and once per `poll_interval`
 //!   whatever arrives (polling is the fallback when notifications are lost);
+//! - on the same connection it hears of rate limiters paused on other nodes
+//!   (`LISTEN qd_limiters`) and pauses them here for what is left of the pause;
+//!   each heartbeat also reads the pauses in force, for announcements it missed;
 //! - at each poll and heartbeat it tells every Scheduler to try again the tenants it
 //!   holds at their `max_concurrency` across the cluster
 //!   ([`crate::scheduler::SchedulerMsg::Reopen`]): a lease of theirs may have ended
@@ -40,6 +43,7 @@
 //! Supervised by the Supervisor; the listener and fencing tasks are aborted when it
 //! stops.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -50,12 +54,15 @@ use tracing::{debug, error, info, warn};
 
 use crate::broker::{self, BrokerMsg};
 use crate::config::DatabaseConfig;
+use crate::daemon::Daemon;
 use crate::fence;
 use crate::metrics::DepthState;
+use crate::rate_limit::Limiters;
 use crate::scheduler::SchedulerMsg;
 use crate::store::StoreError;
 use crate::store::postgres::NOTIFY_CHANNEL;
-use crate::supervisor::{self, Daemon, SupervisorMsg};
+use crate::store::postgres::limiter_pause::{self, LIMITER_CHANNEL};
+use crate::supervisor::{self, SupervisorMsg};
 
 /// The registered name of the Cluster actor.
 pub const NAME: &str = "cluster";
@@ -129,7 +136,7 @@ impl Actor for Cluster {
         let node_timeout = args.database.node_timeout;
         fence::arm(node_timeout);
         let fencing = tokio::spawn(watch_fence(args.daemon.cluster.clone(), node_timeout));
-        let listener = tokio::spawn(listen(args.database));
+        let listener = tokio::spawn(listen(args.database, args.daemon.limiters.clone()));
         Ok(ClusterState {
             daemon: args.daemon,
             failing: false,
@@ -189,15 +196,18 @@ impl ClusterState {
             .daemon
             .store
             .run(|b| {
-                let epoch = match b.shared() {
-                    Some(shared) => shared.beat()?,
-                    None => None,
+                let (epoch, pauses) = match b.shared() {
+                    Some(shared) => (shared.beat()?, shared.limiter_pauses()?),
+                    None => (None, Vec::new()),
                 };
-                Ok((epoch, b.overrides()?))
+                Ok((epoch, b.overrides()?, pauses))
             })
             .await;
         let epoch = match result {
-            Ok((epoch, overrides)) => {
+            Ok((epoch, overrides, pauses)) => {
+                for (name, left) in pauses {
+                    self.daemon.limiters.hold_paused(&name, left);
+                }
                 if std::mem::take(&mut self.failing) {
                     info!("Node heartbeat written again.");
                 }
@@ -325,11 +335,12 @@ async fn watch_fence(view: std::sync::Arc<ClusterView>, node_timeout: Duration) 
 }
 
 /// Listens on [`NOTIFY_CHANNEL`] and sends the Broker a [`BrokerMsg::Refresh`] per
-/// notification; reconnects after a lost connection (polling covers the gap).
-async fn listen(database: DatabaseConfig) {
+/// notification, and on [`LIMITER_CHANNEL`] and pauses the limiter it names;
+/// reconnects after a lost connection (polling and heartbeats cover the gap).
+async fn listen(database: DatabaseConfig, limiters: Arc<Limiters>) {
     let retry = database.poll_interval.max(Duration::from_secs(1));
     loop {
-        match listen_once(&database).await {
+        match listen_once(&database, &limiters).await {
             Ok(()) => debug!("Notification connection closed; reconnecting."),
             Err(err) => debug!(error = %err, "Notification connection failed; polling meanwhile."),
         }
@@ -338,15 +349,16 @@ async fn listen(database: DatabaseConfig) {
 }
 
 /// One notification connection, until it ends.
-async fn listen_once(database: &DatabaseConfig) -> Result<(), String> {
+async fn listen_once(database: &DatabaseConfig, limiters: &Limiters) -> Result<(), String> {
     let config = database.client_config()?;
     let (client, mut connection) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
             match message {
-                Ok(AsyncMessage::Notification(_)) => {
-                    if tx.send(()).is_err() {
+                Ok(AsyncMessage::Notification(n)) => {
+                    let pause = (n.channel() == LIMITER_CHANNEL).then(|| n.payload().to_owned());
+                    if tx.send(pause).is_err() {
                         return;
                     }
                 }
@@ -359,13 +371,24 @@ async fn listen_once(database: &DatabaseConfig) -> Result<(), String> {
         }
     });
     client
-        .batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))
+        .batch_execute(&format!(
+            "LISTEN {NOTIFY_CHANNEL}; LISTEN {LIMITER_CHANNEL}"
+        ))
         .await
         .map_err(|e| e.to_string())?;
     // Jobs may have arrived before the LISTEN: look once.
     broker::cast(BrokerMsg::Refresh);
-    while rx.recv().await.is_some() {
-        broker::cast(BrokerMsg::Refresh);
+    while let Some(pause) = rx.recv().await {
+        match pause {
+            None => broker::cast(BrokerMsg::Refresh),
+            Some(payload) => match limiter_pause::parse_announcement(&payload) {
+                Some((name, left)) => limiters.hold_paused(name, left),
+                None => debug!(
+                    payload,
+                    "A limiter announcement of an unknown shape; ignored."
+                ),
+            },
+        }
     }
     driver.abort();
     Ok(())

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use database::DatabaseConfig;
+pub use database::{DatabaseConfig, describe_postgres};
 
 mod compile;
 /// The tenant of jobs enqueued without one; every tenant without a `[tenants.NAME]`
@@ -31,6 +31,68 @@ pub(crate) use units::is_valid_name;
 
 #[cfg(test)]
 mod tests;
+
+/// The history cap (`[daemon] history = { keep_first, keep_last, max_error }`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryLimits {
+    /// Oldest entries always kept (default 5; may be 0).
+    pub keep_first: u32,
+    /// Newest entries always kept (default 20; at least 1, so the numbering of
+    /// entries never restarts and the latest attempt is always shown).
+    pub keep_last: u32,
+    /// Most bytes of error text stored per entry (default 2 KiB; at least
+    /// [`MIN_MAX_ERROR`]). Longer text keeps its first quarter and its end.
+    pub max_error: usize,
+}
+
+/// The smallest `max_error`: room for the elision marker and some text around it.
+pub const MIN_MAX_ERROR: usize = 64;
+
+impl Default for HistoryLimits {
+    /// The first 5 and the last 20 entries, 2 KiB of error text each: a job's history
+    /// stays under about 60 KB however often it was attempted.
+    fn default() -> Self {
+        HistoryLimits {
+            keep_first: 5,
+            keep_last: 20,
+            max_error: 2048,
+        }
+    }
+}
+
+/// A queue created through SQS's `CreateQueue`, as the store keeps it: its
+/// attributes (every settable one, defaults filled in), tags and times (Unix ms).
+/// Its rules (defaults, checks, what a change does) are in `api::sqs::created`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreatedQueue {
+    /// Its settable attributes, every one with a default present.
+    pub attributes: BTreeMap<String, String>,
+    /// Its tags.
+    pub tags: BTreeMap<String, String>,
+    /// When it was created.
+    pub created_at: crate::job::UnixMillis,
+    /// When its attributes last changed.
+    pub modified_at: crate::job::UnixMillis,
+}
+
+/// The largest retry budget a job may have (a producer's `max_attempts`, a
+/// schedule's).
+pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
+
+/// The checks against the machine that [`Config::load_checked`] runs in the same
+/// pass as the file's own, so one run lists every problem. They need the API's
+/// token file parser, the admin socket's group lookup and the executors, all above
+/// config, so the caller passes them in (`crate::machine::Machine`). Each answers
+/// the problem's message, reported at the key that named the thing checked.
+pub trait MachineChecks {
+    /// Reads the API token file at `path` (exists, owner-only, valid, names only
+    /// queues for which `known_queue` is true).
+    fn token_file(&self, path: &Path, known_queue: &dyn Fn(&str) -> bool) -> Result<(), String>;
+    /// Resolves the admin socket's group.
+    fn admin_group(&self, group: &str) -> Result<(), String>;
+    /// Builds the executor `spec` describes (header and env names, the HTTP client).
+    fn executor(&self, spec: &crate::executor::ExecutorSpec) -> Result<(), String>;
+}
 
 /// The compiled configuration of one daemon.
 #[derive(Clone, Debug, PartialEq)]
@@ -86,7 +148,7 @@ pub struct DaemonConfig {
     pub restart: RestartIntensity,
     /// The history cap: entries kept per job and error bytes per entry (default
     /// the first 5 and the last 20 entries, 2 KiB each).
-    pub history: crate::store::HistoryLimits,
+    pub history: HistoryLimits,
     /// The HTTP API's connection limits (`daemon.http`).
     pub http: HttpLimits,
 }
@@ -135,7 +197,7 @@ pub struct SqsConfig {
     /// The queues created through SQS's `CreateQueue` that are in force (stored in
     /// the store, not the file; a file queue of the same name wins), by name. Their
     /// qd settings are in [`Config::queues`] beside the file's.
-    pub created: BTreeMap<String, crate::api::sqs::created::CreatedQueue>,
+    pub created: BTreeMap<String, CreatedQueue>,
 }
 
 /// One periodic job: which job each tick of its timing enqueues, and how missed
@@ -358,9 +420,9 @@ impl Config {
     /// machine: the API token file (exists, owner-only mode, valid, names only
     /// configured queues), the admin group, and each queue's executor. What `qd
     /// check-config`, `qd run` and a reload use, so one run lists every problem.
-    pub fn load_checked(path: &Path) -> Result<Config, ConfigErrors> {
+    pub fn load_checked(path: &Path, machine: &dyn MachineChecks) -> Result<Config, ConfigErrors> {
         let text = Self::read(path)?;
-        Self::compile_text(&text, path, true)
+        Self::compile_text(&text, path, Some(machine))
     }
 
     fn read(path: &Path) -> Result<String, ConfigErrors> {
@@ -379,12 +441,16 @@ impl Config {
     /// resolved against `source`'s directory. Reports every problem at once.
     /// Never panics. Checks the file system (executor programs, `cwd`).
     pub fn parse(text: &str, source: &Path) -> Result<Config, ConfigErrors> {
-        Self::compile_text(text, source, false)
+        Self::compile_text(text, source, None)
     }
 
-    fn compile_text(text: &str, source: &Path, environment: bool) -> Result<Config, ConfigErrors> {
+    fn compile_text(
+        text: &str,
+        source: &Path,
+        machine: Option<&dyn MachineChecks>,
+    ) -> Result<Config, ConfigErrors> {
         let source = std::path::absolute(source).unwrap_or_else(|_| source.to_path_buf());
-        compile::compile(text, &source, environment).map_err(|mut errors| {
+        compile::compile(text, &source, machine).map_err(|mut errors| {
             errors.sort_by_key(|e| (e.line.is_none(), e.line, e.column));
             ConfigErrors { source, errors }
         })

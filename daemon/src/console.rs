@@ -40,7 +40,7 @@ use tracing::info;
 use crate::admin::{Author, Handler};
 use crate::api::origin::{self, HostAllow};
 use crate::config::ConsoleConfig;
-use crate::supervisor::Daemon;
+use crate::daemon::Daemon;
 use session::{Sessions, Who};
 
 /// The registered name of the Console actor.

@@ -190,6 +190,25 @@ pub fn settle_child(child: &Job, counts: Counts, now: UnixMillis) -> Option<Job>
     Some(next)
 }
 
+/// How many ids a refusal or a count names before it says "and N more".
+pub const NAMED: usize = 10;
+
+/// The refusal of a purge of `parent`, which holds back the unfinished jobs
+/// `blocked`: names them (the first [`NAMED`], then how many more) and the ways
+/// out.
+pub fn holds_back(parent: JobId, blocked: &[JobId]) -> String {
+    let mut names: Vec<String> = blocked.iter().take(NAMED).map(JobId::to_string).collect();
+    if blocked.len() > NAMED {
+        names.push(format!("and {} more", blocked.len() - NAMED));
+    }
+    format!(
+        "job {parent} blocks {} unfinished job(s): {}; purge with --cascade to cancel its \
+         dependents, or --release to count its edges as met",
+        blocked.len(),
+        names.join(", ")
+    )
+}
+
 /// Why an enqueue's `after` was refused. Nothing is written.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AfterError {
@@ -231,6 +250,7 @@ pub fn parse_after(after: Option<Vec<String>>, policy: Option<String>) -> Result
         return Ok(After {
             parents: Vec::new(),
             policy,
+            refs: Vec::new(),
         });
     };
     if after.is_empty() {
@@ -251,7 +271,11 @@ pub fn parse_after(after: Option<Vec<String>>, policy: Option<String>) -> Result
         })
         .collect::<Result<Vec<_>, _>>()?;
     check_after(&parents).map_err(|e| e.to_string())?;
-    Ok(After { parents, policy })
+    Ok(After {
+        parents,
+        policy,
+        refs: Vec::new(),
+    })
 }
 
 /// The dependency part of one new job: its parents and policy.
@@ -261,6 +285,10 @@ pub struct After {
     pub parents: Vec<JobId>,
     /// When an edge counts as met.
     pub policy: AfterPolicy,
+    /// Parents that are earlier items of the same batch, by index (a batch item's
+    /// `"ref"`): their ids are chosen by the Broker, which adds them to `parents`
+    /// before the write.
+    pub refs: Vec<usize>,
 }
 
 /// Edges and counters held in memory: the memory engine's tables, and the model

@@ -4,13 +4,15 @@
 //! executors ([`ExecutorSpec`] and friends), the input of one attempt ([`JobRun`]),
 //! its result ([`ExecResult`]) and the dispatching [`Executor`]. The behaviour lives
 //! in [`command`] (a child process per attempt, in its own process group) and
-//! [`http`] (a webhook POST per attempt).
+//! [`http`] (a webhook POST per attempt). A job's parents reach a command through
+//! [`parents_file`] and a webhook through its envelope (`send_parents`).
 //!
 //! An executor never decides retries: it classifies how the attempt ended into a
 //! [`Failure`] and the broker applies the job's budget and backoff.
 
 pub mod command;
 pub mod http;
+pub mod parents_file;
 pub mod result_file;
 
 use std::collections::{BTreeMap, HashMap};
@@ -81,6 +83,9 @@ pub struct HttpSpec {
     pub timeout: Duration,
     /// Keep a successful response's body as the job's result (`store_result`).
     pub store_result: bool,
+    /// POST a JSON envelope `{"payload" | "payload_b64", "parents"}` in place of
+    /// the bare payload (`send_parents`).
+    pub send_parents: bool,
 }
 
 /// A queue's executor.
@@ -123,6 +128,10 @@ pub struct JobRun {
     /// The lease length: how long qd may be silent before the attempt's watchdog
     /// takes it for frozen (at least 5 s).
     pub lease: Duration,
+    /// The job's parents with their results, read for an executor that hands them
+    /// on ([`Executor::wants_parents`]): `$QD_PARENTS_FILE`, a webhook's envelope.
+    /// `None` when not read.
+    pub parents: Option<Vec<crate::results::ParentBody>>,
 }
 
 /// How one attempt ended.
@@ -193,6 +202,16 @@ impl Executor {
             ExecutorSpec::Http(h) => Some(Executor::Http(http::HttpExecutor::new(h)?)),
             ExecutorSpec::External => None,
         })
+    }
+
+    /// Whether this executor hands a job's parents on (a command's
+    /// `$QD_PARENTS_FILE`; a webhook with `send_parents`), so the worker reads
+    /// them before the attempt.
+    pub fn wants_parents(&self) -> bool {
+        match self {
+            Executor::Command(_) => true,
+            Executor::Http(h) => h.sends_parents(),
+        }
     }
 
     /// Runs one attempt of `job` to its end and classifies the outcome.

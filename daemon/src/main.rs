@@ -12,6 +12,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use qd::api::auth::{LiveTokens, Tokens};
 use qd::config::Config;
+use qd::daemon::Daemon;
 use qd::data_lock::DataDirLock;
 use qd::executor::Executors;
 use qd::executor::command::{self as command_executor, watchdog};
@@ -19,7 +20,7 @@ use qd::limits::Limits;
 use qd::rate_limit::Limiters;
 use qd::store::postgres::PgOptions;
 use qd::store::{SqliteOptions, Store};
-use qd::supervisor::{self, Daemon, Supervisor, SupervisorMsg};
+use qd::supervisor::{self, Supervisor, SupervisorMsg};
 use ractor::{Actor, ActorRef};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing::{error, info};
@@ -130,7 +131,7 @@ fn main() -> ExitCode {
 /// one pass). `check-config`, `run` and a reload share it, so systemd's
 /// `ExecStartPre` catches what would stop the daemon.
 fn load(path: &std::path::Path) -> Result<Config, String> {
-    Config::load_checked(path).map_err(|errors| errors.to_string())
+    Config::load_checked(path, &qd::machine::Machine).map_err(|errors| errors.to_string())
 }
 
 fn init_logging() {

@@ -30,11 +30,11 @@ use crate::broker::{self, BrokerError, BrokerMsg, EnqueueRequest, Fire, Fired};
 use crate::clock::wall_ms;
 use crate::cluster::ClusterView;
 use crate::config::ScheduleConfig;
+use crate::daemon::Daemon;
 use crate::job::UnixMillis;
 use crate::metrics::{self, ScheduleResult};
 use crate::schedule::{self, FireKind, Overlap};
 use crate::store::{Advance, ScheduleRow, StoreError};
-use crate::supervisor::Daemon;
 
 /// The registered name of the Periodic actor.
 pub const NAME: &str = "periodic";

@@ -15,8 +15,16 @@
 //! takes tokens from it in small chunks ([`chunk`]) into a local pool, spends them
 //! one per job, and asks for more, behind the scenes, when the pool is empty.
 //! Tokens taken are never given back, so the cluster never admits more than `rate`
-//! × seconds + `burst`; a node may hold up to one chunk it does not use. A pause
-//! stays this node's.
+//! × seconds + `burst`; a node may hold up to one chunk it does not use.
+//!
+//! There a pause is the cluster's too: the node that saw the throttled result
+//! pauses at once and stores the pause's end in the limiter's row
+//! ([`crate::store::SharedStore::pause_limiter`], the database's clock), which
+//! announces it. Every other node pauses for what is left of it when the
+//! announcement arrives ([`Limiters::hold_paused`], from `cluster.rs`), at its
+//! next heartbeat, or at its next refill, which the paused bucket refuses, so no
+//! node spends more than the tokens it already held (at most one chunk) before it
+//! knows.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -30,11 +38,15 @@ use tokio::time::Instant;
 
 use crate::config::RateLimiterConfig;
 use crate::limits::Limits;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, Tokens};
 
 /// How long a Scheduler waits before it tries again when a shared limiter's pool is
 /// empty and its refill is under way.
 const REFILL_RETRY: Duration = Duration::from_millis(10);
+
+/// How much later than the last pause it stored a throttled result's pause must
+/// end for a node to store it again (see `SharedBucket::stored_pause`).
+const STORE_PAUSE_STEP: Duration = Duration::from_millis(100);
 
 /// Tokens a node takes from a shared bucket at once: a quarter of a second's
 /// worth, at least 1, at most the burst. A node asks for the next chunk when it
@@ -53,6 +65,10 @@ struct SharedBucket {
     store: Store,
     /// Tokens taken from the store and not yet spent.
     pool: Arc<AtomicU32>,
+    /// The end of the last pause this node asked the store to keep: a throttled
+    /// result that would not move it by more than [`STORE_PAUSE_STEP`] is not
+    /// stored again, so a burst of throttled results costs one write.
+    stored_pause: Arc<Mutex<Option<Instant>>>,
     /// A refill is under way.
     refilling: Arc<AtomicBool>,
     /// After a refill that got nothing: no new one before this (the time one token
@@ -86,7 +102,9 @@ pub struct RateLimiter {
     name: String,
     bucket: RwLock<Bucket>,
     clock: DefaultClock,
-    paused_until: Mutex<Option<Instant>>,
+    /// Shared with a shared bucket's refills, which learn of pauses stored by
+    /// other nodes.
+    paused_until: Arc<Mutex<Option<Instant>>>,
     /// On a shared store, the tokens come from its bucket instead of `bucket`'s.
     shared: Option<SharedBucket>,
 }
@@ -99,7 +117,7 @@ impl RateLimiter {
             name: name.to_string(),
             bucket: RwLock::new(Bucket::new(cfg)),
             clock: DefaultClock::default(),
-            paused_until: Mutex::new(None),
+            paused_until: Arc::default(),
             shared: None,
         }
     }
@@ -110,6 +128,7 @@ impl RateLimiter {
             shared: Some(SharedBucket {
                 store,
                 pool: Arc::default(),
+                stored_pause: Arc::default(),
                 refilling: Arc::default(),
                 not_before: Arc::default(),
             }),
@@ -191,6 +210,7 @@ impl RateLimiter {
         let name = self.name.clone();
         let (pool, refilling) = (shared.pool.clone(), shared.refilling.clone());
         let not_before = shared.not_before.clone();
+        let paused_until = self.paused_until.clone();
         let one_token = Duration::from_secs(1) / settings.per_second.max(1);
         shared.store.submit(
             move |b| {
@@ -200,10 +220,13 @@ impl RateLimiter {
             },
             move |result| {
                 match result {
-                    Ok(granted) => {
+                    Ok(Tokens::Taken(granted)) => {
                         pool.fetch_add(granted, Ordering::AcqRel);
                         let empty = (granted == 0).then(|| Instant::now() + one_token);
                         *not_before.lock().unwrap_or_else(|e| e.into_inner()) = empty;
+                    }
+                    Ok(Tokens::Paused(left)) => {
+                        extend_pause(&paused_until, Instant::now() + left);
                     }
                     Err(err) => {
                         tracing::debug!(error = %err, "Taking rate-limiter tokens failed.");
@@ -215,14 +238,60 @@ impl RateLimiter {
     }
 
     /// Hands out no token for `for_at_least` (a downstream said "throttled").
-    /// Overlapping pauses keep the later end.
+    /// Overlapping pauses keep the later end. With a shared bucket, every node
+    /// pauses too: the pause is stored with the bucket (behind the scenes; until
+    /// it is, other nodes may still spend tokens).
     pub fn pause(&self, for_at_least: Duration) {
         let until = Instant::now() + for_at_least;
-        let mut paused = self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
-        if paused.is_none_or(|p| p < until) {
-            *paused = Some(until);
-        }
+        extend_pause(&self.paused_until, until);
         crate::metrics::limiter_throttled(&self.name);
+        if let Some(shared) = &self.shared {
+            {
+                let mut stored = shared
+                    .stored_pause
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if stored.is_some_and(|s| s + STORE_PAUSE_STEP >= until) {
+                    return;
+                }
+                *stored = Some(until);
+            }
+            let (name, settings) = (self.name.clone(), self.settings());
+            let stored = shared.stored_pause.clone();
+            shared.store.submit(
+                move |b| {
+                    b.shared()
+                        .ok_or_else(|| StoreError::Other("the store is not shared".into()))?
+                        .pause_limiter(&name, for_at_least, &settings)
+                },
+                move |result| {
+                    if let Err(err) = result {
+                        // The next throttled result tries again.
+                        *stored.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        static LOG: crate::log_every::Every =
+                            crate::log_every::Every::new(crate::log_every::STORE_ERRORS);
+                        if let Some(left_out) = LOG.due() {
+                            tracing::warn!(error = %err, earlier_not_logged = left_out, "Storing a rate limiter's pause failed; it holds on this node only (logged at most every 10 s).");
+                        }
+                    }
+                },
+            );
+        }
+    }
+
+    /// Hands out no token for `left` because another node stored a pause of this
+    /// limiter (what is left of it by the database's clock): [`Self::pause`]
+    /// without storing or counting it again.
+    pub fn hold_paused(&self, left: Duration) {
+        extend_pause(&self.paused_until, Instant::now() + left);
+    }
+}
+
+/// Moves a pause's end to `until` unless it already ends later.
+fn extend_pause(paused_until: &Mutex<Option<Instant>>, until: Instant) {
+    let mut paused = paused_until.lock().unwrap_or_else(|e| e.into_inner());
+    if paused.is_none_or(|p| p < until) {
+        *paused = Some(until);
     }
 }
 
@@ -254,6 +323,15 @@ impl Limiters {
     pub fn get(&self, name: &str) -> Option<Arc<RateLimiter>> {
         let map = self.by_name.read().unwrap_or_else(|e| e.into_inner());
         map.get(name).cloned()
+    }
+
+    /// Pauses limiter `name` on this node for `left`, a pause another node stored
+    /// ([`RateLimiter::hold_paused`]); an unknown name is ignored (a limiter this
+    /// node's config does not have).
+    pub fn hold_paused(&self, name: &str, left: Duration) {
+        if let Some(limiter) = self.get(name) {
+            limiter.hold_paused(left);
+        }
     }
 
     /// Every limiter, sorted by name.

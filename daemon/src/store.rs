@@ -228,11 +228,109 @@ pub trait Backend: Send {
         Ok(None)
     }
 
+    /// [`Backend::release_edges`] with the operator `by` named in the child's
+    /// history line (`released by uid N (parents ...)`). Only a `blocked` child is
+    /// released; any other state answers `None`. The default ignores `by`.
+    fn release_edges_by(
+        &mut self,
+        child: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Option<Released>, StoreError> {
+        let _ = by;
+        self.release_edges(child, now)
+    }
+
+    /// The records of `ids` (no payload, no history), in order; `None` for a job
+    /// not stored (never enqueued, or purged or pruned). The default reads each
+    /// job whole.
+    fn job_records(&mut self, ids: &[JobId]) -> Result<Vec<Option<Job>>, StoreError> {
+        ids.iter()
+            .map(|id| Ok(self.job(*id)?.map(|d| d.job)))
+            .collect()
+    }
+
+    /// The unfinished direct children `parent` holds back: those whose edge from it
+    /// is not met (a dead parent's broken edges), in id order. A purge of `parent`
+    /// would leave them waiting for a job that no longer exists. The default reads
+    /// [`Backend::edges`] and each child's state.
+    fn blocked_by(&mut self, parent: JobId) -> Result<Vec<JobId>, StoreError> {
+        let edges = self.edges(parent)?;
+        let mut held = Vec::new();
+        for (child, edge) in edges.children {
+            if edge == crate::deps::Edge::Met {
+                continue;
+            }
+            if self.job(child)?.is_some_and(|d| !d.job.state.is_final()) {
+                held.push(child);
+            }
+        }
+        Ok(held)
+    }
+
+    /// How many jobs `parent` holds back: its direct ones ([`Backend::blocked_by`])
+    /// and, transitively, every unfinished job below them reached over edges that
+    /// are not met (each job once).
+    fn blocked_counts(&mut self, parent: JobId) -> Result<BlockedCounts, StoreError> {
+        let direct = self.blocked_by(parent)?;
+        let mut seen: std::collections::BTreeSet<JobId> = direct.iter().copied().collect();
+        let mut todo = direct.clone();
+        while let Some(id) = todo.pop() {
+            for child in self.blocked_by(id)? {
+                if seen.insert(child) {
+                    todo.push(child);
+                }
+            }
+        }
+        Ok(BlockedCounts {
+            direct: direct.len() as u64,
+            transitive: seen.len() as u64,
+        })
+    }
+
+    /// Counts every edge from `parent` to an unfinished child that is not met as
+    /// met (a purge with `--release`), and settles those children at `now` with a
+    /// history line naming `by`; answers the children whose state changed. A
+    /// backend without dependencies has nothing to release; one that holds edges
+    /// but cannot release them refuses.
+    fn release_parent(
+        &mut self,
+        parent: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Vec<Job>, StoreError> {
+        let _ = (by, now);
+        if self.blocked_by(parent)?.is_empty() {
+            Ok(Vec::new())
+        } else {
+            Err(StoreError::Other(
+                "this store engine cannot release dependency edges".into(),
+            ))
+        }
+    }
+
     /// The edges of `id`: its parents and its direct children, each with the edge's
     /// state, in id order.
     fn edges(&mut self, id: JobId) -> Result<Edges, StoreError> {
         let _ = id;
         Ok(Edges::default())
+    }
+
+    /// The parents of each of `children` as the child's attempt sees them (a
+    /// lease's `parents`, `$QD_PARENTS_FILE`, a webhook's envelope): each parent's
+    /// id, state, result and last error, in parent id order, one list per child in
+    /// the order given (empty for a job without parents). One read. An engine
+    /// without dependencies answers empty lists (it refuses `after`).
+    fn parents_of(&mut self, children: &[JobId]) -> Result<Vec<Vec<ParentView>>, StoreError> {
+        Ok(vec![Vec::new(); children.len()])
+    }
+
+    /// The queue of each of `ids`, in order; `None` for an unknown job (the check
+    /// that a token may use the queues of the parents it names).
+    fn queues_of(&mut self, ids: &[JobId]) -> Result<Vec<Option<Arc<str>>>, StoreError> {
+        ids.iter()
+            .map(|id| Ok(self.job(*id)?.map(|d| d.job.queue)))
+            .collect()
     }
 
     /// Every unfinished job that depends on `root`, directly or not, in id order.
@@ -486,6 +584,18 @@ pub trait SharedStore {
     /// other nodes enqueued, redrove or gave back.
     fn claimable(&mut self, queues: &[String], per_queue: u32) -> Result<Vec<Job>, StoreError>;
 
+    /// The oldest claimable jobs of each tenant with unfinished jobs in each of
+    /// `queues`: `per_tenant` of each, fewer when more than `most / per_tenant`
+    /// tenants share a queue (at least one each). What a node reads when
+    /// [`Self::claimable`]'s window did not hold a queue whole, so that every
+    /// backlogged tenant is seen by every node.
+    fn tenant_heads(
+        &mut self,
+        queues: &[String],
+        per_tenant: u32,
+        most: u32,
+    ) -> Result<Vec<Job>, StoreError>;
+
     /// Claims up to `next.limit` jobs of `next.queue` (of `next.tenant` only, if
     /// given) that no node holds and whose `ready_at` is at most `next.now`, oldest
     /// first, skipping rows another node is claiming at this moment (`FOR UPDATE
@@ -565,6 +675,12 @@ pub trait SharedStore {
     /// commit (the enqueue is refused as unavailable; retry).
     fn queue_depth(&mut self, queue: &str) -> Result<Option<u64>, StoreError>;
 
+    /// How many jobs of `tenant` in `queue` count against the tenant's `max_depth`
+    /// across every node (ready, delayed and leased), once no other node is
+    /// deciding an enqueue of that tenant to that queue: [`Self::queue_depth`] for
+    /// the tenant's own depth lock ([`DepthLock::Tenant`]).
+    fn tenant_depth(&mut self, queue: &str, tenant: &str) -> Result<Option<u64>, StoreError>;
+
     /// The stored records of `ids` (unknown ids are absent), a lease showing as
     /// state leased with its token: what a node reads before an operator's change
     /// of jobs another node may have changed.
@@ -598,13 +714,30 @@ pub trait SharedStore {
     /// a live retune of a local bucket does; it refills at `settings.per_second` by
     /// the database's clock and holds at most `settings.burst`, or the rate when 0);
     /// answers how many were taken (0 also when another node's transaction holds the
-    /// bucket). Tokens are never given back.
+    /// bucket), or, while a pause stored by [`Self::pause_limiter`] is in force,
+    /// none and what is left of the pause. Tokens are never given back.
     fn take_tokens(
         &mut self,
         name: &str,
         want: u32,
         settings: &crate::config::RateLimiterConfig,
-    ) -> Result<u32, StoreError>;
+    ) -> Result<Tokens, StoreError>;
+
+    /// Pauses rate limiter `name` for every node: its bucket hands out no token
+    /// until `for_at_least` from now by the database's clock (a later stored end
+    /// stays), and every node is told (`NOTIFY`). Answers what is left of the
+    /// pause in force. [`StoreError::Busy`] when other nodes' refills held the
+    /// limiter's row through every try (the pause is then this node's only).
+    fn pause_limiter(
+        &mut self,
+        name: &str,
+        for_at_least: Duration,
+        settings: &crate::config::RateLimiterConfig,
+    ) -> Result<Duration, StoreError>;
+
+    /// Every rate limiter whose stored pause is in force, with what is left of it
+    /// by the database's clock.
+    fn limiter_pauses(&mut self) -> Result<Vec<(String, Duration)>, StoreError>;
 
     /// Jobs per (queue, state) for the unfinished states, across the cluster, at
     /// `now` (Unix ms): a lease counts as leased, a delayed job whose `ready_at` has
@@ -649,6 +782,26 @@ pub struct TenantCap {
     /// The most of its jobs of this queue leased at once across every node (0
     /// holds them all).
     pub max: u32,
+}
+
+/// A `max_depth` lock an enqueue takes in a shared store until its transaction
+/// ends ([`SharedStore::queue_depth`], [`SharedStore::tenant_depth`]): the
+/// writer takes every such lock of a batch up front ([`Engine::lock_depths`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DepthLock {
+    /// A queue's `max_depth`.
+    Queue(String),
+    /// A tenant's `max_depth` in a queue: (queue, tenant).
+    Tenant(String, String),
+}
+
+/// What [`SharedStore::take_tokens`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tokens {
+    /// Tokens taken (0 when the bucket is empty or another node holds it).
+    Taken(u32),
+    /// None: the limiter is paused for every node, for this much longer.
+    Paused(Duration),
 }
 
 /// Whose lease a claim takes on a shared store.
@@ -766,13 +919,13 @@ pub(crate) trait Engine: Backend {
     fn rollback(&mut self);
     /// Called once when the writer stops: checkpoint the WAL and close.
     fn shutdown(&mut self);
-    /// Takes, right after [`Engine::begin`], the `max_depth` locks of `queues`
-    /// (distinct) that operations of the batch will ask for
-    /// ([`SharedStore::queue_depth`]): all at once, in one order every node uses,
+    /// Takes, right after [`Engine::begin`], the `max_depth` locks (distinct)
+    /// that operations of the batch will ask for ([`SharedStore::queue_depth`],
+    /// [`SharedStore::tenant_depth`]): all at once, in one order every node uses,
     /// before the batch holds any other lock, so two nodes' batches wait for each
     /// other at most briefly and never in a cycle. A lock not taken here is left to
     /// the operation, which then tries it. Engines without such locks do nothing.
-    fn lock_depths(&mut self, _queues: &[&str]) -> Result<(), StoreError> {
+    fn lock_depths(&mut self, _locks: &[&DepthLock]) -> Result<(), StoreError> {
         Ok(())
     }
 }
@@ -797,6 +950,15 @@ pub enum Inserted {
 /// state, and the parents whose broken edges now count as met.
 pub type Released = (Option<Job>, Vec<JobId>);
 
+/// How many unfinished jobs one job holds back ([`Backend::blocked_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockedCounts {
+    /// Its direct children whose edge from it is not met.
+    pub direct: u64,
+    /// Those and every unfinished job below them, each once.
+    pub transitive: u64,
+}
+
 /// The edges of one job ([`Backend::edges`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Edges {
@@ -804,6 +966,31 @@ pub struct Edges {
     pub parents: Vec<(JobId, crate::deps::Edge)>,
     /// Its direct children, with the edge's state.
     pub children: Vec<(JobId, crate::deps::Edge)>,
+}
+
+/// Whether a local store (SQLite) of this process ever held a dependency edge:
+/// set when one opens with edges stored or stores one (before that commit, so
+/// before any lease of the child), never cleared. Until then no job has parents
+/// and a lease skips the read of them.
+static LOCAL_EDGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks that a local store holds a dependency edge ([`LOCAL_EDGES`]).
+pub(crate) fn note_local_edges() {
+    LOCAL_EDGES.store(true, Ordering::SeqCst);
+}
+
+/// One parent of a job, as [`Backend::parents_of`] answers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParentView {
+    /// The parent's id.
+    pub id: JobId,
+    /// Its state now (final, unless an operator released a broken edge and the
+    /// parent was redriven since).
+    pub state: State,
+    /// What its successful attempt handed back, if anything.
+    pub result: Option<Vec<u8>>,
+    /// Its last attempt's error, if that attempt failed.
+    pub last_error: Option<String>,
 }
 
 /// A job with everything the store holds about it: what `qctl jobs show` prints.
@@ -965,6 +1152,21 @@ pub enum StoreError {
         /// The queue.
         queue: String,
         /// Its depth across the cluster.
+        depth: u64,
+        /// Its limit.
+        max: u64,
+    },
+    /// An enqueue would take `tenant`'s jobs in `queue` past the tenant's
+    /// `max_depth` counted across every node of a shared store
+    /// ([`SharedStore::tenant_depth`]): nothing was written; the store itself is
+    /// fine.
+    #[error("tenant {tenant:?} is full in queue {queue:?} ({depth} jobs, max_depth {max})")]
+    TenantFull {
+        /// The queue.
+        queue: String,
+        /// The tenant.
+        tenant: String,
+        /// The tenant's depth in the queue across the cluster.
         depth: u64,
         /// Its limit.
         max: u64,
@@ -1156,6 +1358,14 @@ impl Store {
         self.shared.leases_are_local
     }
 
+    /// Whether a job of this store may have parents, so an attempt's parents are
+    /// worth a store read ([`Backend::parents_of`], a round trip through the
+    /// writer): always on a shared store; on a local one (SQLite, memory) once a
+    /// store of this process held an edge.
+    pub fn may_hold_parents(&self) -> bool {
+        !self.leases_are_local() || LOCAL_EDGES.load(Ordering::SeqCst)
+    }
+
     /// [`Backend::token_skip`] of the engine behind this store (1 for a store
     /// without a writer thread).
     pub fn token_skip(&self) -> Token {
@@ -1187,19 +1397,20 @@ impl Store {
         Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
         Done: FnOnce(Result<R, StoreError>) + Send + 'static,
     {
-        self.submit_locking_depth(None, op, done);
+        self.submit_locking_depth(Vec::new(), op, done);
     }
 
-    /// [`Store::submit`] for an operation that takes `queue`'s `max_depth` lock
-    /// ([`SharedStore::queue_depth`]): the writer takes it with the batch's other
-    /// depth locks before any operation runs ([`Engine::lock_depths`]).
-    pub fn submit_locking_depth<R, Op, Done>(&self, queue: Option<String>, op: Op, done: Done)
+    /// [`Store::submit`] for an operation that takes the `max_depth` locks
+    /// `locks` ([`SharedStore::queue_depth`], [`SharedStore::tenant_depth`]): the
+    /// writer takes them with the batch's other depth locks before any operation
+    /// runs ([`Engine::lock_depths`]).
+    pub fn submit_locking_depth<R, Op, Done>(&self, locks: Vec<DepthLock>, op: Op, done: Done)
     where
         R: Send + 'static,
         Op: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
         Done: FnOnce(Result<R, StoreError>) + Send + 'static,
     {
-        let task: Box<dyn Task> = Box::new(OpTask::new(op, done).locking_depth(queue));
+        let task: Box<dyn Task> = Box::new(OpTask::new(op, done).locking_depth(locks));
         let rejected = {
             let sender = self
                 .shared

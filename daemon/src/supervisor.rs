@@ -21,7 +21,7 @@
 //! workers'), uncharged → flush the store → stop.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{
@@ -31,78 +31,18 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use crate::admin::{self, AdminArgs};
-use crate::api::auth::LiveTokens;
 use crate::api::{Api, ApiArgs};
-use crate::attempt_groups::LeftBehind;
 use crate::broker::{self, Broker, BrokerArgs, BrokerMsg};
-use crate::cluster::{self, Cluster, ClusterArgs, ClusterView};
-use crate::config::Config;
+use crate::cluster::{self, Cluster, ClusterArgs};
+use crate::daemon::Daemon;
 use crate::dlq::{self, Dlq};
-use crate::executor::Executors;
 use crate::gauges::{self, Gauges, GaugesArgs};
-use crate::limits::Limits;
 use crate::metrics;
 use crate::periodic::{self, Periodic};
 use crate::pruner::{self, Pruner, PrunerArgs};
-use crate::rate_limit::Limiters;
 use crate::reload::ReloadError;
 use crate::scheduler::{self, Scheduler, SchedulerArgs, SchedulerMsg};
-use crate::store::Store;
 use crate::worker_pool::{self, PoolArgs, PoolMsg, WorkerPool};
-
-/// Everything the tree needs, built by `main` before the supervisor starts.
-#[derive(Clone)]
-pub struct Daemon {
-    /// The durable store.
-    pub store: Store,
-    /// Live limits, and the owner of the config in force ([`Daemon::config`]).
-    pub limits: Arc<Limits>,
-    /// Shared rate limiters by name.
-    pub limiters: Arc<Limiters>,
-    /// The executor of each queue that has an in-process pool.
-    pub executors: Arc<Executors>,
-    /// The API's bearer tokens in force.
-    pub tokens: Arc<LiveTokens>,
-    /// Enables test hooks (`QD_TEST_HOOKS=1`).
-    pub test_hooks: bool,
-    /// When the daemon started (for `qctl status`).
-    pub started: Instant,
-    /// Restart count per actor kind (`qctl status`, `qd_actor_restarts_total`).
-    pub restarts: metrics::Restarts,
-    /// Set when the supervisor gives up: why the daemon must exit non-zero.
-    pub failure: Arc<Mutex<Option<String>>>,
-    /// This node's standing in a cluster sharing one database (unused on SQLite).
-    pub cluster: Arc<ClusterView>,
-    /// Attempts an earlier run of qd left when it died (found at start-up, their
-    /// processes already stopped); handed to the Broker once, at its first start.
-    pub left_behind: Arc<Mutex<Vec<LeftBehind>>>,
-}
-
-impl Daemon {
-    /// The config in force (it changes on reload; read it where it is used).
-    pub fn config(&self) -> Arc<Config> {
-        self.limits.config()
-    }
-
-    /// Puts the limits in force (config plus overrides) into effect after they
-    /// changed: rate limiters take their settings, and every Scheduler and WorkerPool
-    /// rereads caps, weights, pauses and worker bounds.
-    pub fn limits_changed(&self) {
-        for limiter in self.limiters.all() {
-            if let Some(settings) = self.limits.limiter(limiter.name()) {
-                limiter.reconfigure(&settings);
-            }
-        }
-        for queue in self.config().queues.keys() {
-            if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
-                let _ = s.cast(SchedulerMsg::LimitsChanged);
-            }
-            if let Some(p) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
-                let _ = p.cast(PoolMsg::LimitsChanged);
-            }
-        }
-    }
-}
 
 /// A child of the supervisor, by role.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -386,6 +326,7 @@ impl SupervisorState {
                     limits: d.limits.clone(),
                     test_hooks: d.test_hooks,
                     restarts: d.restarts.clone(),
+                    store: d.store.clone(),
                 };
                 Actor::spawn_linked(Some(worker_pool::name(q)), WorkerPool, args, sup)
                     .await?

@@ -102,6 +102,8 @@ pub struct PoolArgs {
     pub test_hooks: bool,
     /// Where worker restarts are counted (shared with the Supervisor's).
     pub restarts: metrics::Restarts,
+    /// The store, from which a worker reads a job's parents before an attempt.
+    pub store: crate::store::Store,
 }
 
 struct Slot {
@@ -372,6 +374,7 @@ impl PoolState {
             draining: self.draining.clone(),
             interrupt: self.interrupt.clone(),
             test_hooks: self.args.test_hooks,
+            store: self.args.store.clone(),
         };
         let name = format!("worker:{id}");
         let (actor, _) = Actor::spawn_linked(Some(name), Worker, args, myself.get_cell()).await?;

@@ -647,6 +647,8 @@ fn every_json_output_parses_with_stable_field_sets() {
             "workers_min",
             "workers_max",
             "paused",
+            "waiting",
+            "blocked",
         ],
     );
     let jobs = json_of(&qd, &["jobs", "list"]);
@@ -664,11 +666,16 @@ fn every_json_output_parses_with_stable_field_sets() {
         "history_elided_at",
         "priority_ms",
         "result_bytes",
+        "dependents_total",
     ]);
     assert_keys(&detail, &job_keys);
 
     kill_all(&qd, "boom");
-    assert_keys(&json_of(&qd, &["dlq", "list"])["jobs"][0], &SUMMARY);
+    // A dead job says how many unfinished jobs it blocks (`after`).
+    let mut dead_summary = SUMMARY.to_vec();
+    dead_summary.push("blocks");
+    assert_keys(&json_of(&qd, &["dlq", "list"])["jobs"][0], &dead_summary);
+    job_keys.extend(["blocks", "blocks_transitive"]);
     assert_keys(&json_of(&qd, &["dlq", "show", id]), &job_keys);
     let redrive = json_of(&qd, &["dlq", "redrive", "--all", "--dry-run"]);
     assert_keys(

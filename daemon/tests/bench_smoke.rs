@@ -2,7 +2,8 @@
 //! end (also through the batch endpoints) and prints the side-by-side table, with
 //! beanstalkd's columns filled when beanstalkd is installed, and the cluster mode's
 //! tables (SQLite beside PostgreSQL, 1 and 2 nodes) when PostgreSQL is installed
-//! (each required under `CI=true`; a visible skip elsewhere).
+//! (each required under `CI=true`; a visible skip elsewhere), and the sqs mode's
+//! table (the SQS API beside the native batch API on one qd).
 
 use std::process::Command;
 use std::time::Instant;
@@ -74,6 +75,42 @@ fn check_cluster_tables(stdout: &str) {
         );
     }
     assert!(!stdout.contains("ran twice"), "{stdout}");
+}
+
+/// The sqs mode's table: the native batch API and the SQS API (signed requests
+/// qd verified against its token file) each completed jobs without an error, and
+/// the issue's target was checked.
+fn check_sqs_table(stdout: &str) {
+    assert!(
+        stdout.lines().any(|l| cells(l)
+            == [
+                "mode",
+                "metric",
+                "qd batch API",
+                "qd SQS API",
+                "SQS ÷ batch API"
+            ]),
+        "no sqs table:\n{stdout}"
+    );
+    for metric in [
+        "enqueue only (jobs/s)",
+        "drain (jobs/s)",
+        "end to end (jobs/s)",
+    ] {
+        let row = row_of(stdout, "sqs", metric);
+        assert!(
+            figure(&row[2]) > 0.0 && figure(&row[3]) > 0.0 && row[4].ends_with('×'),
+            "{row:?}\n{stdout}"
+        );
+    }
+    assert!(
+        !stdout.contains("Sqs failed") && !stdout.contains("note: sqs qd"),
+        "the sqs mode saw errors:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("≥ 0.5× the native batch API (issue 26): "),
+        "{stdout}"
+    );
 }
 
 /// Writes a skip past the harness's output capture, so it shows in a passing run.
@@ -163,6 +200,7 @@ fn smoke_run_completes_jobs_and_prints_the_side_by_side_tables() {
         stdout.contains("\nsoak:\n") && stdout.contains("executor: xargs -P"),
         "every mode reported:\n{stdout}"
     );
+    check_sqs_table(&stdout);
     if postgresql {
         check_cluster_tables(&stdout);
     } else {

@@ -8,7 +8,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use common::{Qd, free_port, json_of, lease_one, ok, wait_for};
@@ -104,35 +103,19 @@ impl Console {
 
 /// qd with a token file (an admin and a reader token) and the console at `/qd`.
 fn start() -> (Qd, Console) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(
-        &tokens,
-        format!(
+    let port = free_port();
+    let mut qd = Qd::configure_with_tokens(
+        &format!(
             "[[tokens]]\nname = \"ops\"\ntoken = \"{ADMIN}\"\nroles = [\"admin\", \"read\", \"produce\"]\nqueues = [\"*\"]\n\n\
              [[tokens]]\nname = \"viewer\"\ntoken = \"{READER}\"\nroles = [\"read\"]\nqueues = [\"*\"]\n\n\
              [[tokens]]\nname = \"narrow\"\ntoken = \"narrow-secret-0123456789\"\nroles = [\"admin\"]\nqueues = [\"ext\"]\n"
         ),
-    )
-    .expect("tokens");
-    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).expect("mode");
-    let port = free_port();
-    let mut qd = Qd::configure(
-        dir,
         &format!(
             "[console]\nlisten = \"127.0.0.1:{port}\"\npath_prefix = \"{PREFIX}\"\nmax_streams = 2\n\n\
              [queues.ext]\nexecutor = {{ kind = \"external\" }}\nmax_attempts = 1\n\n\
              [queues.pool]\nexecutor = {{ kind = \"command\", program = \"/bin/true\" }}\nworkers = {{ min = 0, max = 2 }}\n"
         ),
-        "5s",
     );
-    let text = std::fs::read_to_string(&qd.config).expect("config");
-    let text = text.replacen(
-        "[daemon]\n",
-        &format!("[daemon]\napi_tokens_file = \"{}\"\n", tokens.display()),
-        1,
-    );
-    std::fs::write(&qd.config, text).expect("config");
     qd.spawn(&[]);
     let console = Console {
         addr: qd.console_addr().expect("console listen"),
@@ -550,20 +533,11 @@ fn the_event_stream_sends_the_overview_and_is_capped() {
 #[test]
 fn a_public_console_without_a_token_file_is_refused_at_start() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("qd.toml");
-    std::fs::write(
-        &config,
+    let (code, text) = common::check_config(
+        dir.path(),
         "[console]\nlisten = \"0.0.0.0:7071\"\n\n[queues.ext]\nexecutor = { kind = \"external\" }\n",
-    )
-    .expect("write");
-    let out = std::process::Command::new(common::qd_bin())
-        .arg("check-config")
-        .arg(&config)
-        .output()
-        .expect("qd");
-    assert!(!out.status.success());
-    let text =
-        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    );
+    assert_ne!(code, Some(0), "{text}");
     assert!(
         text.contains("console.listen") && text.contains("api_tokens_file"),
         "{text}"
@@ -777,4 +751,28 @@ fn a_scheduled_job_shows_its_schedule_and_tick() {
     let page = c.get(&format!("/jobs/{plain}"), "");
     assert_eq!(page.status, 200);
     assert!(!page.body.contains("<th>Schedule</th>"), "{}", page.body);
+}
+
+#[test]
+fn a_job_page_lists_its_parents_and_dependents_with_links() {
+    let (qd, c) = start_open("");
+    let a = enqueue(&qd, "a");
+    let b = qd.enqueue_json("ext", json!({ "payload": "b", "after": [a] }));
+    let page = c.get(&format!("/jobs/{b}"), "");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("Runs after (1)"), "{}", page.body);
+    let row = format!(
+        "<td><a href=\"{PREFIX}/jobs/{a}\"><code>{a}</code></a></td><td class=\"edge\">open</td><td class=\"state\">ready</td>"
+    );
+    assert!(page.body.contains(&row), "{}", page.body);
+    assert!(!page.body.contains("Runs before"), "{}", page.body);
+
+    let page = c.get(&format!("/jobs/{a}"), "");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("Runs before (1)"), "{}", page.body);
+    let row = format!(
+        "<td><a href=\"{PREFIX}/jobs/{b}\"><code>{b}</code></a></td><td class=\"edge\">open</td><td class=\"state\">waiting</td>"
+    );
+    assert!(page.body.contains(&row), "{}", page.body);
+    assert!(!page.body.contains("Runs after"), "{}", page.body);
 }

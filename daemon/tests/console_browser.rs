@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -45,29 +44,15 @@ fn the_console_works_in_a_real_browser_and_an_attacker_page_changes_nothing() {
             return;
         }
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(
-        &tokens,
-        format!("[[tokens]]\nname = \"browser\"\ntoken = \"{TOKEN}\"\nroles = [\"produce\", \"work\", \"read\", \"admin\"]\nqueues = [\"*\"]\n"),
-    )
-    .expect("tokens");
-    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).expect("mode");
     let port = free_port();
-    let mut qd = Qd::configure(
-        dir,
+    let mut qd = Qd::configure_with_tokens(
+        &format!(
+            "[[tokens]]\nname = \"browser\"\ntoken = \"{TOKEN}\"\nroles = [\"produce\", \"work\", \"read\", \"admin\"]\nqueues = [\"*\"]\n"
+        ),
         &format!(
             "[console]\nlisten = \"127.0.0.1:{port}\"\npath_prefix = \"/qd\"\n\n[queues.ext]\nexecutor = {{ kind = \"external\" }}\n"
         ),
-        "5s",
     );
-    let text = std::fs::read_to_string(&qd.config).expect("config");
-    let text = text.replacen(
-        "[daemon]\n",
-        &format!("[daemon]\napi_tokens_file = \"{}\"\n", tokens.display()),
-        1,
-    );
-    std::fs::write(&qd.config, text).expect("config");
     qd.spawn(&[]);
     let console = qd.console_addr().expect("console listen");
     wait_for("the console", Duration::from_secs(30), || {

@@ -7,7 +7,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -70,30 +69,16 @@ fn behind_nginx_every_link_resolves_and_the_event_stream_flows() {
         tool_missing("nginx", "apt-get install nginx");
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(
-        &tokens,
-        format!("[[tokens]]\nname = \"ops\"\ntoken = \"{TOKEN}\"\nroles = [\"read\", \"admin\"]\nqueues = [\"*\"]\n"),
-    )
-    .expect("tokens");
-    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).expect("mode");
     let [console_port, proxy_port] = common::free_ports();
-    let mut qd = Qd::configure(
-        dir,
+    let mut qd = Qd::configure_with_tokens(
+        &format!(
+            "[[tokens]]\nname = \"ops\"\ntoken = \"{TOKEN}\"\nroles = [\"read\", \"admin\"]\nqueues = [\"*\"]\n"
+        ),
         &format!(
             "[console]\nlisten = \"127.0.0.1:{console_port}\"\npath_prefix = \"/qd\"\nallowed_hosts = [\"127.0.0.1:{proxy_port}\"]\n\n\
              [queues.ext]\nexecutor = {{ kind = \"external\" }}\n"
         ),
-        "5s",
     );
-    let text = std::fs::read_to_string(&qd.config).expect("config");
-    let text = text.replacen(
-        "[daemon]\n",
-        &format!("[daemon]\napi_tokens_file = \"{}\"\n", tokens.display()),
-        1,
-    );
-    std::fs::write(&qd.config, text).expect("config");
     qd.spawn(&[]);
     let console = qd.console_addr().expect("console listen");
     let ngx = qd.dir.path().join("nginx");

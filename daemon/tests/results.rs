@@ -238,20 +238,11 @@ fn a_result_setting_out_of_range_is_a_config_error() {
             "store_result",
         ),
     ] {
-        let config = dir.path().join("qd.toml");
-        std::fs::write(
-            &config,
-            format!("[daemon]\ndata_dir = \"{}\"\n{body}", dir.path().display()),
-        )
-        .expect("write");
-        let out = std::process::Command::new(common::qd_bin())
-            .arg("check-config")
-            .arg(&config)
-            .output()
-            .expect("run qd");
-        let text = String::from_utf8_lossy(&out.stderr).into_owned()
-            + &String::from_utf8_lossy(&out.stdout);
-        assert_eq!(out.status.code(), Some(1), "{body}: {text}");
+        let (code, text) = common::check_config(
+            dir.path(),
+            &format!("[daemon]\ndata_dir = \"{}\"\n{body}", dir.path().display()),
+        );
+        assert_eq!(code, Some(1), "{body}: {text}");
         assert!(text.contains(needle), "{body}: {text}");
     }
 }

@@ -134,6 +134,8 @@ fn queue_table<'a>(queues: &'a [TopQueue], model: &Model) -> Table<'a> {
         "QUEUE",
         "READY",
         "DELAYED",
+        "WAITING",
+        "BLOCKED",
         "LEASED",
         "DLQ",
         "OLDEST",
@@ -153,6 +155,8 @@ fn queue_table<'a>(queues: &'a [TopQueue], model: &Model) -> Table<'a> {
             i.name.clone(),
             i.ready.to_string(),
             i.delayed.to_string(),
+            i.waiting.to_string(),
+            i.blocked.to_string(),
             i.leased.to_string(),
             i.dead.to_string(),
             i.oldest_ready_age_secs.map_or("-".into(), age),
@@ -164,6 +168,8 @@ fn queue_table<'a>(queues: &'a [TopQueue], model: &Model) -> Table<'a> {
     });
     let widths = [
         Constraint::Min(12),
+        Constraint::Length(8),
+        Constraint::Length(8),
         Constraint::Length(8),
         Constraint::Length(8),
         Constraint::Length(8),
@@ -187,6 +193,8 @@ fn tenant_table<'a>(info: &'a TopInfo, queue: Option<&str>) -> Table<'a> {
             t.tenant.clone(),
             t.ready.to_string(),
             t.delayed.to_string(),
+            t.waiting.to_string(),
+            t.blocked.to_string(),
             t.leased.to_string(),
             t.dead.to_string(),
         ])
@@ -197,11 +205,18 @@ fn tenant_table<'a>(info: &'a TopInfo, queue: Option<&str>) -> Table<'a> {
         Constraint::Length(8),
         Constraint::Length(8),
         Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(8),
         Constraint::Fill(1),
     ];
     let title = format!(" tenants of {} ", queue.unwrap_or("-"));
     Table::new(rows, widths)
-        .header(Row::new(["TENANT", "READY", "DELAYED", "LEASED", "DLQ"]).style(bold()))
+        .header(
+            Row::new([
+                "TENANT", "READY", "DELAYED", "WAITING", "BLOCKED", "LEASED", "DLQ",
+            ])
+            .style(bold()),
+        )
         .block(Block::default().borders(Borders::ALL).title(title))
 }
 
@@ -226,6 +241,8 @@ mod tests {
                 workers_min: 1,
                 workers_max: 16,
                 paused: false,
+                waiting: 41,
+                blocked: 17,
             },
             completed_total: completed,
             failed_total: failed,
@@ -238,6 +255,8 @@ mod tests {
             tenants: vec![TenantCounts {
                 tenant: "acme".into(),
                 ready: 7,
+                waiting: 23,
+                blocked: 19,
                 ..TenantCounts::default()
             }],
         }
@@ -307,5 +326,20 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want:?} missing from:\n{text}");
         }
+        // Waiting and blocked jobs (`after`) have their own columns, per queue
+        // and per tenant, in that order after DELAYED.
+        let line = |start: &str| {
+            text.lines()
+                .find(|l| l.contains(start))
+                .unwrap_or_else(|| panic!("no line with {start:?} in:\n{text}"))
+                .split_whitespace()
+                .filter(|w| w.chars().all(|c| c.is_ascii_digit()))
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        let header = text.lines().find(|l| l.contains("QUEUE")).expect("header");
+        assert!(header.contains("DELAYED  WAITING  BLOCKED"), "{header}");
+        assert_eq!(line("> email")[..4], ["12", "3", "41", "17"], "{text}");
+        assert_eq!(line("acme")[..4], ["7", "0", "23", "19"], "{text}");
     }
 }

@@ -18,14 +18,15 @@ mod request;
 mod response;
 
 pub use request::{
-    DlqSelection, JOB_STATES, MAX_REDRIVE_BATCH, MAX_REDRIVE_RATE, MIN_REDRIVE_RATE, Payload,
-    Request, check_pace,
+    DlqSelection, JOB_STATES, MAX_REDRIVE_BATCH, MAX_REDRIVE_RATE, MAX_TREE_DEPTH, MAX_TREE_NODES,
+    MIN_REDRIVE_RATE, Payload, Request, check_pace,
 };
 pub use response::{
-    ActorInfo, BackupInfo, Enqueued, ExportedJob, HistoryItem, JobDetail, JobPayload, JobResult,
-    JobSummary, LimitsView, NodeStatus, PREVIEW_BYTES, PurgeResult, QueueInfo, QueueLimits,
-    RedriveResult, Refusal, ReloadInfo, Response, ScheduleInfo, Source, StateCount, StatusInfo,
-    TenantCounts, TenantLimits, TopInfo, TopQueue, Valued,
+    ActorInfo, BackupInfo, EdgeInfo, Enqueued, ExportedJob, HistoryItem, JobDetail, JobPayload,
+    JobResult, JobSummary, JobTree, LimitsView, MAX_DEPENDENTS_SHOWN, NodeStatus, PREVIEW_BYTES,
+    PurgeResult, QueueInfo, QueueLimits, RedriveResult, Refusal, ReloadInfo, Response,
+    ScheduleInfo, Source, StateCount, StatusInfo, TenantCounts, TenantLimits, TopInfo, TopQueue,
+    TreeNode, Valued,
 };
 
 use serde::{Deserialize, Serialize};

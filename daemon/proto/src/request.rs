@@ -75,6 +75,30 @@ pub enum Request {
         #[serde(default)]
         keep_dependents: bool,
     },
+    /// Counts a blocked job's broken edges (to dead or cancelled parents) as met,
+    /// so it waits only for its other parents or runs. Answered with
+    /// [`crate::Response::Released`]. A job that is not blocked is a `conflict`.
+    JobsRelease {
+        /// The job id.
+        id: String,
+    },
+    /// A job's dependency tree: its dependents (or, with `parents`, its parents),
+    /// level by level, bounded in depth and size. Answered with
+    /// [`crate::Response::Tree`].
+    JobsTree {
+        /// The root job's id.
+        id: String,
+        /// Walk up to the parents instead of down to the dependents.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        parents: bool,
+        /// Levels below the root to show, 1 to [`MAX_TREE_DEPTH`] (default 10).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_depth: Option<u32>,
+        /// Jobs to show at most, root included, 1 to [`MAX_TREE_NODES`] (default
+        /// 200).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_nodes: Option<u32>,
+    },
     /// Enqueues one job. Answered with [`crate::Response::Enqueued`].
     Enqueue {
         /// Target queue (must be configured).
@@ -173,6 +197,14 @@ pub enum Request {
         /// Resolve the selection and report what would be purged, deleting nothing.
         #[serde(default)]
         dry_run: bool,
+        /// Cancel the unfinished transitive dependents of each job first; without
+        /// this or `release`, a job that holds back unfinished jobs is refused.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cascade: bool,
+        /// Count each job's edges to the unfinished jobs it holds back as met, in
+        /// the purge's commit.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        release: bool,
     },
     /// Tenant and queue limits with their sources. Answered with [`crate::Response::Limits`].
     LimitsShow {},
@@ -316,12 +348,14 @@ pub enum Request {
 impl Request {
     /// Every `op` name, in declaration order. `decode_request` answers `unknown_op` for
     /// any other name.
-    pub const OPS: [&'static str; 28] = [
+    pub const OPS: [&'static str; 30] = [
         "status",
         "queues",
         "jobs_list",
         "jobs_show",
         "jobs_cancel",
+        "jobs_release",
+        "jobs_tree",
         "enqueue",
         "enqueue_batch",
         "dlq_list",
@@ -355,6 +389,8 @@ impl Request {
             Request::JobsList { .. } => "jobs_list",
             Request::JobsShow { .. } => "jobs_show",
             Request::JobsCancel { .. } => "jobs_cancel",
+            Request::JobsRelease { .. } => "jobs_release",
+            Request::JobsTree { .. } => "jobs_tree",
             Request::Enqueue { .. } => "enqueue",
             Request::EnqueueBatch { .. } => "enqueue_batch",
             Request::DlqList { .. } => "dlq_list",
@@ -386,6 +422,11 @@ impl Request {
         Self::OPS.contains(&name)
     }
 }
+
+/// The deepest a `jobs_tree` walks below its root.
+pub const MAX_TREE_DEPTH: u32 = 100;
+/// The most jobs a `jobs_tree` answer holds.
+pub const MAX_TREE_NODES: u32 = 10_000;
 
 /// The most jobs a bulk redrive moves per store transaction (`batch_size`).
 pub const MAX_REDRIVE_BATCH: u32 = 10_000;

@@ -68,6 +68,20 @@ pub enum Response {
         #[serde(default)]
         next_after: Option<String>,
     },
+    /// Answer to `jobs_release`.
+    Released {
+        /// The released job.
+        id: String,
+        /// Its state before (`blocked`).
+        previous_state: String,
+        /// Its state after: `waiting` (other parents not final yet), `ready` or
+        /// `delayed`.
+        state: String,
+        /// The parents whose broken edges now count as met.
+        parents: Vec<String>,
+    },
+    /// Answer to `jobs_tree`.
+    Tree(JobTree),
     /// Answer to `top`.
     Top(TopInfo),
     /// Answer to `backup`.
@@ -128,6 +142,8 @@ impl Response {
             Response::Payload(_) => "payload",
             Response::JobResult(_) => "job_result",
             Response::Export { .. } => "export",
+            Response::Released { .. } => "released",
+            Response::Tree(_) => "tree",
             Response::Top(_) => "top",
             Response::Backup(_) => "backup",
             Response::Reloaded(_) => "reloaded",
@@ -207,6 +223,12 @@ pub struct QueueInfo {
     pub workers_max: u32,
     /// True when leasing is paused.
     pub paused: bool,
+    /// Jobs waiting for a parent named in `after` (0 from older servers).
+    #[serde(default)]
+    pub waiting: u64,
+    /// Jobs blocked by a dead or cancelled parent (0 from older servers).
+    #[serde(default)]
+    pub blocked: u64,
 }
 
 /// A job without payload or history.
@@ -239,6 +261,10 @@ pub struct JobSummary {
     pub ready_at: Option<i64>,
     /// Error of the latest failed attempt, if any.
     pub last_error: Option<String>,
+    /// In `dlq_list` and `dlq_show`: how many unfinished jobs this dead job holds
+    /// back directly (children whose edge from it is not met). Absent elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<u64>,
 }
 
 /// A job with payload preview and its history (as kept by the history cap).
@@ -270,6 +296,83 @@ pub struct JobDetail {
     /// servers).
     #[serde(default)]
     pub result_bytes: Option<u64>,
+    /// The jobs it names in `after`, in id order, with the edge's state and theirs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<EdgeInfo>,
+    /// The jobs that name it in `after` (the first [`MAX_DEPENDENTS_SHOWN`], in id
+    /// order), with the edge's state and theirs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependents: Vec<EdgeInfo>,
+    /// How many jobs name it in `after` (more than `dependents` lists when over
+    /// [`MAX_DEPENDENTS_SHOWN`]).
+    #[serde(default)]
+    pub dependents_total: u64,
+    /// The unfinished jobs it holds back directly (the summary's `blocks`) and
+    /// every unfinished job below them, each once; `dlq_show` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks_transitive: Option<u64>,
+}
+
+/// The most dependents a job's detail lists.
+pub const MAX_DEPENDENTS_SHOWN: usize = 1000;
+
+/// One end of a dependency edge, as a job's detail lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EdgeInfo {
+    /// The other job's id.
+    pub id: String,
+    /// The edge: `open` (the parent is not final yet), `met` or `broken` (a dead or
+    /// cancelled parent under `after_policy` `succeeded`).
+    pub edge: String,
+    /// The other job's state; `null` once it was purged or pruned.
+    pub state: Option<String>,
+    /// The other job's queue; `null` once it was purged or pruned.
+    pub queue: Option<String>,
+}
+
+/// A bounded dependency tree (`jobs_tree`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobTree {
+    /// `dependents` (down from the root) or `parents` (up).
+    pub direction: String,
+    /// The depth bound used.
+    pub max_depth: u32,
+    /// The size bound used.
+    pub max_nodes: u32,
+    /// Jobs in the tree, root included (a job reached twice counts each time).
+    pub nodes: u64,
+    /// The deepest level shown (0: the root alone).
+    pub depth: u32,
+    /// True when a bound cut the tree: some node's `more` is not 0.
+    pub truncated: bool,
+    /// The root.
+    pub root: TreeNode,
+}
+
+/// One job of a [`JobTree`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeNode {
+    /// Job id.
+    pub id: String,
+    /// Its state; `null` once it was purged or pruned.
+    pub state: Option<String>,
+    /// Its queue; `null` once it was purged or pruned.
+    pub queue: Option<String>,
+    /// The edge between it and the node above it (`null` for the root).
+    pub edge: Option<String>,
+    /// Shown already higher in the tree: its own children are not repeated.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repeated: bool,
+    /// Its children the bounds left out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub more: u64,
+    /// Its children (dependents, or parents when walking up), in id order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<TreeNode>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl JobDetail {
@@ -346,6 +449,13 @@ pub struct PurgeResult {
     pub refused: Vec<Refusal>,
     /// Echo of the request's `dry_run`.
     pub dry_run: bool,
+    /// With `cascade`: the dependents cancelled (on a dry run, those that would be).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cancelled: Vec<String>,
+    /// With `release`: the dependents whose state the released edges changed
+    /// (on a dry run, the jobs whose edges would be released).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub released: Vec<String>,
 }
 
 /// Where an effective value comes from.

@@ -25,6 +25,13 @@ fn sample_requests() -> Vec<Request> {
             id: "j1".into(),
             keep_dependents: false,
         },
+        Request::JobsRelease { id: "j1".into() },
+        Request::JobsTree {
+            id: "j1".into(),
+            parents: true,
+            max_depth: Some(3),
+            max_nodes: None,
+        },
         Request::Enqueue {
             queue: "email".into(),
             tenant: Some("acme".into()),
@@ -57,6 +64,8 @@ fn sample_requests() -> Vec<Request> {
         Request::DlqPurge {
             selection: sel,
             dry_run: false,
+            cascade: true,
+            release: false,
         },
         Request::LimitsShow {},
         Request::LimitsSet {
@@ -324,6 +333,7 @@ fn response_frames_round_trip_with_the_spec_shape() {
             updated_at: 2,
             ready_at: None,
             last_error: Some("boom".into()),
+            blocks: Some(2),
         },
         idempotency_key: None,
         payload_preview: "hi".into(),
@@ -333,6 +343,15 @@ fn response_frames_round_trip_with_the_spec_shape() {
         history: vec![],
         history_elided: 0,
         history_elided_at: 0,
+        parents: vec![crate::EdgeInfo {
+            id: "p1".into(),
+            edge: "broken".into(),
+            state: None,
+            queue: None,
+        }],
+        dependents: vec![],
+        dependents_total: 0,
+        blocks_transitive: Some(5),
     };
     let frame = ResponseFrame::ok(9, Response::Job(Box::new(detail)));
     let line = encode_response(&frame);

@@ -6,7 +6,7 @@
 //! `by="console:ops-alice"` (the token's name).
 //! Read-only requests leave no line.
 
-use crate::supervisor::Daemon;
+use crate::daemon::Daemon;
 
 /// Who asked for a change.
 #[derive(Clone, Debug, PartialEq, Eq)]

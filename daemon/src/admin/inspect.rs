@@ -44,7 +44,8 @@ impl Handler {
         })
     }
 
-    /// `dlq_list`: most recently dead first, one page after `after`.
+    /// `dlq_list`: most recently dead first, one page after `after`, each with the
+    /// number of unfinished jobs it holds back.
     pub(super) async fn dlq_list(
         &self,
         selection: &DlqSelection,
@@ -54,10 +55,10 @@ impl Handler {
         let limit = page_size(limit, DEFAULT_LIMIT, MAX_LIMIT)?;
         let filter = self.dead_filter(selection, after, limit)?;
         let (jobs, next_after) = self.page(filter).await?;
-        Ok(Response::Jobs {
-            jobs: jobs.iter().map(views::summary).collect(),
-            next_after,
-        })
+        let jobs = self
+            .with_blocks(jobs.iter().map(views::summary).collect())
+            .await?;
+        Ok(Response::Jobs { jobs, next_after })
     }
 
     /// `jobs_payload`: the whole payload of any stored job.

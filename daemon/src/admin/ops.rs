@@ -10,8 +10,9 @@ use tracing::{info, warn};
 
 use crate::backup::{self, BackupError};
 use crate::clock::wall_ms;
+use crate::daemon::Daemon;
 use crate::reload::ReloadError;
-use crate::supervisor::{self, Daemon, SupervisorMsg};
+use crate::supervisor::{self, SupervisorMsg};
 
 /// How long a reload may take (reading the file, stopping a removed queue's actors).
 const RELOAD_WAIT: Duration = Duration::from_secs(60);

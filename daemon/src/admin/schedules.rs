@@ -10,10 +10,10 @@ use super::{CALL, err};
 use crate::broker::{self, BrokerError, BrokerMsg, Fire, Fired};
 use crate::clock::wall_ms;
 use crate::config::ScheduleConfig;
+use crate::daemon::Daemon;
 use crate::periodic;
 use crate::schedule::{self, Spec};
 use crate::store::ScheduleRow;
-use crate::supervisor::Daemon;
 
 /// Every configured schedule with its stored state, by name.
 pub(super) async fn list(d: &Daemon) -> Result<Response, ErrorBody> {

@@ -3,18 +3,17 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use qd_proto::{
-    ActorInfo, ExportedJob, HistoryItem, JobDetail, JobSummary, LimitsView, NodeStatus,
-    PurgeResult, QueueInfo, QueueLimits, RedriveResult, Refusal, StatusInfo, TenantCounts,
-    TenantLimits, Valued,
+    ActorInfo, ExportedJob, HistoryItem, JobDetail, JobSummary, LimitsView, NodeStatus, QueueInfo,
+    QueueLimits, RedriveResult, Refusal, StatusInfo, TenantCounts, TenantLimits, Valued,
 };
 
 use crate::broker::{BatchOutcome, QueueCounts};
 use crate::clock::wall_ms;
+use crate::daemon::Daemon;
 use crate::job::{Job, State};
 use crate::limits::Source;
 use crate::scheduler::SchedulerStats;
 use crate::store::JobDetail as StoredJob;
-use crate::supervisor::Daemon;
 use crate::worker_pool::PoolStats;
 
 /// The actor kinds `qctl status` reports, in tree order.
@@ -101,6 +100,7 @@ pub fn summary(job: &Job) -> JobSummary {
         updated_at: job.updated_at,
         ready_at: (state == State::Delayed).then_some(job.ready_at),
         last_error: job.last_error.clone(),
+        blocks: None,
     }
 }
 
@@ -116,6 +116,10 @@ pub fn detail(d: &StoredJob) -> JobDetail {
         history_elided_at: d.history_elided_at as u64,
         priority_ms: d.job.priority_ms,
         result_bytes: d.result.as_ref().map(|r| r.len() as u64),
+        parents: Vec::new(),
+        dependents: Vec::new(),
+        dependents_total: 0,
+        blocks_transitive: None,
     }
 }
 
@@ -193,6 +197,8 @@ pub fn queue(
         workers_min: min,
         workers_max: max,
         paused,
+        waiting: counts.held_waiting,
+        blocked: counts.held_blocked,
     }
 }
 
@@ -212,21 +218,6 @@ pub fn redrive(outcome: BatchOutcome, dry_run: bool) -> RedriveResult {
     RedriveResult {
         matched: (outcome.moved.len() + outcome.refused.len()) as u64,
         moved: if dry_run {
-            0
-        } else {
-            outcome.moved.len() as u64
-        },
-        refused: refusals(&outcome),
-        ids: outcome.moved.iter().map(ToString::to_string).collect(),
-        dry_run,
-    }
-}
-
-/// `dlq purge`.
-pub fn purge(outcome: BatchOutcome, dry_run: bool) -> PurgeResult {
-    PurgeResult {
-        matched: (outcome.moved.len() + outcome.refused.len()) as u64,
-        purged: if dry_run {
             0
         } else {
             outcome.moved.len() as u64

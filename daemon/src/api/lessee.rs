@@ -8,7 +8,8 @@
 //! node ended in a shared store: the store answers). On a shared store any node
 //! answers a report for any lease (see `broker/state/elsewhere.rs`).
 //! Every endpoint needs the `work` role; for a token limited to some queues, the
-//! per-job endpoints look the job's queue up in the store.
+//! per-job endpoints look the job's queue up in the store. A lease answer carries
+//! each job's parents (`after`) with their results, read in one store read.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +32,7 @@ use crate::executor::ExecutorSpec;
 use crate::executor::OUTPUT_LIMIT;
 use crate::executor::http::MAX_RETRY_AFTER;
 use crate::job::{Failure, JobId, Token};
+use crate::results::ParentBody;
 use crate::scheduler::{self, LeaseRequest, MAX_WAIT, SchedulerMsg};
 
 /// The most jobs one lease request may take.
@@ -105,9 +107,43 @@ pub async fn lease(
         Ok(ractor::rpc::CallResult::Success(jobs)) => jobs,
         _ => Vec::new(),
     };
+    let parents = parents_of(&args, &jobs).await?;
     Ok(Json(LeaseAnswer {
-        jobs: jobs.into_iter().map(LeasedBody::of).collect(),
+        jobs: jobs
+            .into_iter()
+            .zip(parents)
+            .map(|(job, parents)| LeasedBody::of(job, parents))
+            .collect(),
     }))
+}
+
+/// The parents of each of `jobs`, just leased, in one store read. If the read
+/// fails the leases are given back uncharged (interrupted), so the jobs are
+/// handed out again with their parents rather than without them, and the
+/// store's error is the answer.
+async fn parents_of(
+    args: &ApiArgs,
+    jobs: &[LeasedJob],
+) -> Result<Vec<Vec<crate::store::ParentView>>, ApiError> {
+    if jobs.is_empty() || !args.store.may_hold_parents() {
+        return Ok(vec![Vec::new(); jobs.len()]);
+    }
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    match args.store.run(move |b| b.parents_of(&ids)).await {
+        Ok(parents) => Ok(parents),
+        Err(err) => {
+            for job in jobs {
+                let (id, token) = (job.id, job.token);
+                let failure = Failure::Interrupted {
+                    reason: format!("the job's parents could not be read: {err}"),
+                };
+                let _ =
+                    broker::request(|tx| BrokerMsg::Nack(id, token, failure, tx), REPORT_TIMEOUT)
+                        .await;
+            }
+            Err(err.into())
+        }
+    }
 }
 
 /// A lease's answer: `{"jobs": [...]}`, possibly empty.
@@ -134,6 +170,9 @@ struct LeasedBody {
     id: JobId,
     idempotency_key: String,
     lease_seconds: f64,
+    /// The job's parents (`after`), with their results; absent for a job without.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    parents: Vec<ParentBody>,
     /// The payload as text when it is UTF-8, else `null`.
     payload: Option<String>,
     payload_b64: String,
@@ -146,7 +185,7 @@ struct LeasedBody {
 }
 
 impl LeasedBody {
-    fn of(job: LeasedJob) -> Self {
+    fn of(job: LeasedJob, parents: Vec<crate::store::ParentView>) -> Self {
         let payload_b64 = base64::engine::general_purpose::STANDARD.encode(&job.payload);
         LeasedBody {
             schedule: crate::schedule::JobSchedule::of_key(&job.idempotency_key),
@@ -155,6 +194,7 @@ impl LeasedBody {
             id: job.id,
             idempotency_key: job.idempotency_key,
             lease_seconds: job.lease.as_secs_f64(),
+            parents: ParentBody::list(parents),
             payload: String::from_utf8(job.payload).ok(),
             payload_b64,
             queue: job.queue,

@@ -10,6 +10,8 @@
 //! [`broker::MAX_BATCH_JOBS`]) enqueues them all in one commit or none: `202 {"jobs":
 //! [{"id", "duplicate"}, ...]}` in request order; an error names the item
 //! (`jobs[3]: ...`) and nothing is enqueued.
+//! Batch items may carry a `"ref"` that later items name in `after`
+//! ([`batch_requests`]); `POST /v1/jobs/batch` takes a `queue` per item.
 //! `GET /v1/jobs/{id}` answers the job with its history as the history cap keeps it
 //! (the first and last entries, `history_elided` counting those deleted between).
 
@@ -53,6 +55,150 @@ pub struct JobBody {
     priority: Option<Value>,
     after: Option<Vec<String>>,
     after_policy: Option<String>,
+    /// A batch item's name for the `after` of later items of the same batch.
+    #[serde(rename = "ref")]
+    reference: Option<String>,
+    /// The queue of an item of `POST /v1/jobs/batch` (the path names it elsewhere).
+    queue: Option<String>,
+}
+
+/// The most bytes of a batch item's `ref`.
+const MAX_REF_BYTES: usize = 128;
+
+/// Where the items of a batch go.
+#[derive(Clone, Copy, Debug)]
+pub enum BatchQueues<'a> {
+    /// Every item to this queue (`POST /v1/queues/{queue}/jobs/batch`, `qctl
+    /// enqueue --ndjson`); an item may not name one.
+    Path(&'a str),
+    /// Each item to its own `queue` (`POST /v1/jobs/batch`).
+    PerItem,
+}
+
+/// Validates a batch's job objects into broker requests, in order, resolving
+/// `ref`s: an item may name a `ref` (1 to 128 bytes, not a job id, once per
+/// batch), and a later item's `after` may name it in place of a job id, so a
+/// fan-out and its finisher are one all-or-nothing enqueue. An `after` entry
+/// that is an earlier item's `ref` is that item; otherwise it must be a job id.
+///
+/// Errors, naming the item by index (nothing of the batch is enqueued): as a
+/// single enqueue's, plus a `ref` given twice or shaped like a job id, an
+/// `after` naming a `ref` of the item itself or of a later item (a forward ref)
+/// or one no item has (an unknown ref), the same `ref` twice in one `after`, more
+/// than [`crate::deps::MAX_PARENTS`] parents in all, a `queue` missing
+/// ([`BatchQueues::PerItem`]) or given where the path names it.
+pub fn batch_requests(
+    items: Vec<JobBody>,
+    queues: BatchQueues<'_>,
+    max_payload: usize,
+) -> Result<Vec<EnqueueRequest>, BatchError> {
+    let refused = |index: usize, message: String| BatchError {
+        index: Some(index),
+        error: invalid(message),
+    };
+    let mut refs: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (n, item) in items.iter().enumerate() {
+        let Some(name) = item.reference.as_deref() else {
+            continue;
+        };
+        if name.is_empty() || name.len() > MAX_REF_BYTES {
+            return Err(refused(
+                n,
+                format!("ref must be 1 to {MAX_REF_BYTES} bytes"),
+            ));
+        }
+        if name.parse::<JobId>().is_ok() {
+            return Err(refused(
+                n,
+                format!("ref {name:?} is shaped like a job id; after could not tell them apart"),
+            ));
+        }
+        if let Some(first) = refs.insert(name, n) {
+            return Err(refused(
+                n,
+                format!("ref {name:?} is given twice in the batch, by jobs[{first}] and jobs[{n}]"),
+            ));
+        }
+    }
+    let refs: std::collections::HashMap<String, usize> =
+        refs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    let mut reqs = Vec::with_capacity(items.len());
+    for (n, mut item) in items.into_iter().enumerate() {
+        item.reference = None;
+        let queue = match (queues, item.queue.take()) {
+            (BatchQueues::Path(q), None) => q.to_owned(),
+            (BatchQueues::Path(_), Some(_)) => {
+                return Err(refused(
+                    n,
+                    "queue is named by the path; give a queue per item only to POST /v1/jobs/batch"
+                        .into(),
+                ));
+            }
+            (BatchQueues::PerItem, Some(q)) => q,
+            (BatchQueues::PerItem, None) => {
+                return Err(refused(
+                    n,
+                    "queue is required in each job of POST /v1/jobs/batch".into(),
+                ));
+            }
+        };
+        let mut earlier = Vec::new();
+        if let Some(after) = item.after.take() {
+            let given = after.len();
+            let mut ids = Vec::with_capacity(given);
+            for (i, entry) in after.into_iter().enumerate() {
+                match refs.get(&entry) {
+                    Some(&k) if k < n && earlier.contains(&k) => {
+                        return Err(refused(n, format!("after names ref {entry:?} twice")));
+                    }
+                    Some(&k) if k < n => earlier.push(k),
+                    Some(&k) if k == n => {
+                        return Err(refused(
+                            n,
+                            format!("after names the job's own ref {entry:?}"),
+                        ));
+                    }
+                    Some(&k) => {
+                        return Err(refused(
+                            n,
+                            format!(
+                                "after[{i}] names ref {entry:?} of jobs[{k}], which comes later in                                  the batch (a forward ref); a job may name only earlier jobs' refs"
+                            ),
+                        ));
+                    }
+                    None if entry.parse::<JobId>().is_ok() => ids.push(entry),
+                    None => {
+                        return Err(refused(
+                            n,
+                            format!(
+                                "after[{i}] names unknown ref {entry:?}: no earlier job of the batch                                  has it, and it is not a job id"
+                            ),
+                        ));
+                    }
+                }
+            }
+            if given > crate::deps::MAX_PARENTS {
+                return Err(refused(
+                    n,
+                    format!(
+                        "after names {given} jobs; at most {} are allowed",
+                        crate::deps::MAX_PARENTS
+                    ),
+                ));
+            }
+            // Only refs: no job id left to check, but the policy still is.
+            item.after = (!ids.is_empty() || earlier.is_empty()).then_some(ids);
+        }
+        let mut req = item
+            .into_request(&queue, None, max_payload)
+            .map_err(|error| BatchError {
+                index: Some(n),
+                error,
+            })?;
+        req.after.refs = earlier;
+        reqs.push(req);
+    }
+    Ok(reqs)
 }
 
 impl JobBody {
@@ -68,6 +214,16 @@ impl JobBody {
         header_key: Option<String>,
         max_payload: usize,
     ) -> Result<EnqueueRequest, BrokerError> {
+        if self.reference.is_some() {
+            return Err(invalid(
+                "ref names a job of a batch for the after of later jobs of the same batch; a single enqueue has none",
+            ));
+        }
+        if self.queue.is_some() {
+            return Err(invalid(
+                "queue is named by the path; give a queue per job only to POST /v1/jobs/batch",
+            ));
+        }
         let payload = match (self.payload, self.payload_b64) {
             (Some(_), Some(_)) => return Err(invalid("give payload or payload_b64, not both")),
             (None, None) => return Err(invalid("payload or payload_b64 is required")),
@@ -162,6 +318,7 @@ pub async fn enqueue(
         known_queue(&config, &queue)?;
         parse_enqueue(&queue, &body, &headers, max)
     })?;
+    authorize_parents(&args, &caller, std::slice::from_ref(&req), false).await?;
     let delayed = !req.delay.is_zero();
     let done = broker::request(|tx| BrokerMsg::Enqueue(req, tx), ENQUEUE_TIMEOUT).await??;
     if done.duplicate {
@@ -179,6 +336,48 @@ pub async fn enqueue(
         StatusCode::ACCEPTED,
         Json(json!({ "id": done.id, "state": state })),
     ))
+}
+
+/// `403 forbidden` unless `caller` may use the queue of every stored job that
+/// `reqs` name in `after`, naming the first that it may not (the item's index in
+/// a batch): a token limited to some queues cannot make its jobs wait on, and
+/// read the results of, jobs of other queues. One store read, skipped for a
+/// caller that may use every queue. An unknown parent is left to the Broker
+/// (`400 unknown_dependency`).
+async fn authorize_parents(
+    args: &ApiArgs,
+    caller: &Caller,
+    reqs: &[EnqueueRequest],
+    batch: bool,
+) -> Result<(), ApiError> {
+    if caller.every_queue() {
+        return Ok(());
+    }
+    let named: Vec<(usize, JobId)> = reqs
+        .iter()
+        .enumerate()
+        .flat_map(|(n, r)| r.after.parents.iter().map(move |id| (n, *id)))
+        .collect();
+    if named.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<JobId> = named.iter().map(|(_, id)| *id).collect();
+    let queues = args.store.run(move |b| b.queues_of(&ids)).await?;
+    for ((n, id), queue) in named.into_iter().zip(queues) {
+        let Some(queue) = queue else { continue };
+        if let Err(mut err) = caller.allow_queue(&queue) {
+            let item = if batch {
+                format!("jobs[{n}]: ")
+            } else {
+                String::new()
+            };
+            err.message = format!(
+                "{item}after names job {id} of queue {queue:?}, which this token may not use"
+            );
+            return Err(err);
+        }
+    }
+    Ok(())
 }
 
 /// Runs an enqueue's checks before the Broker (body size, queue, parsing,
@@ -272,6 +471,7 @@ pub async fn enqueue_batch(
         }
         parse_batch(&queue, &body, max)
     })?;
+    authorize_parents(&args, &caller, &reqs, true).await?;
     let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), ENQUEUE_TIMEOUT)
         .await?
         .map_err(batch_error)?;
@@ -314,22 +514,75 @@ fn parse_batch(
     body: &[u8],
     max_payload: usize,
 ) -> Result<Vec<EnqueueRequest>, ApiError> {
+    let jobs = batch_items(body)?;
+    batch_requests(jobs, BatchQueues::Path(queue), max_payload).map_err(batch_error)
+}
+
+/// A batch body's job objects, 1 to [`broker::MAX_BATCH_JOBS`]; the first item
+/// that is not a job object is named by its index.
+fn batch_items(body: &[u8]) -> Result<Vec<JobBody>, ApiError> {
     let jobs = match super::body::parse_json::<BatchBody<JobBody>>(body) {
         Ok(batch) => batch.jobs,
         Err(err) => return Err(locate_bad_item(body).unwrap_or(err)),
     };
     broker::check_batch_len(jobs.len())?;
-    jobs.into_iter()
-        .enumerate()
-        .map(|(n, job)| {
-            job.into_request(queue, None, max_payload).map_err(|e| {
-                batch_error(BatchError {
-                    index: Some(n),
-                    error: e,
-                })
-            })
+    Ok(jobs)
+}
+
+/// `POST /v1/jobs/batch`: a batch whose jobs each name their `queue`, so a flow
+/// across queues (a fan-out in one queue, its finisher in another) is one
+/// all-or-nothing commit. The token must be allowed to produce on every queue
+/// named; answers as `POST /v1/queues/{queue}/jobs/batch` does.
+pub async fn enqueue_flow(
+    State(args): State<Arc<ApiArgs>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<BatchAnswer>), ApiError> {
+    caller.require(Role::Produce)?;
+    let config = args.config();
+    let max = config.daemon.max_payload;
+    let parsed = (|| {
+        let body = body.map_err(|e| unreadable(e, |d| batch_too_large(max, d)))?;
+        if headers.contains_key("idempotency-key") {
+            return Err(ApiError::bad_request(
+                "the Idempotency-Key header does not apply to a batch: give each job its idempotency_key",
+            ));
+        }
+        let items = batch_items(&body)?;
+        for (n, item) in items.iter().enumerate() {
+            let Some(queue) = item.queue.as_deref() else {
+                continue;
+            };
+            let named = |mut err: ApiError| {
+                err.message = format!("jobs[{n}]: {}", err.message);
+                err
+            };
+            known_queue(&config, queue).map_err(named)?;
+            caller.allow_queue(queue).map_err(named)?;
+        }
+        batch_requests(items, BatchQueues::PerItem, max).map_err(batch_error)
+    })();
+    let reqs = parsed.inspect_err(|err| {
+        let reason = if err.status == StatusCode::PAYLOAD_TOO_LARGE {
+            RejectReason::PayloadTooLarge
+        } else {
+            RejectReason::BadRequest
+        };
+        crate::metrics::enqueue_rejected(None, reason);
+    })?;
+    authorize_parents(&args, &caller, &reqs, true).await?;
+    let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), ENQUEUE_TIMEOUT)
+        .await?
+        .map_err(batch_error)?;
+    let jobs: Vec<EnqueuedBody> = done
+        .iter()
+        .map(|e| EnqueuedBody {
+            duplicate: e.duplicate,
+            id: e.id,
         })
-        .collect()
+        .collect();
+    Ok((StatusCode::ACCEPTED, Json(BatchAnswer { jobs })))
 }
 
 /// Why a batch body that is valid JSON with a `jobs` list did not read as job

@@ -15,9 +15,12 @@
 //! the lease's fencing token from the receipt handle (`sqs/handle.rs`);
 //! `ChangeMessageVisibility` is a heartbeat (`extend`), or for 0 an uncharged
 //! return (`Failure::Interrupted`) fenced by the same token. `MessageGroupId` is the
-//! tenant, `MessageDeduplicationId` the idempotency key.
+//! tenant, `MessageDeduplicationId` the idempotency key. A queue that a
+//! `RedrivePolicy` names also hands out, deletes and counts the dead jobs of its
+//! source queues (`sqs/dead.rs`).
 
 pub mod created;
+mod dead;
 mod error;
 mod handle;
 mod message;
@@ -62,6 +65,8 @@ pub struct SqsState {
     queue_writes: tokio::sync::Mutex<()>,
     /// The message move tasks started on this node.
     moves: Arc<moves::MoveTasks>,
+    /// The dead jobs handed out through dead-letter queues on this node.
+    dead: Arc<dead::DeadLeases>,
 }
 
 impl SqsState {
@@ -71,6 +76,7 @@ impl SqsState {
             purges: Mutex::new(HashMap::new()),
             queue_writes: tokio::sync::Mutex::new(()),
             moves: Arc::default(),
+            dead: Arc::default(),
         }
     }
 }

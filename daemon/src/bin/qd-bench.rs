@@ -2,13 +2,14 @@
 //! by side with beanstalkd (when it is on the PATH) driven by the same client.
 //!
 //! Usage: `cargo build --release -p qd && target/release/qd-bench [--mode
-//! single,batch,paced,executor,soak,cluster|all] [--jobs N] [--producers P]
+//! single,batch,paced,executor,soak,cluster,sqs|all] [--jobs N] [--producers P]
 //! [--consumers C] [--rate R] [--duration D] [--database-url URL] [--qd PATH]
 //! [--json] [--smoke]`. Each mode starts its servers on loopback on fresh temp
 //! dirs, runs bounded phases (every phase ends by `--max-time`) and stops them;
 //! the report is a table on stdout (or JSON with `--json`). Without `--qd`, the
 //! `qd` built beside this binary is used. The modes are described in
-//! `qd-bench/modes.rs` and `qd-bench/cluster.rs`, the client in `qd-bench/load.rs`.
+//! `qd-bench/modes.rs`, `qd-bench/cluster.rs` and `qd-bench/sqs.rs`, the client in
+//! `qd-bench/load.rs`.
 
 #[path = "qd-bench/beanstalk.rs"]
 mod beanstalk;
@@ -32,6 +33,8 @@ mod report;
 mod scratch;
 #[path = "qd-bench/servers.rs"]
 mod servers;
+#[path = "qd-bench/sqs.rs"]
+mod sqs;
 #[path = "qd-bench/targets.rs"]
 mod targets;
 
@@ -60,6 +63,9 @@ enum Mode {
     /// qd on PostgreSQL: SQLite beside PostgreSQL, then 1 and 2 nodes on one
     /// PostgreSQL (50 ms command jobs, no-op jobs).
     Cluster,
+    /// qd's SQS API (SendMessageBatch / ReceiveMessage / DeleteMessageBatch of 10,
+    /// SigV4-signed) beside its native batch API, on one qd with a token file.
+    Sqs,
     /// Every mode above but soak and cluster.
     All,
 }
@@ -202,6 +208,7 @@ async fn main() -> Result<()> {
         Mode::Executor,
         Mode::Soak,
         Mode::Cluster,
+        Mode::Sqs,
     ];
     for mode in modes.into_iter().filter(|m| cli.wants(*m)) {
         eprintln!("qd-bench: running {mode:?}");
@@ -214,6 +221,7 @@ async fn main() -> Result<()> {
             Mode::Cluster => {
                 cluster::cluster(&settings, cli.database_url.as_deref(), &mut report).await
             }
+            Mode::Sqs => sqs::sqs(&settings, &mut report).await,
             Mode::All => Ok(()),
         };
         if let Err(e) = done {

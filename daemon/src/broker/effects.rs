@@ -21,7 +21,7 @@ use std::sync::Arc;
 use super::BrokerMsg;
 use super::events::Outbox;
 use crate::job::Job;
-use crate::store::{Backend, Store, StoreError};
+use crate::store::{Backend, DepthLock, Store, StoreError};
 
 /// Where a completion sends its messages: the Broker's mailbox (a test's channel).
 pub(crate) type Back = Arc<dyn Fn(BrokerMsg) + Send + Sync>;
@@ -102,13 +102,13 @@ impl StoreEffect {
         Run: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
         Done: FnOnce(Result<R, StoreError>, &Back) + Send + 'static,
     {
-        Self::write_locking_depth(None, run, done)
+        Self::write_locking_depth(Vec::new(), run, done)
     }
 
-    /// [`StoreEffect::write`] of an operation that takes `queue`'s `max_depth`
-    /// lock in the store ([`Store::submit_locking_depth`]).
+    /// [`StoreEffect::write`] of an operation that takes the `max_depth` locks
+    /// `locks` in the store ([`Store::submit_locking_depth`]).
     pub(crate) fn write_locking_depth<R, Run, Done>(
-        queue: Option<String>,
+        locks: Vec<DepthLock>,
         run: Run,
         done: Done,
     ) -> StoreEffect
@@ -120,7 +120,7 @@ impl StoreEffect {
         StoreEffect::Write(Box::new(Op {
             run,
             done,
-            depth_lock: queue,
+            depth_locks: locks,
             answer: PhantomData,
         }))
     }
@@ -138,7 +138,7 @@ pub(crate) trait Write: Send {
 struct Op<R, Run, Done> {
     run: Run,
     done: Done,
-    depth_lock: Option<String>,
+    depth_locks: Vec<DepthLock>,
     answer: PhantomData<fn() -> R>,
 }
 
@@ -152,10 +152,10 @@ where
         let Op {
             run,
             done,
-            depth_lock,
+            depth_locks,
             ..
         } = *self;
-        store.submit_locking_depth(depth_lock, run, move |result| done(result, &back));
+        store.submit_locking_depth(depth_locks, run, move |result| done(result, &back));
     }
 
     #[cfg(test)]

@@ -505,17 +505,21 @@ impl BrokerState {
         self.store_effects.push(StoreEffect::write(run, done));
     }
 
-    /// [`Self::write`] of an enqueue that checks `depth` (queue, `max_depth`) in
-    /// the store: the writer takes the queue's depth lock before its batch runs.
-    fn write_enqueue<R, Run, Done>(&mut self, depth: Option<&(String, u64)>, run: Run, done: Done)
-    where
+    /// [`Self::write`] of an enqueue that checks `depth` in the store: the writer
+    /// takes its depth locks before its batch runs.
+    pub(super) fn write_enqueue<R, Run, Done>(
+        &mut self,
+        depth: Option<&shared::DepthChecks>,
+        run: Run,
+        done: Done,
+    ) where
         R: Send + 'static,
         Run: FnOnce(&mut dyn Backend) -> Result<R, StoreError> + Send + 'static,
         Done: FnOnce(Result<R, StoreError>, &Back) + Send + 'static,
     {
-        let queue = depth.map(|(queue, _)| queue.clone());
+        let locks = depth.map(shared::DepthChecks::locks).unwrap_or_default();
         self.store_effects
-            .push(StoreEffect::write_locking_depth(queue, run, done));
+            .push(StoreEffect::write_locking_depth(locks, run, done));
     }
 
     /// Answers `reply` with `value` once this message's store effects are handed
@@ -561,14 +565,14 @@ impl BrokerState {
             Ok(new) => {
                 let record = self.reserve(new, req.payload, now);
                 let job = record.job.clone();
-                let depth = self.depth_check(&job.queue);
+                let depth = self.depth_check(&job.queue, [&job]);
                 let check = depth.clone();
                 let after = req.after;
                 self.write_enqueue(
                     check.as_ref(),
                     move |b| {
-                        if let Some((queue, max)) = &depth {
-                            shared::within_depth(b, queue, 1, *max)?;
+                        if let Some(depth) = &depth {
+                            depth.check(b, 1)?;
                         }
                         let (inserted, state) = b
                             .enqueue_after(std::slice::from_ref(&record), &[after], false)
@@ -603,8 +607,8 @@ impl BrokerState {
         let queue = self.intern(&req.queue);
         let tenant = self.intern(req.tenant.as_deref().unwrap_or("default"));
         let depth = self.counts.get(&queue).map(QueueCounts::depth).unwrap_or(0);
-        // On a shared store the store decides, counting every node's jobs, in the
-        // enqueue's own transaction (`shared::within_depth`).
+        // On a shared store the store decides both depths, counting every node's
+        // jobs, in the enqueue's own transaction (`shared::DepthChecks`).
         if depth >= max_depth && !self.shared() {
             return Err(BrokerError::QueueFull {
                 queue: req.queue.clone(),
@@ -612,7 +616,9 @@ impl BrokerState {
                 max: max_depth,
             });
         }
-        if let Some(max) = self.limits.tenant(&tenant).max_depth {
+        if let Some(max) = self.limits.tenant(&tenant).max_depth
+            && !self.shared()
+        {
             let depth = self
                 .tenant_depth
                 .get(&(queue.clone(), tenant.clone()))
@@ -675,9 +681,12 @@ impl BrokerState {
         self.unreserve(&job);
         match &result {
             Ok(_)
-            | Err(StoreError::QueueFull { .. } | StoreError::Busy(_) | StoreError::After { .. }) => {
-                self.store_accepted(now, mono)
-            }
+            | Err(
+                StoreError::QueueFull { .. }
+                | StoreError::TenantFull { .. }
+                | StoreError::Busy(_)
+                | StoreError::After { .. },
+            ) => self.store_accepted(now, mono),
             Err(err) => self.store_refused(err),
         }
         let answer = self.accept(job, result);
@@ -727,7 +736,11 @@ impl BrokerState {
                 duplicate: true,
             }),
             Ok((Inserted::Duplicate { id, .. }, _)) => Err(key_conflict(&job, id)),
-            Err(err @ (StoreError::QueueFull { .. } | StoreError::Busy(_))) => Err(refusal(err)),
+            Err(
+                err @ (StoreError::QueueFull { .. }
+                | StoreError::TenantFull { .. }
+                | StoreError::Busy(_)),
+            ) => Err(refusal(err)),
             Err(StoreError::After { error, .. }) => Err(after_refused(error)),
             Err(err) => {
                 static LOG: crate::log_every::Every =
@@ -755,17 +768,39 @@ impl BrokerState {
         now: UnixMillis,
     ) {
         let queue = reqs.first().map(|r| r.queue.clone()).unwrap_or_default();
-        let afters: Vec<crate::deps::After> = reqs.iter().map(|r| r.after.clone()).collect();
+        if self.shared() && reqs.iter().any(|r| r.queue != queue) {
+            // The depth of one queue is checked and locked in the enqueue's own
+            // transaction on a shared store (`shared::within_depth`); a batch
+            // across queues would need every queue's.
+            let error = BrokerError::Invalid(
+                "a batch across queues is not supported on a shared (PostgreSQL) store yet; \
+                 send one batch per queue"
+                    .into(),
+            );
+            metrics::enqueue_rejected(None, reject_reason(&error));
+            self.answer(reply, Err(BatchError::whole(error)));
+            return;
+        }
+        let mut afters: Vec<crate::deps::After> = reqs.iter().map(|r| r.after.clone()).collect();
         match self.admit_all(reqs, now) {
             Ok(records) => {
+                // An item's refs name earlier items, whose ids were just chosen.
+                for after in &mut afters {
+                    let named: Vec<JobId> = after
+                        .refs
+                        .iter()
+                        .filter_map(|&k| records.get(k).map(|r| r.job.id))
+                        .collect();
+                    after.parents.extend(named);
+                }
                 let jobs: Vec<Job> = records.iter().map(|r| r.job.clone()).collect();
-                let depth = jobs.first().and_then(|j| self.depth_check(&j.queue));
+                let depth = jobs.first().and_then(|j| self.depth_check(&j.queue, &jobs));
                 let check = depth.clone();
                 self.write_enqueue(
                     check.as_ref(),
                     move |b| {
-                        if let Some((queue, max)) = &depth {
-                            shared::within_depth(b, queue, records.len() as u64, *max)?;
+                        if let Some(depth) = &depth {
+                            depth.check(b, records.len() as u64)?;
                         }
                         let answers = b.enqueue_after(&records, &afters, true)?;
                         let payloads = records.into_iter().map(|r| r.payload);
@@ -873,6 +908,15 @@ impl BrokerState {
             Err(StoreError::QueueFull { queue, depth, max }) => {
                 self.store_accepted(now, mono);
                 batch_past_depth(queue, depth, max, jobs.len())
+            }
+            Err(StoreError::TenantFull {
+                queue,
+                tenant,
+                depth,
+                max,
+            }) => {
+                self.store_accepted(now, mono);
+                batch_past_tenant_depth(&jobs, queue, tenant, depth, max)
             }
             Err(StoreError::After { index, error }) => {
                 self.store_accepted(now, mono);
@@ -1403,10 +1447,17 @@ impl BrokerState {
         }
     }
 
+    /// Deletes dead jobs. One that holds back unfinished jobs is refused naming
+    /// them, unless `release_by` (an operator) is given: then its edges to them
+    /// count as met in the purge's commit.
+    /// `done` gets the outcome and the dependents whose state a released edge
+    /// changed.
     pub(super) fn purge(
         &mut self,
         ids: Vec<JobId>,
-        reply: RpcReplyPort<Result<BatchOutcome, BrokerError>>,
+        release_by: Option<String>,
+        done: impl FnOnce(Result<(BatchOutcome, Vec<JobId>), BrokerError>) + Send + 'static,
+        now: UnixMillis,
     ) {
         let mut outcome = BatchOutcome::default();
         for id in ids {
@@ -1423,10 +1474,63 @@ impl BrokerState {
                 None => outcome.refused.push((id, format!("unknown job {id}"))),
             }
         }
-        let ids = outcome.moved.clone();
-        self.commit_purge(ids, move |r| {
-            let _ = reply.send(r.map(|()| outcome).map_err(BrokerError::from));
+        let ids = std::mem::take(&mut outcome.moved);
+        self.commit_purge(ids, release_by, now, move |r| {
+            done(r.map_err(BrokerError::from).map(|purged| {
+                outcome.moved = purged.gone;
+                for (id, blocked) in purged.held {
+                    outcome
+                        .refused
+                        .push((id, crate::deps::holds_back(id, &blocked)));
+                }
+                (outcome, purged.released.iter().map(|j| j.id).collect())
+            }));
         });
+    }
+
+    /// Counts a blocked job's broken edges as met (an operator's release, as `by`)
+    /// and settles it: answers what the store did, `None` when the job is not
+    /// blocked (nothing written). The job's new state reaches memory and its
+    /// Scheduler only after the commit.
+    pub(super) fn release(
+        &mut self,
+        id: JobId,
+        by: String,
+        reply: RpcReplyPort<Result<Option<crate::store::Released>, BrokerError>>,
+        now: UnixMillis,
+    ) {
+        match self.jobs.get(id).map(|j| j.state) {
+            None => return self.answer(reply, Err(BrokerError::UnknownJob(id))),
+            Some(_) if self.writing.contains(&id) => {
+                let msg = format!("job {id} has a write in flight; retry");
+                return self.answer(reply, Err(BrokerError::Unavailable(msg)));
+            }
+            Some(State::Blocked) => {}
+            Some(_) => return self.answer(reply, Ok(None)),
+        }
+        self.writing.insert(id);
+        self.write(
+            move |b| b.release_edges_by(id, &by, now),
+            move |result, back| {
+                let moved = match &result {
+                    Ok(Some((Some(job), _))) => vec![job.clone()],
+                    _ => Vec::new(),
+                };
+                let failed = result.as_ref().err().cloned();
+                let settle = Settle::with(move |state: &mut BrokerState, now, mono| {
+                    state.writing.remove(&id);
+                    match failed {
+                        None => {
+                            state.dependents_moved(moved, now);
+                            state.store_accepted(now, mono);
+                        }
+                        Some(err) => state.store_refused(&err),
+                    }
+                });
+                back(BrokerMsg::Settle(settle));
+                let _ = reply.send(result.map_err(BrokerError::from));
+            },
+        );
     }
 
     pub(super) fn cancel(
@@ -1549,6 +1653,17 @@ fn reject_reason(err: &BrokerError) -> RejectReason {
 fn refusal(err: StoreError) -> BrokerError {
     match err {
         StoreError::QueueFull { queue, depth, max } => BrokerError::QueueFull { queue, depth, max },
+        StoreError::TenantFull {
+            queue,
+            tenant,
+            depth,
+            max,
+        } => BrokerError::TenantFull {
+            queue,
+            tenant,
+            depth,
+            max,
+        },
         StoreError::Busy(why) => BrokerError::Unavailable(why),
         other => BrokerError::Store(other),
     }
@@ -1563,6 +1678,31 @@ fn after_refused(error: crate::deps::AfterError) -> BrokerError {
     match error {
         crate::deps::AfterError::Unknown(id) => BrokerError::UnknownDependency(id),
         other => BrokerError::Invalid(other.to_string()),
+    }
+}
+
+/// [`batch_past_depth`] for a tenant's `max_depth`: names the first item of
+/// `tenant` past its limit, with the tenant's depth counting its items before it.
+fn batch_past_tenant_depth(
+    jobs: &[Job],
+    queue: String,
+    tenant: String,
+    depth: u64,
+    max: u64,
+) -> BatchError {
+    let room = usize::try_from(max.saturating_sub(depth)).unwrap_or(usize::MAX);
+    let mine: Vec<usize> = (0..jobs.len())
+        .filter(|&i| *jobs[i].tenant == *tenant)
+        .collect();
+    let nth = room.min(mine.len().saturating_sub(1));
+    BatchError {
+        index: mine.get(nth).copied(),
+        error: BrokerError::TenantFull {
+            queue,
+            tenant,
+            depth: depth.saturating_add(nth as u64),
+            max,
+        },
     }
 }
 

@@ -18,7 +18,7 @@ use super::{
     Config, ConfigError, ConsoleConfig, DaemonConfig, DatabaseConfig, HttpLimits,
     RateLimiterConfig, RestartIntensity, TenantConfig,
 };
-use crate::store::history::{HistoryLimits, MIN_MAX_ERROR};
+use super::{HistoryLimits, MIN_MAX_ERROR};
 
 mod environment;
 mod executor;
@@ -30,12 +30,12 @@ mod sqs;
 pub(crate) const DEFAULT_TENANT: &str = "default";
 
 /// Compiles a whole document; `source` must be absolute (relative paths in the
-/// file are resolved against its directory). With `environment`, the checks against
+/// file are resolved against its directory). With `machine`, the checks against
 /// the machine (token file, admin group, executors) run in the same pass.
 pub(crate) fn compile(
     text: &str,
     source: &Path,
-    environment: bool,
+    machine: Option<&dyn super::MachineChecks>,
 ) -> Result<Config, Vec<ConfigError>> {
     let (table, syntax) = DeTable::parse_recoverable(text);
     if !syntax.is_empty() {
@@ -63,8 +63,8 @@ pub(crate) fn compile(
     let queues = queue::compile_queues(&mut diag, &doc, &scope);
     check_fence(&mut diag, &daemon, &queues);
     let schedules = schedule::compile_schedules(&mut diag, &doc, &queues, daemon.max_payload);
-    if environment {
-        environment::check(&mut diag, &daemon, &queues);
+    if let Some(machine) = machine {
+        environment::check(&mut diag, machine, &daemon, &queues);
     }
 
     let errors = diag.into_errors();
@@ -403,9 +403,7 @@ fn compile_database(
         .map_err(|e| diag.error(&at("database_url"), e))
         .ok()?;
     if let Some(name) = &raw.node_name {
-        if let Err(e) = crate::broker::check_name("node_name", name) {
-            diag.error(&at("node_name"), e.to_string());
-        }
+        check_name(diag, &at("node_name"), "node", name);
         database.node_name = name.clone();
     }
     if let Some(timeout) = raw.node_timeout {

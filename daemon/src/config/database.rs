@@ -4,10 +4,8 @@
 //! connection settings with the password from the file or `PGPASSWORD`.
 //!
 //! The password is never part of a message, a log line or `qd check-config`'s
-//! output: errors name the file, never its content, and [`describe`] shows hosts,
-//! database and user only.
-//!
-//! [`describe`]: crate::store::postgres::describe
+//! output: errors name the file, never its content, and [`describe_postgres`] shows
+//! hosts, database and user only.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -62,7 +60,7 @@ pub(crate) fn host_name() -> String {
     nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
-        .filter(|h| crate::broker::check_name("node_name", h).is_ok())
+        .filter(|h| super::is_valid_name(h))
         .unwrap_or_else(|| "qd".to_owned())
 }
 
@@ -139,7 +137,7 @@ impl DatabaseConfig {
     /// database and user, never the password.
     pub fn describe(&self) -> String {
         match self.settings() {
-            Ok(config) => crate::store::postgres::describe(&config),
+            Ok(config) => describe_postgres(&config),
             Err(e) => format!("PostgreSQL ({e})"),
         }
     }
@@ -173,4 +171,31 @@ fn read_password_file(path: &Path) -> Result<String, String> {
         )
     })?;
     Ok(text.lines().next().unwrap_or("").to_owned())
+}
+
+/// Where `config` points, for messages and logs: hosts, ports, database and user,
+/// never the password. E.g. `PostgreSQL database "qd" on /run/postgresql:5432 as "qd"`.
+pub fn describe_postgres(config: &tokio_postgres::Config) -> String {
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(n, host)| {
+            let name = match host {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            };
+            let port = ports.get(n).or(ports.first()).copied().unwrap_or(5432);
+            format!("{name}:{port}")
+        })
+        .collect();
+    let hosts = if hosts.is_empty() {
+        "localhost:5432".to_owned()
+    } else {
+        hosts.join(",")
+    };
+    let user = config.get_user().unwrap_or("(no user)");
+    let dbname = config.get_dbname().unwrap_or(user);
+    format!("PostgreSQL database {dbname:?} on {hosts} as {user:?}")
 }

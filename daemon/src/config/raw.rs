@@ -163,6 +163,7 @@ pub(crate) struct RawExecutor {
     pub url: Option<String>,
     pub headers: Option<BTreeMap<String, String>>,
     pub store_result: Option<bool>,
+    pub send_parents: Option<bool>,
 }
 
 /// `executor.exit_codes`.

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use super::HistoryLimits;
 use super::*;
 use crate::backoff::Jitter;
 use crate::executor::{ErrorClass, ExecutorSpec};
 use crate::scheduler::fair::Fairness;
-use crate::store::HistoryLimits;
 
 const SOURCE: &str = "/etc/qd/qd.toml";
 const QUEUE: &str = r#"
@@ -387,7 +387,9 @@ fn a_webhook_url_that_does_not_parse_is_one_error() {
         "[queues.hook]\nexecutor = { kind = \"http\", url = \"not a url\" }\n",
     )
     .expect("write config");
-    let errors = Config::load_checked(&path).expect_err("a bad url").errors;
+    let errors = Config::load_checked(&path, &crate::machine::Machine)
+        .expect_err("a bad url")
+        .errors;
     assert_eq!(errors.len(), 1, "{errors:#?}");
     assert!(
         error_at(&errors, "queues.hook.executor.url")
@@ -644,7 +646,9 @@ lease = "soon"
     );
     let path = dir.path().join("qd.toml");
     std::fs::write(&path, &text).expect("write config");
-    let errors = Config::load_checked(&path).expect_err("invalid").errors;
+    let errors = Config::load_checked(&path, &crate::machine::Machine)
+        .expect_err("invalid")
+        .errors;
     let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
     for expected in [
         "daemon.api_tokens_file",
@@ -684,7 +688,7 @@ fn database_url_selects_postgres_and_never_holds_or_shows_a_password() {
     );
     let path = dir.path().join("qd.toml");
     std::fs::write(&path, &text).expect("write config");
-    let config = Config::load_checked(&path).expect("valid");
+    let config = Config::load_checked(&path, &crate::machine::Machine).expect("valid");
     let database = config.daemon.database.clone().expect("PostgreSQL store");
     let client = database.client_config().expect("client config");
     assert_eq!(client.get_password(), Some(&b"s3cr3t-pw"[..]));
@@ -739,7 +743,7 @@ fn a_password_in_the_url_or_a_readable_password_file_is_a_config_error() {
          database_password_file = \"db.secret\"\n{QUEUE}"
     );
     std::fs::write(&path, text).expect("write config");
-    let found = Config::load_checked(&path)
+    let found = Config::load_checked(&path, &crate::machine::Machine)
         .expect_err("group-readable")
         .errors;
     let error = error_at(&found, "daemon.database_password_file");
@@ -768,8 +772,12 @@ fn cluster_keys_need_a_database_and_sane_values() {
     assert_eq!(database.node_timeout, Duration::from_secs(10));
     assert_eq!(database.poll_interval, Duration::from_secs(1));
     for (key, value, says) in [
-        ("node_name", "\"a b\"", "must be 1 to 64 characters"),
-        ("node_name", "\"\"", "must be 1 to 64 characters"),
+        (
+            "node_name",
+            "\"a b\"",
+            "invalid node name \"a b\": use 1 to 64 characters",
+        ),
+        ("node_name", "\"\"", "use 1 to 64 characters"),
         ("node_timeout", "\"500ms\"", "at least 1s"),
         ("poll_interval", "\"5ms\"", "between 10ms and 60s"),
         ("poll_interval", "\"2m\"", "between 10ms and 60s"),

@@ -38,7 +38,7 @@ fn field<'f>(form: &'f Form, key: &str) -> Option<&'f str> {
 fn start(ctx: &Ctx, who: &Who, body: &[u8]) -> Result<Form, Box<Response>> {
     who.require_admin()
         .map_err(|(status, message)| Box::new(pages::error_page(ctx, status, &message)))?;
-    form(body).map_err(|e| Box::new(pages::error_page(ctx, StatusCode::BAD_REQUEST, &e)))
+    form(body).map_err(|e| Box::new(bad_request(ctx, &e)))
 }
 
 async fn run(ctx: &Ctx, who: &Who, req: Request) -> Result<AdminResponse, Box<Response>> {
@@ -63,22 +63,10 @@ pub async fn pause(
     Path(queue): Path<String>,
     body: Bytes,
 ) -> Response {
-    attempt!(start(&ctx, &who, &body));
-    attempt!(
-        run(
-            &ctx,
-            &who,
-            Request::QueuePause {
-                queue: queue.clone()
-            }
-        )
-        .await
-    );
-    see_other(
-        &ctx,
-        &format!("/queues/{queue}"),
-        &format!("Queue {queue} paused."),
-    )
+    let req = Request::QueuePause {
+        queue: queue.clone(),
+    };
+    queue_action(&ctx, &who, &body, &queue, req, "paused").await
 }
 
 /// `POST /queues/{queue}/resume`.
@@ -88,21 +76,41 @@ pub async fn resume(
     Path(queue): Path<String>,
     body: Bytes,
 ) -> Response {
-    attempt!(start(&ctx, &who, &body));
-    attempt!(
-        run(
-            &ctx,
-            &who,
-            Request::QueueResume {
-                queue: queue.clone()
-            }
-        )
-        .await
-    );
+    let req = Request::QueueResume {
+        queue: queue.clone(),
+    };
+    queue_action(&ctx, &who, &body, &queue, req, "resumed").await
+}
+
+/// An action on a queue that takes no form field: back to the queue's page, saying
+/// what was `done`.
+async fn queue_action(
+    ctx: &Ctx,
+    who: &Who,
+    body: &[u8],
+    queue: &str,
+    req: Request,
+    done: &str,
+) -> Response {
+    attempt!(start(ctx, who, body));
+    attempt!(run(ctx, who, req).await);
     see_other(
-        &ctx,
+        ctx,
         &format!("/queues/{queue}"),
-        &format!("Queue {queue} resumed."),
+        &format!("Queue {queue} {done}."),
+    )
+}
+
+fn bad_request(ctx: &Ctx, message: &str) -> Response {
+    pages::error_page(ctx, StatusCode::BAD_REQUEST, message)
+}
+
+/// The daemon answered with a kind the action does not expect (a bug, not bad input).
+fn unexpected(ctx: &Ctx, other: &AdminResponse) -> Response {
+    pages::error_page(
+        ctx,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        &format!("unexpected answer {}", other.kind()),
     )
 }
 
@@ -114,9 +122,8 @@ fn number<T: std::str::FromStr>(
     match field(form, key) {
         None => Ok(None),
         Some(v) => v.trim().parse().map(Some).map_err(|_| {
-            Box::new(pages::error_page(
+            Box::new(bad_request(
                 ctx,
-                StatusCode::BAD_REQUEST,
                 &format!("{key} {v:?} is not a whole number"),
             ))
         }),
@@ -134,7 +141,7 @@ pub async fn workers(
     let min = attempt!(number::<u32>(&ctx, &form, "min"));
     let max = attempt!(number::<u32>(&ctx, &form, "max"));
     let (Some(min), Some(max)) = (min, max) else {
-        return pages::error_page(&ctx, StatusCode::BAD_REQUEST, "give both min and max");
+        return bad_request(&ctx, "give both min and max");
     };
     attempt!(
         run(
@@ -196,7 +203,7 @@ pub async fn redrive_one(
         .find(|(k, _)| k == "payload")
         .map(|(_, v)| v.clone())
     else {
-        return pages::error_page(&ctx, StatusCode::BAD_REQUEST, "give the new payload");
+        return bad_request(&ctx, "give the new payload");
     };
     let req = Request::DlqRedrive {
         selection: DlqSelection {
@@ -229,7 +236,7 @@ fn bulk_selection(ctx: &Ctx, form: &Form) -> Result<DlqSelection, Box<Response>>
             ..DlqSelection::default()
         });
     }
-    let bad = |e: String| Box::new(pages::error_page(ctx, StatusCode::BAD_REQUEST, &e));
+    let bad = |e: String| Box::new(bad_request(ctx, &e));
     let mut sel = selection(form).map_err(bad)?;
     sel.all = !sel.has_filter() && field(form, "all") == Some("1");
     sel.check_mutation().map_err(bad)?;
@@ -251,9 +258,8 @@ pub async fn redrive(
         Some(r) => match r.parse::<f64>() {
             Ok(r) if (1.0..=MAX_RATE).contains(&r) => r,
             _ => {
-                return pages::error_page(
+                return bad_request(
                     &ctx,
-                    StatusCode::BAD_REQUEST,
                     &format!("rate {r:?}: give 1 to {MAX_RATE} jobs per second"),
                 );
             }
@@ -275,11 +281,7 @@ pub async fn redrive(
             "/dlq",
             &format!("Redrove {} of {} matching dead jobs.", r.moved, r.matched),
         ),
-        other => pages::error_page(
-            &ctx,
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("unexpected answer {}", other.kind()),
-        ),
+        other => unexpected(&ctx, &other),
     }
 }
 
@@ -294,26 +296,30 @@ pub async fn purge(
     let sel = attempt!(bulk_selection(&ctx, &form));
     let preview = field(&form, "step") != Some("confirm");
     if !preview && field(&form, "confirm").map(str::trim) != Some("purge") {
-        return pages::error_page(
-            &ctx,
-            StatusCode::BAD_REQUEST,
-            "type the word purge to confirm; nothing was deleted",
-        );
+        return bad_request(&ctx, "type the word purge to confirm; nothing was deleted");
     }
     let req = Request::DlqPurge {
         selection: sel.clone(),
         dry_run: preview,
+        cascade: false,
+        release: false,
     };
     match attempt!(run(&ctx, &who, req).await) {
         AdminResponse::Purge(r) if preview => confirm_page(&ctx, &who, "purge", &sel, r.matched),
         AdminResponse::Purge(r) => {
-            see_other(&ctx, "/dlq", &format!("Purged {} dead jobs.", r.purged))
+            // A dead job that holds back unfinished jobs is kept: say which and why.
+            let notice = match r.refused.first() {
+                None => format!("Purged {} dead jobs.", r.purged),
+                Some(first) => format!(
+                    "Purged {} dead jobs; {} refused, e.g. {}",
+                    r.purged,
+                    r.refused.len(),
+                    first.reason
+                ),
+            };
+            see_other(&ctx, "/dlq", &notice)
         }
-        other => pages::error_page(
-            &ctx,
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("unexpected answer {}", other.kind()),
-        ),
+        other => unexpected(&ctx, &other),
     }
 }
 
@@ -325,17 +331,13 @@ pub async fn tenant_set(
 ) -> Response {
     let form = attempt!(start(&ctx, &who, &body));
     let Some(tenant) = field(&form, "tenant").map(str::to_string) else {
-        return pages::error_page(&ctx, StatusCode::BAD_REQUEST, "give the tenant");
+        return bad_request(&ctx, "give the tenant");
     };
     let weight = attempt!(number::<u32>(&ctx, &form, "weight"));
     let max_concurrency = attempt!(number::<u32>(&ctx, &form, "max_concurrency"));
     let max_depth = attempt!(number::<u64>(&ctx, &form, "max_depth"));
     if weight.is_none() && max_concurrency.is_none() && max_depth.is_none() {
-        return pages::error_page(
-            &ctx,
-            StatusCode::BAD_REQUEST,
-            "give a weight, max concurrency or max depth",
-        );
+        return bad_request(&ctx, "give a weight, max concurrency or max depth");
     }
     let req = Request::LimitsSet {
         tenant: tenant.clone(),
@@ -355,7 +357,7 @@ pub async fn tenant_reset(
 ) -> Response {
     let form = attempt!(start(&ctx, &who, &body));
     let Some(tenant) = field(&form, "tenant").map(str::to_string) else {
-        return pages::error_page(&ctx, StatusCode::BAD_REQUEST, "give the tenant");
+        return bad_request(&ctx, "give the tenant");
     };
     let req = Request::LimitsReset {
         tenant: Some(tenant.clone()),

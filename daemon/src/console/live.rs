@@ -201,6 +201,8 @@ mod tests {
                 workers_min: 0,
                 workers_max: 0,
                 paused: false,
+                waiting: 0,
+                blocked: 0,
             },
             completed_total: completed,
             failed_total: failed,

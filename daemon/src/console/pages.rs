@@ -369,6 +369,30 @@ fn jobs_table(ctx: &Ctx, jobs: &[qd_proto::JobSummary], select: bool) -> Markup 
     }
 }
 
+/// A job's parents or dependents (`after`): each linked to its own page, with
+/// the edge's state and the job's; a purged or pruned one has no page.
+fn edges_table(ctx: &Ctx, class: &str, edges: &[qd_proto::EdgeInfo]) -> Markup {
+    html! {
+        table class=(class) {
+            tr { th { "Job" } th { "Edge" } th { "State" } th { "Queue" } }
+            @for e in edges {
+                tr {
+                    td {
+                        @if e.state.is_some() {
+                            a href=(ctx.url(&format!("/jobs/{}", e.id))) { code { (e.id) } }
+                        } @else {
+                            code { (e.id) }
+                        }
+                    }
+                    td class="edge" { (e.edge) }
+                    td class="state" { (e.state.as_deref().unwrap_or("purged")) }
+                    td { (e.queue.as_deref().unwrap_or("-")) }
+                }
+            }
+        }
+    }
+}
+
 /// The filters of `/jobs`, in the order its links carry them.
 const JOB_FILTERS: [&str; 5] = ["queue", "tenant", "state", "error", "since"];
 
@@ -532,6 +556,17 @@ pub async fn job(
         }
         @if who.admin && cancellable {
             form method="post" action=(ctx.url(&format!("/jobs/{id}/cancel"))) { button type="submit" { "Cancel job" } }
+        }
+        @if !detail.parents.is_empty() {
+            h2 { "Runs after (" (detail.parents.len()) ")" }
+            (edges_table(&ctx, "parents", &detail.parents))
+        }
+        @if detail.dependents_total > 0 {
+            h2 { "Runs before (" (detail.dependents_total) ")" }
+            (edges_table(&ctx, "dependents", &detail.dependents))
+            @if detail.dependents_total > detail.dependents.len() as u64 {
+                p { "The first " (detail.dependents.len()) " are listed." }
+            }
         }
         h2 { "Payload (" (detail.payload_bytes) " bytes)" }
         pre class="payload" { (shown) }

@@ -13,7 +13,8 @@
 //! conventions: 75 transient, 64/65 permanent); the last [`OUTPUT_LIMIT`] bytes of
 //! stderr go into the error text and those of stdout into the success detail. What
 //! the child writes to the file named by `QD_RESULT_FILE` is the job's result
-//! ([`super::result_file`]), read after it exited 0.
+//! ([`super::result_file`]), read after it exited 0; its parents and their results
+//! are in the file named by `QD_PARENTS_FILE` ([`super::parents_file`]).
 //!
 //! Pipes are drained concurrently with the wait, keeping only a bounded tail, so a
 //! chatty child never blocks on a full pipe and a silent one never blocks our stdin
@@ -35,6 +36,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use self::group::ProcessGroup;
+use super::parents_file::{self, ParentsFile};
 use super::result_file::{self, ResultFile};
 use super::{
     CommandSpec, ErrorClass, ExecResult, ExecutorError, ExitCodes, JobRun, OUTPUT_LIMIT,
@@ -147,6 +149,15 @@ impl CommandExecutor {
                 });
             }
         };
+        let parents_file = match job.parents.as_deref().map(ParentsFile::create).transpose() {
+            Ok(file) => file,
+            Err(e) => {
+                return ExecResult::Failure(Failure::Transient {
+                    error: format!("cannot create the parents file: {e}"),
+                    retry_after: None,
+                });
+            }
+        };
         let launch = WATCHDOG.get();
         let record = launch.map(|l| {
             let record = Record {
@@ -161,6 +172,9 @@ impl CommandExecutor {
         });
         let command = &mut self.command(job, launch.map(|l| l.exe.as_path()));
         command.env(result_file::ENV, result_file.path());
+        if let Some(file) = &parents_file {
+            command.env(parents_file::ENV, file.path());
+        }
         let mut group = match ProcessGroup::spawn(command, record) {
             Ok(group) => group,
             Err(e) => {

@@ -14,16 +14,41 @@
 //! delay-seconds and HTTP-date forms. At most [`OUTPUT_LIMIT`] bytes of the body are
 //! read, for the error or detail text; with `store_result`, a 2xx response's whole
 //! body (at most the queue's `max_result`, else the attempt fails as permanent,
-//! naming the size) is the job's result.
+//! naming the size) is the job's result. With `send_parents` the body is a JSON
+//! envelope, `{"payload" | "payload_b64", "parents": [...]}` (`Content-Type:
+//! application/json`), carrying the job's parents and their results.
 
 use std::time::{Duration, SystemTime};
 
+use base64::Engine;
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Client, Response, StatusCode, Url};
 use tokio_util::sync::CancellationToken;
 
 use super::{ExecResult, ExecutorError, HttpSpec, JobRun, OUTPUT_LIMIT, output_text, with_output};
 use crate::job::Failure;
+
+/// A `send_parents` request's body: `{"payload": text}` (or `{"payload_b64"}` for
+/// bytes that are not UTF-8) with `"parents": [...]`, empty for a job without.
+fn envelope(job: &JobRun) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    struct Envelope<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        payload: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        payload_b64: Option<String>,
+        parents: &'a [crate::results::ParentBody],
+    }
+    let text = std::str::from_utf8(&job.payload).ok();
+    let body = Envelope {
+        payload: text,
+        payload_b64: text
+            .is_none()
+            .then(|| base64::engine::general_purpose::STANDARD.encode(&job.payload)),
+        parents: job.parents.as_deref().unwrap_or_default(),
+    };
+    serde_json::to_vec(&body).unwrap_or_default()
+}
 
 /// The delay of a 429 that carries no `Retry-After`.
 const DEFAULT_THROTTLE: Duration = Duration::from_secs(1);
@@ -41,6 +66,7 @@ pub struct HttpExecutor {
     headers: HeaderMap,
     timeout: Duration,
     store_result: bool,
+    send_parents: bool,
 }
 
 impl HttpExecutor {
@@ -90,7 +116,13 @@ impl HttpExecutor {
             headers,
             timeout: spec.timeout,
             store_result: spec.store_result,
+            send_parents: spec.send_parents,
         })
+    }
+
+    /// Whether each attempt POSTs the envelope with the job's parents.
+    pub fn sends_parents(&self) -> bool {
+        self.send_parents
     }
 
     /// Runs one attempt: POST, read at most [`OUTPUT_LIMIT`] bytes of the body,
@@ -107,15 +139,24 @@ impl HttpExecutor {
     }
 
     async fn attempt(&self, job: &JobRun) -> ExecResult {
-        let headers = match self.headers_for(job) {
+        let mut headers = match self.headers_for(job) {
             Ok(headers) => headers,
             Err(error) => return ExecResult::Failure(Failure::Permanent { error }),
+        };
+        let body = if self.send_parents {
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            envelope(job)
+        } else {
+            job.payload.clone()
         };
         let request = self
             .client
             .post(self.url.clone())
             .headers(headers)
-            .body(job.payload.clone());
+            .body(body);
         let response = match request.send().await {
             Ok(response) => response,
             Err(e) => return ExecResult::Failure(self.request_failure(&e)),

@@ -21,33 +21,7 @@ use rusqlite::{Connection, params};
 
 use crate::job::HistoryEntry;
 
-/// The history cap (`[daemon] history = { keep_first, keep_last, max_error }`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HistoryLimits {
-    /// Oldest entries always kept (default 5; may be 0).
-    pub keep_first: u32,
-    /// Newest entries always kept (default 20; at least 1, so the numbering of
-    /// entries never restarts and the latest attempt is always shown).
-    pub keep_last: u32,
-    /// Most bytes of error text stored per entry (default 2 KiB; at least
-    /// [`MIN_MAX_ERROR`]). Longer text keeps its first quarter and its end.
-    pub max_error: usize,
-}
-
-/// The smallest `max_error`: room for the elision marker and some text around it.
-pub const MIN_MAX_ERROR: usize = 64;
-
-impl Default for HistoryLimits {
-    /// The first 5 and the last 20 entries, 2 KiB of error text each: a job's history
-    /// stays under about 60 KB however often it was attempted.
-    fn default() -> Self {
-        HistoryLimits {
-            keep_first: 5,
-            keep_last: 20,
-            max_error: 2048,
-        }
-    }
-}
+pub use crate::config::{HistoryLimits, MIN_MAX_ERROR};
 
 /// After appending entry `newest` (its `seq`), the `seq` range (inclusive) to delete,
 /// if any: everything after the first `keep_first` and before the last `keep_last`.

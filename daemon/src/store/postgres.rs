@@ -70,6 +70,9 @@
 //!   ([`SharedStore::queue_depth`]). The writer takes a batch's depth locks up
 //!   front, sorted by key, before anything else ([`Engine::lock_depths`]), so two
 //!   nodes' batches never hold one queue's lock each while wanting the other's.
+//!   A tenant's `max_depth` is the same with a counter and a lock per queue and
+//!   tenant (`postgres/tenant_depth.rs`); both kinds of lock are taken up front
+//!   in one key order.
 //!
 //! # Schema (version 6, in `qd_migrations`)
 //! ```text
@@ -110,6 +113,13 @@
 //! qd_jobs.priority_ms bigint NOT NULL DEFAULT 0
 //!   INDEX (queue, (ready_at - priority_ms), id) WHERE state IN ('ready', 'delayed')
 //!                                   -- claim_next, claimable: the priority order
+//! -- TENANT_DEPTHS: tenants' depths across the cluster
+//! qd_tenant_depths(queue, tenant, shard, depth bigint) PK (queue, tenant, shard)
+//!   -- kept by the same statement triggers as qd_queue_depths
+//! -- LIMITER_PAUSES: a throttled result pauses a limiter on every node
+//! qd_rate_limiters.paused_until timestamptz NULL  -- the database's clock
+//! -- TENANT_CLAIM_ORDER: each tenant's claimable jobs beyond the look's window
+//!   INDEX (queue, tenant, (ready_at - priority_ms), id) WHERE state IN ('ready', 'delayed')
 //! -- DEPENDENCIES: job dependencies (`after`, see `store/postgres/deps.rs`)
 //! qd_jobs.state also in (waiting blocked)  -- counted toward max_depth, never claimed
 //! qd_jobs.after_policy text NULL, deps_unmet, deps_broken integer  -- a child's counters
@@ -138,9 +148,9 @@ use uuid::Uuid;
 
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
-    Backend, Claim, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, LeaseCheck, LeaseKind,
-    NewClaim, NewRecord, NodeInfo, Override, PruneScope, SharedStore, SqsQueueRecord, StoreError,
-    TenantCap, history, sort_counts,
+    Backend, Claim, DepthLock, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, LeaseCheck,
+    LeaseKind, NewClaim, NewRecord, NodeInfo, Override, PruneScope, SharedStore, SqsQueueRecord,
+    StoreError, TenantCap, Tokens, history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
@@ -157,6 +167,9 @@ const MIGRATIONS: &[&str] = &[
     SQS_QUEUES,
     RESULTS,
     PRIORITY,
+    tenant_depth::TENANT_DEPTHS,
+    limiter_pause::LIMITER_PAUSES,
+    tenant_heads::TENANT_CLAIM_ORDER,
     DEPENDENCIES,
 ];
 
@@ -352,7 +365,8 @@ ALTER TABLE qd_jobs ADD COLUMN result bytea;
 /// and `blocked`, each child's policy and counters of unmet and broken edges, the
 /// edges themselves (`qd_job_edges`, the same meaning as SQLite's `job_edges`) with
 /// an index by child, and the depth triggers counting waiting and blocked jobs
-/// toward `max_depth` (no stored row is waiting or blocked yet: nothing to recount).
+/// toward the queues' and tenants' `max_depth` (no stored row is waiting or blocked
+/// yet: nothing to recount).
 /// Claims keep taking only ready and delayed rows.
 const DEPENDENCIES: &str = r#"
 ALTER TABLE qd_jobs DROP CONSTRAINT qd_jobs_state_check;
@@ -369,28 +383,50 @@ CREATE TABLE qd_job_edges (
 ) WITH (autovacuum_vacuum_scale_factor = 0.02);
 CREATE INDEX qd_job_edges_child ON qd_job_edges (child);
 CREATE OR REPLACE FUNCTION qd_count_depths() RETURNS trigger LANGUAGE plpgsql AS $f$
+DECLARE
+    node text := COALESCE(current_setting('qd.node', true), '');
 BEGIN
     IF TG_OP = 'INSERT' THEN
+        WITH x AS (
+            SELECT n.queue, n.tenant, count(*) AS delta FROM qd_new_rows n
+            WHERE n.state IN ('ready', 'delayed', 'waiting', 'blocked') GROUP BY n.queue, n.tenant
+        ), t AS (
+            INSERT INTO qd_tenant_depths AS d (queue, tenant, shard, depth)
+            SELECT x.queue, x.tenant, node, x.delta FROM x
+            ON CONFLICT (queue, tenant, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth
+        )
         INSERT INTO qd_queue_depths AS d (queue, shard, depth)
-        SELECT n.queue, COALESCE(current_setting('qd.node', true), ''), count(*)
-        FROM qd_new_rows n WHERE n.state IN ('ready', 'delayed', 'waiting', 'blocked')
-        GROUP BY n.queue
+        SELECT x.queue, node, sum(x.delta)::int8 FROM x GROUP BY x.queue
         ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
     ELSIF TG_OP = 'UPDATE' THEN
+        WITH x AS (
+            SELECT u.queue, u.tenant, sum(u.delta)::int8 AS delta
+            FROM (SELECT n.queue, n.tenant, 1 AS delta FROM qd_new_rows n
+                    WHERE n.state IN ('ready', 'delayed', 'waiting', 'blocked')
+                  UNION ALL
+                  SELECT o.queue, o.tenant, -1 FROM qd_old_rows o
+                    WHERE o.state IN ('ready', 'delayed', 'waiting', 'blocked')) u
+            GROUP BY u.queue, u.tenant HAVING sum(u.delta) <> 0
+        ), t AS (
+            INSERT INTO qd_tenant_depths AS d (queue, tenant, shard, depth)
+            SELECT x.queue, x.tenant, node, x.delta FROM x
+            ON CONFLICT (queue, tenant, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth
+        )
         INSERT INTO qd_queue_depths AS d (queue, shard, depth)
-        SELECT x.queue, COALESCE(current_setting('qd.node', true), ''), sum(x.delta)
-        FROM (SELECT n.queue, 1 AS delta FROM qd_new_rows n
-                WHERE n.state IN ('ready', 'delayed', 'waiting', 'blocked')
-              UNION ALL
-              SELECT o.queue, -1 FROM qd_old_rows o
-                WHERE o.state IN ('ready', 'delayed', 'waiting', 'blocked')) x
-        GROUP BY x.queue HAVING sum(x.delta) <> 0
+        SELECT x.queue, node, sum(x.delta)::int8 FROM x GROUP BY x.queue
+        HAVING sum(x.delta) <> 0
         ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
     ELSE
+        WITH x AS (
+            SELECT o.queue, o.tenant, -count(*) AS delta FROM qd_old_rows o
+            WHERE o.state IN ('ready', 'delayed', 'waiting', 'blocked') GROUP BY o.queue, o.tenant
+        ), t AS (
+            INSERT INTO qd_tenant_depths AS d (queue, tenant, shard, depth)
+            SELECT x.queue, x.tenant, node, x.delta FROM x
+            ON CONFLICT (queue, tenant, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth
+        )
         INSERT INTO qd_queue_depths AS d (queue, shard, depth)
-        SELECT o.queue, COALESCE(current_setting('qd.node', true), ''), -count(*)
-        FROM qd_old_rows o WHERE o.state IN ('ready', 'delayed', 'waiting', 'blocked')
-        GROUP BY o.queue
+        SELECT x.queue, node, sum(x.delta)::int8 FROM x GROUP BY x.queue
         ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
     END IF;
     RETURN NULL;
@@ -432,7 +468,10 @@ CREATE TABLE qd_schedules (
 );
 "#;
 
+pub mod limiter_pause;
 mod schedules;
+mod tenant_depth;
+mod tenant_heads;
 
 /// How often at most one queue's new jobs are announced to idle nodes
 /// (`NOTIFY qd_jobs`); jobs enqueued in between are found by the notified nodes'
@@ -543,32 +582,7 @@ pub struct PgBackend {
     epoch: Option<u64>,
 }
 
-/// Where `config` points, for messages and logs: hosts, ports, database and user,
-/// never the password. E.g. `PostgreSQL database "qd" on /run/postgresql:5432 as "qd"`.
-pub fn describe(config: &tokio_postgres::Config) -> String {
-    let ports = config.get_ports();
-    let hosts: Vec<String> = config
-        .get_hosts()
-        .iter()
-        .enumerate()
-        .map(|(n, host)| {
-            let name = match host {
-                tokio_postgres::config::Host::Tcp(name) => name.clone(),
-                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-            };
-            let port = ports.get(n).or(ports.first()).copied().unwrap_or(5432);
-            format!("{name}:{port}")
-        })
-        .collect();
-    let hosts = if hosts.is_empty() {
-        "localhost:5432".to_owned()
-    } else {
-        hosts.join(",")
-    };
-    let user = config.get_user().unwrap_or("(no user)");
-    let dbname = config.get_dbname().unwrap_or(user);
-    format!("PostgreSQL database {dbname:?} on {hosts} as {user:?}")
-}
+pub use crate::config::describe_postgres as describe;
 
 impl PgBackend {
     /// Connects to the database `config` names, makes sure commits are durable
@@ -1931,30 +1945,26 @@ impl Engine for PgBackend {
     /// anything else, so the waits cannot form a cycle. Given up after the wait
     /// (the savepoint undoes the locks taken), the operations try the locks
     /// themselves and answer busy as before.
-    fn lock_depths(&mut self, queues: &[&str]) -> Result<(), StoreError> {
-        let queues: Vec<&str> = queues.to_vec();
+    fn lock_depths(&mut self, locks: &[&DepthLock]) -> Result<(), StoreError> {
         self.exec(&format!(
             "SAVEPOINT depth_locks; SET LOCAL lock_timeout = {}",
             millis(DEPTH_LOCK_WAIT)
         ))?;
-        let locked = self.block_raw(async |c| {
-            let keys = c
-                .prepare_cached(&format!(
-                    "SELECT DISTINCT hashtextextended(q, {DEPTH_LOCK_SEED}) AS k \
-                     FROM unnest($1::text[]) AS q ORDER BY k"
-                ))
-                .await?;
-            let lock = c.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
-            for key in c.query(&keys, &[&queues]).await? {
-                c.execute(&lock, &[&key.get::<_, i64>(0)]).await?;
-            }
-            Ok(())
-        })?;
+        let locked = match tenant_depth::sorted_keys(self, locks)? {
+            Ok(keys) => self.block_raw(async |c| {
+                let lock = c.prepare_cached("SELECT pg_advisory_xact_lock($1)").await?;
+                for key in keys {
+                    c.execute(&lock, &[&key]).await?;
+                }
+                Ok(())
+            })?,
+            Err(e) => Err(e),
+        };
         match locked {
             Ok(()) => self.exec("SET LOCAL lock_timeout = DEFAULT; RELEASE SAVEPOINT depth_locks"),
             Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                 tracing::debug!(
-                    ?queues,
+                    ?locks,
                     "Depth locks still held by another node; each enqueue tries its own."
                 );
                 self.exec("ROLLBACK TO SAVEPOINT depth_locks; RELEASE SAVEPOINT depth_locks")
@@ -2306,46 +2316,39 @@ impl SharedStore for PgBackend {
         Ok(None)
     }
 
+    fn tenant_heads(
+        &mut self,
+        queues: &[String],
+        per_tenant: u32,
+        most: u32,
+    ) -> Result<Vec<Job>, StoreError> {
+        tenant_heads::heads(self, queues, per_tenant, most)
+    }
+
+    fn tenant_depth(&mut self, queue: &str, tenant: &str) -> Result<Option<u64>, StoreError> {
+        tenant_depth::tenant_depth(self, queue, tenant)
+    }
+
     fn take_tokens(
         &mut self,
         name: &str,
         want: u32,
         settings: &crate::config::RateLimiterConfig,
-    ) -> Result<u32, StoreError> {
-        let rate = f64::from(settings.per_second.max(1));
-        let burst = if settings.burst == 0 {
-            rate
-        } else {
-            f64::from(settings.burst)
-        };
-        let want = f64::from(want);
-        let taken = self.block(async |c| {
-            let stmt = c
-                .prepare_cached(
-                    "INSERT INTO qd_rate_limiters (name, tokens, updated_at, per_second, burst) \
-                     VALUES ($1, $2, clock_timestamp(), $3, $2) ON CONFLICT (name) DO NOTHING",
-                )
-                .await?;
-            c.execute(&stmt, &[&name, &burst, &rate]).await?;
-            let stmt = c
-                .prepare_cached(
-                    "WITH cur AS (\
-                       SELECT CASE WHEN per_second = $4::float8 AND burst = $3::float8 \
-                         THEN LEAST($3::float8, tokens + $4::float8 * GREATEST(0, \
-                           extract(epoch FROM clock_timestamp() - updated_at)::float8)) \
-                         ELSE $3::float8 END AS avail \
-                       FROM qd_rate_limiters WHERE name = $1 FOR UPDATE SKIP LOCKED) \
-                     UPDATE qd_rate_limiters l \
-                     SET tokens = cur.avail - LEAST($2::float8, floor(cur.avail)), \
-                       updated_at = clock_timestamp(), per_second = $4, burst = $3 \
-                     FROM cur WHERE l.name = $1 \
-                     RETURNING LEAST($2::float8, floor(cur.avail))::int8",
-                )
-                .await?;
-            c.query_opt(&stmt, &[&name, &want, &burst, &rate]).await
-        })?;
-        // No row: another node's transaction holds the bucket; none this time.
-        Ok(taken.map_or(0, |row| u32::try_from(row.get::<_, i64>(0)).unwrap_or(0)))
+    ) -> Result<Tokens, StoreError> {
+        limiter_pause::take(self, name, want, settings)
+    }
+
+    fn pause_limiter(
+        &mut self,
+        name: &str,
+        for_at_least: Duration,
+        settings: &crate::config::RateLimiterConfig,
+    ) -> Result<Duration, StoreError> {
+        limiter_pause::pause(self, name, for_at_least, settings)
+    }
+
+    fn limiter_pauses(&mut self) -> Result<Vec<(String, Duration)>, StoreError> {
+        limiter_pause::pauses(self)
     }
 
     fn depths(&mut self, now: UnixMillis) -> Result<Vec<(String, State, u64)>, StoreError> {

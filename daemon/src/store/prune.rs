@@ -62,12 +62,15 @@ impl PruneScope {
 }
 
 /// [`finished_ids`]'s query: state `?1`, finished before `?2`, at most `?3` ids, the
-/// scope's `clause` from `?4` on.
+/// scope's `clause` from `?4` on. A parent is kept (with its result) while any
+/// child of it has not succeeded or been cancelled: waiting or blocked for it,
+/// ready, delayed or leased and about to read its result, or dead, since a redrive
+/// runs the child again.
 fn finished_ids_sql(clause: &str) -> String {
     format!(
         "SELECT id FROM jobs WHERE {} AND state = ?1 AND updated_at < ?2 AND {clause} \
          AND NOT EXISTS (SELECT 1 FROM job_edges e JOIN jobs c ON c.id = e.child \
-             WHERE e.parent = jobs.id AND (c.state = 'waiting' OR c.state = 'blocked')) \
+             WHERE e.parent = jobs.id AND c.state <> 'succeeded' AND c.state <> 'cancelled') \
          ORDER BY updated_at, id LIMIT ?3",
         sqlite::ENDED
     )

@@ -19,11 +19,13 @@ use uuid::Uuid;
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
     Backend, Edges, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewRecord, Override,
-    PruneScope, SqliteOptions, SqsQueueRecord, StoreError, history, prune, sort_counts, space,
+    ParentView, PruneScope, SqliteOptions, SqsQueueRecord, StoreError, history, prune, sort_counts,
+    space,
 };
 use crate::deps::{self, After, AfterError, AfterPolicy, Counts, Edge};
 use crate::job::{HistoryEntry, Job, JobId, Outcome, State, Token, Transition, UnixMillis};
 
+mod edges;
 mod schedules;
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from
@@ -443,6 +445,13 @@ impl SqliteBackend {
         // migrated file is rewritten once, compacted, in its final schema.
         space::adopt(&backend.conn, path).map_err(|e| backend.err(e))?;
         backend.runs = backend.count_run().map_err(|e| backend.err(e))?;
+        let edges: bool = backend
+            .conn
+            .query_row("SELECT EXISTS (SELECT 1 FROM job_edges)", [], |r| r.get(0))
+            .map_err(|e| backend.err(e))?;
+        if edges {
+            super::note_local_edges();
+        }
         Ok(backend)
     }
 
@@ -585,7 +594,8 @@ impl SqliteBackend {
     ) -> rusqlite::Result<Result<(Option<Inserted>, State), AfterError>> {
         if after.parents.is_empty() {
             let answer = self.enqueue_each(std::slice::from_ref(record))?;
-            return Ok(Ok((answer.into_iter().next().flatten(), record.job.state)));
+            let answer = self.same_parents(answer.into_iter().next().flatten(), after)?;
+            return Ok(Ok((answer, record.job.state)));
         }
         if let Err(e) = deps::check_after(&after.parents) {
             return Ok(Err(e));
@@ -615,6 +625,7 @@ impl SqliteBackend {
         let answer = answer.into_iter().next().flatten();
         match answer {
             Some(Inserted::New) => {
+                super::note_local_edges();
                 let mut edge = self.conn.prepare_cached(
                     "INSERT INTO job_edges (parent, child, state) VALUES (?1, ?2, ?3)",
                 )?;
@@ -633,30 +644,50 @@ impl SqliteBackend {
                         counts.broken
                     ])?;
             }
-            Some(Inserted::Duplicate {
-                id,
-                same_payload: true,
-            }) => {
-                // The same key with other parents is another request.
-                let mut stmt = self
-                    .conn
-                    .prepare_cached("SELECT parent FROM job_edges WHERE child = ?1")?;
-                let held: std::collections::BTreeSet<[u8; 16]> = stmt
-                    .query_map([id_bytes(id)], |r| r.get(0))?
-                    .collect::<rusqlite::Result<_>>()?;
-                let asked: std::collections::BTreeSet<[u8; 16]> =
-                    after.parents.iter().map(|p| id_bytes(*p)).collect();
-                if held != asked {
-                    let conflict = Inserted::Duplicate {
-                        id,
-                        same_payload: false,
-                    };
-                    return Ok(Ok((Some(conflict), record.job.state)));
-                }
+            Some(Inserted::Duplicate { .. }) => {
+                return Ok(Ok((self.same_parents(answer, after)?, record.job.state)));
             }
             _ => {}
         }
         Ok(Ok((answer, record.job.state)))
+    }
+
+    /// A duplicate `answer` whose holder names other parents, or the same parents
+    /// under another policy, than `after` (none included) turned into a key
+    /// conflict: the same key with another `after` is another request.
+    fn same_parents(
+        &self,
+        answer: Option<Inserted>,
+        after: &After,
+    ) -> rusqlite::Result<Option<Inserted>> {
+        let Some(Inserted::Duplicate {
+            id,
+            same_payload: true,
+        }) = answer
+        else {
+            return Ok(answer);
+        };
+        let held: std::collections::BTreeSet<[u8; 16]> = self
+            .conn
+            .prepare_cached("SELECT parent FROM job_edges WHERE child = ?1")?
+            .query_map([id_bytes(id)], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        let asked: std::collections::BTreeSet<[u8; 16]> =
+            after.parents.iter().map(|p| id_bytes(*p)).collect();
+        let policy: Option<String> = self
+            .conn
+            .prepare_cached("SELECT after_policy FROM jobs WHERE id = ?1")?
+            .query_row([id_bytes(id)], |r| r.get(0))
+            .optional()?
+            .flatten();
+        let same_policy = held.is_empty() || policy.as_deref() == Some(after.policy.as_str());
+        if held == asked && same_policy {
+            return Ok(answer);
+        }
+        Ok(Some(Inserted::Duplicate {
+            id,
+            same_payload: false,
+        }))
     }
 
     /// [`Backend::move_edges`]: per changed parent (in id order), its edges to
@@ -790,8 +821,19 @@ impl SqliteBackend {
     fn release_edges_of(
         &self,
         child: JobId,
+        by: &str,
         now: UnixMillis,
     ) -> rusqlite::Result<Option<super::Released>> {
+        // Only a blocked job is released: a finished one keeps its edges as they
+        // were, and a waiting one has no broken edge.
+        let state: Option<String> = self
+            .conn
+            .prepare_cached("SELECT state FROM jobs WHERE id = ?1")?
+            .query_row([id_bytes(child)], |r| r.get(0))
+            .optional()?;
+        if state.as_deref() != Some(State::Blocked.as_str()) {
+            return Ok(None);
+        }
         let released: Vec<JobId> = self
             .conn
             .prepare_cached(
@@ -822,7 +864,7 @@ impl SqliteBackend {
                     broken: r.get(1)?,
                 })
             })?;
-        let by = format!("operator (parents {})", display_ids(&released));
+        let by = format!("{by} (parents {})", display_ids(&released));
         let next = self.settle_held(child, counts, now, None, Some(&by))?;
         Ok(Some((next, released)))
     }
@@ -1304,7 +1346,40 @@ impl Backend for SqliteBackend {
         child: JobId,
         now: UnixMillis,
     ) -> Result<Option<super::Released>, StoreError> {
-        self.release_edges_of(child, now).map_err(|e| self.err(e))
+        self.release_edges_of(child, "operator", now)
+            .map_err(|e| self.err(e))
+    }
+
+    fn release_edges_by(
+        &mut self,
+        child: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Option<super::Released>, StoreError> {
+        self.release_edges_of(child, by, now)
+            .map_err(|e| self.err(e))
+    }
+
+    fn job_records(&mut self, ids: &[JobId]) -> Result<Vec<Option<Job>>, StoreError> {
+        self.job_records_of(ids).map_err(|e| self.err(e))
+    }
+
+    fn blocked_by(&mut self, parent: JobId) -> Result<Vec<JobId>, StoreError> {
+        self.blocked_by_of(parent).map_err(|e| self.err(e))
+    }
+
+    fn blocked_counts(&mut self, parent: JobId) -> Result<super::BlockedCounts, StoreError> {
+        self.blocked_counts_of(parent).map_err(|e| self.err(e))
+    }
+
+    fn release_parent(
+        &mut self,
+        parent: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Vec<Job>, StoreError> {
+        self.release_parent_of(parent, by, now)
+            .map_err(|e| self.err(e))
     }
 
     fn edges(&mut self, id: JobId) -> Result<Edges, StoreError> {
@@ -1321,6 +1396,50 @@ impl Backend for SqliteBackend {
             (Ok(parents), Ok(children)) => Ok(Edges { parents, children }),
             (Err(e), _) | (_, Err(e)) => Err(self.err(e)),
         }
+    }
+
+    fn parents_of(&mut self, children: &[JobId]) -> Result<Vec<Vec<ParentView>>, StoreError> {
+        let read = || -> rusqlite::Result<Vec<Vec<ParentView>>> {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT e.parent, CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END, \
+                     j.last_error, r.body \
+                 FROM job_edges e JOIN jobs j ON j.id = e.parent \
+                 LEFT JOIN temp.leases l ON l.id = j.id \
+                 LEFT JOIN results r ON r.job_id = e.parent \
+                 WHERE e.child = ?1 ORDER BY e.parent",
+            )?;
+            children
+                .iter()
+                .map(|child| {
+                    stmt.query_map([id_bytes(*child)], |r| {
+                        Ok(ParentView {
+                            id: JobId(Uuid::from_bytes(r.get(0)?)),
+                            state: parse(r, 1)?,
+                            last_error: r.get(2)?,
+                            result: r.get(3)?,
+                        })
+                    })?
+                    .collect()
+                })
+                .collect()
+        };
+        read().map_err(|e| self.err(e))
+    }
+
+    fn queues_of(&mut self, ids: &[JobId]) -> Result<Vec<Option<Arc<str>>>, StoreError> {
+        let read = || -> rusqlite::Result<Vec<Option<Arc<str>>>> {
+            let mut stmt = self
+                .conn
+                .prepare_cached("SELECT queue FROM jobs WHERE id = ?1")?;
+            ids.iter()
+                .map(|id| {
+                    stmt.query_row([id_bytes(*id)], |r| r.get::<_, String>(0))
+                        .optional()
+                        .map(|q| q.map(Arc::from))
+                })
+                .collect()
+        };
+        read().map_err(|e| self.err(e))
     }
 
     fn dependents(&mut self, root: JobId) -> Result<Vec<JobId>, StoreError> {

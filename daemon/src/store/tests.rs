@@ -12,8 +12,10 @@ use super::*;
 use crate::job::{Outcome, Token};
 
 mod dependencies_pg;
+mod edges;
 mod model;
 mod pg;
+mod pg_cluster_facts;
 mod postgres;
 mod schedules;
 mod upkeep;

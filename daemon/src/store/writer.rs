@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::{self, JoinHandle};
 
-use super::{Backend, Engine, MAX_BATCH, StoreError, WriterState};
+use super::{Backend, DepthLock, Engine, MAX_BATCH, StoreError, WriterState};
 use crate::job::Job;
 
 /// The sending side of the writer's queue.
@@ -27,11 +27,12 @@ pub(crate) trait Task: Send {
     /// Answers the caller: with the operation's own result if the batch committed,
     /// else with the batch's error.
     fn answer(self: Box<Self>, commit: Result<(), StoreError>);
-    /// The queue whose `max_depth` lock this operation takes inside the batch
-    /// ([`super::SharedStore::queue_depth`]), if any: the writer takes every such
-    /// lock of a batch up front, in one order ([`Engine::lock_depths`]).
-    fn depth_lock(&self) -> Option<&str> {
-        None
+    /// The `max_depth` locks this operation takes inside the batch
+    /// ([`super::SharedStore::queue_depth`], [`super::SharedStore::tenant_depth`]):
+    /// the writer takes every such lock of a batch up front, in one order
+    /// ([`Engine::lock_depths`]).
+    fn depth_locks(&self) -> &[DepthLock] {
+        &[]
     }
 }
 
@@ -43,7 +44,7 @@ where
     op: Option<Op>,
     result: Option<Result<R, StoreError>>,
     done: Option<Done>,
-    depth_lock: Option<String>,
+    depth_locks: Vec<DepthLock>,
 }
 
 impl<R, Op, Done> OpTask<R, Op, Done>
@@ -55,13 +56,13 @@ where
             op: Some(op),
             result: None,
             done: Some(done),
-            depth_lock: None,
+            depth_locks: Vec::new(),
         }
     }
 
-    /// Declares that the operation takes `queue`'s depth lock ([`Task::depth_lock`]).
-    pub(crate) fn locking_depth(mut self, queue: Option<String>) -> Self {
-        self.depth_lock = queue;
+    /// Declares the depth locks the operation takes ([`Task::depth_locks`]).
+    pub(crate) fn locking_depth(mut self, locks: Vec<DepthLock>) -> Self {
+        self.depth_locks = locks;
         self
     }
 
@@ -109,8 +110,8 @@ where
         self.reply(result);
     }
 
-    fn depth_lock(&self) -> Option<&str> {
-        self.depth_lock.as_deref()
+    fn depth_locks(&self) -> &[DepthLock] {
+        &self.depth_locks
     }
 }
 
@@ -234,13 +235,13 @@ fn run_batch<E: Engine>(engine: &mut E, mut batch: Vec<Box<dyn Task>>, counters:
 /// Takes the depth locks the batch's operations declare, before the batch holds
 /// any other lock (see [`Engine::lock_depths`]).
 fn lock_depths<E: Engine>(engine: &mut E, batch: &[Box<dyn Task>]) -> Result<(), StoreError> {
-    let mut queues: Vec<&str> = batch.iter().filter_map(|t| t.depth_lock()).collect();
-    if queues.is_empty() {
+    let mut locks: Vec<&DepthLock> = batch.iter().flat_map(|t| t.depth_locks()).collect();
+    if locks.is_empty() {
         return Ok(());
     }
-    queues.sort_unstable();
-    queues.dedup();
-    engine.lock_depths(&queues)
+    locks.sort_unstable();
+    locks.dedup();
+    engine.lock_depths(&locks)
 }
 
 /// Puts `leases` back ahead of any handed over since they were taken.

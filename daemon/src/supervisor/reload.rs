@@ -142,10 +142,12 @@ impl SupervisorState {
         old: &Config,
     ) -> Result<(Arc<Config>, Plan, ExecutorMap, Tokens), ReloadError> {
         let path = old.source.clone();
-        let new = tokio::task::spawn_blocking(move || Config::load_checked(&path))
-            .await
-            .map_err(|e| ReloadError::Unavailable(e.to_string()))?
-            .map_err(|errors| ReloadError::Invalid(errors.to_string()))?;
+        let new = tokio::task::spawn_blocking(move || {
+            Config::load_checked(&path, &crate::machine::Machine)
+        })
+        .await
+        .map_err(|e| ReloadError::Unavailable(e.to_string()))?
+        .map_err(|errors| ReloadError::Invalid(errors.to_string()))?;
         let mut new = new;
         if new.sqs.enabled {
             let records = self

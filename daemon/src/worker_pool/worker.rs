@@ -64,6 +64,8 @@ pub struct WorkerArgs {
     pub interrupt: CancellationToken,
     /// Test hook (`QD_TEST_HOOKS=1`): panic on a job whose payload asks for it.
     pub test_hooks: bool,
+    /// The store, read for a job's parents when the executor hands them on.
+    pub store: crate::store::Store,
 }
 
 /// Messages a worker takes.
@@ -115,6 +117,26 @@ impl Actor for Worker {
         }
         myself.cast(WorkerMsg::Next)?;
         Ok(())
+    }
+}
+
+/// The parents of job `id` as its attempt sees them (one store read). A store
+/// that cannot be read is qd's failure, not the job's: the attempt is given back
+/// uncharged (interrupted) before it starts.
+async fn parents_of(
+    state: &WorkerArgs,
+    id: crate::job::JobId,
+) -> Result<Vec<crate::results::ParentBody>, Failure> {
+    if !state.store.may_hold_parents() {
+        return Ok(Vec::new());
+    }
+    match state.store.run(move |b| b.parents_of(&[id])).await {
+        Ok(mut lists) => Ok(crate::results::ParentBody::list(
+            lists.pop().unwrap_or_default(),
+        )),
+        Err(e) => Err(Failure::Interrupted {
+            reason: format!("the job's parents could not be read: {e}"),
+        }),
     }
 }
 
@@ -172,12 +194,20 @@ async fn run(state: &WorkerArgs, job: &LeasedJob, revoked: &CancellationToken) -
             .map_or(crate::results::DEFAULT_MAX_RESULT, |q| q.max_result),
         token: job.token,
         lease: job.lease,
+        parents: None,
     };
     let Some(executor) = state.executors.get(&state.queue) else {
         return ExecResult::Failure(Failure::Interrupted {
             reason: "the queue no longer has in-process workers (config reloaded)".into(),
         });
     };
+    let mut run = run;
+    if executor.wants_parents() {
+        match parents_of(state, job.id).await {
+            Ok(parents) => run.parents = Some(parents),
+            Err(failure) => return ExecResult::Failure(failure),
+        }
+    }
     if fence::is_fenced() {
         return fenced_result();
     }

@@ -26,6 +26,21 @@ pub fn qd_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_qd"))
 }
 
+/// Writes `text` as `dir/qd.toml` and runs `qd check-config` on it: answers the
+/// exit code and what it printed (stderr, then stdout).
+pub fn check_config(dir: &Path, text: &str) -> (Option<i32>, String) {
+    let config = dir.join("qd.toml");
+    std::fs::write(&config, text).expect("write the config");
+    let out = Command::new(qd_bin())
+        .arg("check-config")
+        .arg(&config)
+        .output()
+        .expect("run qd check-config");
+    let printed =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    (out.status.code(), printed)
+}
+
 /// The `qctl` binary, built beside `qd` in the same target dir.
 pub fn qctl_bin() -> PathBuf {
     let qd = qd_bin();
@@ -120,6 +135,24 @@ impl Qd {
     pub fn configure(dir: TempDir, body: &str, grace: &str) -> Qd {
         let database = if on_postgres() { pg::database() } else { None };
         Self::configure_on(dir, body, grace, database, "")
+    }
+
+    /// [`Qd::configure`] with API tokens: `tokens` (the TOML of a tokens file) is
+    /// written owner-only into the temp dir and named by `daemon.api_tokens_file`.
+    pub fn configure_with_tokens(tokens: &str, body: &str) -> Qd {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("tokens.toml");
+        std::fs::write(&path, tokens).expect("tokens");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("mode");
+        let qd = Self::configure(dir, body, "5s");
+        let text = std::fs::read_to_string(&qd.config).expect("config");
+        let text = text.replacen(
+            "[daemon]\n",
+            &format!("[daemon]\napi_tokens_file = \"{}\"\n", path.display()),
+            1,
+        );
+        std::fs::write(&qd.config, text).expect("config");
+        qd
     }
 
     /// Writes the config of one node of a cluster on `database` (shared by every

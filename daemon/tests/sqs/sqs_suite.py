@@ -531,6 +531,203 @@ class CreatedQueues(unittest.TestCase):
             self.sqs.cancel_message_move_task(TaskHandle="nope")
         self.assertEqual(ctx.exception.response["Error"]["Code"], "ResourceNotFoundException")
 
+    def job_state(self, message_id):
+        """The job's state through qd's own HTTP API, or None once it is gone."""
+        try:
+            with urllib.request.urlopen(f"{ENDPOINT}/v1/jobs/{message_id}") as r:
+                return json.loads(r.read())["state"]
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            raise
+
+    def kill_into_dlq(self, src, dlq, bodies):
+        """Sends `bodies` to `src` (maxReceiveCount 1) and lets each die by one
+        receive whose visibility passes; waits until the DLQ counts them."""
+        sent = [self.sqs.send_message(QueueUrl=src, MessageBody=b)["MessageId"] for b in bodies]
+        seen = set()
+        deadline = time.time() + 30
+        while len(seen) < len(sent) and time.time() < deadline:
+            got = self.sqs.receive_message(QueueUrl=src, MaxNumberOfMessages=10, WaitTimeSeconds=2, VisibilityTimeout=1)
+            seen.update(m["MessageId"] for m in got.get("Messages", []))
+        self.assertEqual(seen, set(sent))
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.attrs(dlq)["ApproximateNumberOfMessages"] == str(len(sent)):
+                break
+            time.sleep(0.2)
+        self.assertEqual(self.attrs(dlq)["ApproximateNumberOfMessages"], str(len(sent)))
+        return sent
+
+    def test_a_dead_letter_queue_receives_deletes_counts_and_moves_back_dead_messages(self):
+        dlq_name, src_name = self.name("dlq"), self.name("src")
+        dlq = self.sqs.create_queue(QueueName=dlq_name)["QueueUrl"]
+        policy = json.dumps({"deadLetterTargetArn": self.arn(dlq_name), "maxReceiveCount": "1"})
+        src = self.sqs.create_queue(QueueName=src_name, Attributes={"RedrivePolicy": policy})["QueueUrl"]
+        started_ms = int(time.time() * 1000) - 5000
+        sent = self.kill_into_dlq(src, dlq, ["poison-0", "poison-1", "poison-2"])
+        for mid in sent:
+            self.assertEqual(self.job_state(mid), "dead", "dead in qd's DLQ until deleted")
+        src_attrs = self.attrs(src)
+        self.assertEqual(src_attrs["ApproximateNumberOfMessages"], "0")
+        self.assertEqual(src_attrs["ApproximateNumberOfMessagesNotVisible"], "0")
+
+        # One received through the DLQ: in flight there, with its history's counts.
+        got = self.sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=1, AttributeNames=["All"])["Messages"]
+        self.assertEqual(len(got), 1)
+        first = got[0]
+        self.assertIn(first["MessageId"], sent)
+        self.assertEqual(first["Body"], "poison-" + str(sent.index(first["MessageId"])))
+        self.assertEqual(first["MD5OfBody"], hashlib.md5(first["Body"].encode()).hexdigest())
+        attrs = first["Attributes"]
+        self.assertEqual(attrs["ApproximateReceiveCount"], "2", "one receive in the source, one in the DLQ")
+        self.assertEqual(attrs["DeadLetterQueueSourceArn"], self.arn(src_name))
+        self.assertGreaterEqual(int(attrs["SentTimestamp"]), started_ms)
+        self.assertLessEqual(int(attrs["SentTimestamp"]), int(attrs["ApproximateFirstReceiveTimestamp"]))
+        counts = self.attrs(dlq)
+        self.assertEqual(counts["ApproximateNumberOfMessages"], "2")
+        self.assertEqual(counts["ApproximateNumberOfMessagesNotVisible"], "1")
+
+        # The in-flight one is not handed out again; the others are.
+        rest = self.sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=10)["Messages"]
+        self.assertEqual(sorted(m["MessageId"] for m in rest), sorted(set(sent) - {first["MessageId"]}))
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=10))
+        # Visibility 0 gives them back at once (batch), and a bad handle fails its entry only.
+        answer = self.sqs.change_message_visibility_batch(
+            QueueUrl=dlq,
+            Entries=[{"Id": f"e{i}", "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0} for i, m in enumerate(rest)]
+            + [{"Id": "bad", "ReceiptHandle": "garbage", "VisibilityTimeout": 0}],
+        )
+        self.assertEqual(len(answer["Successful"]), len(rest))
+        self.assertEqual([f["Id"] for f in answer["Failed"]], ["bad"])
+        counts = self.attrs(dlq)
+        self.assertEqual(counts["ApproximateNumberOfMessages"], "2")
+        self.assertEqual(counts["ApproximateNumberOfMessagesNotVisible"], "1")
+        # Their old handles are over.
+        with self.assertRaises(self.sqs.exceptions.MessageNotInflight):
+            self.sqs.change_message_visibility(QueueUrl=dlq, ReceiptHandle=rest[0]["ReceiptHandle"], VisibilityTimeout=5)
+        self.sqs.change_message_visibility(QueueUrl=dlq, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=60)
+
+        # A delete through the DLQ takes the message out of qd's DLQ, history and all.
+        self.sqs.delete_message(QueueUrl=dlq, ReceiptHandle=first["ReceiptHandle"])
+        self.assertIsNone(self.job_state(first["MessageId"]))
+        self.sqs.delete_message(QueueUrl=dlq, ReceiptHandle=first["ReceiptHandle"])
+        counts = self.attrs(dlq)
+        self.assertEqual(counts["ApproximateNumberOfMessages"], "2")
+        self.assertEqual(counts["ApproximateNumberOfMessagesNotVisible"], "0")
+        # Received again, the others' first handles are stale: a delete with one
+        # succeeds and deletes nothing.
+        fresh = self.sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=10)["Messages"]
+        self.assertEqual(sorted(m["MessageId"] for m in fresh), sorted(m["MessageId"] for m in rest))
+        self.sqs.delete_message(QueueUrl=dlq, ReceiptHandle=rest[0]["ReceiptHandle"])
+        self.assertEqual(self.job_state(rest[0]["MessageId"]), "dead")
+        for m in fresh:
+            self.sqs.change_message_visibility(QueueUrl=dlq, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0)
+        # A DLQ handle is no handle of the source queue.
+        with self.assertRaises(self.sqs.exceptions.ReceiptHandleIsInvalid):
+            self.sqs.delete_message(QueueUrl=src, ReceiptHandle=rest[0]["ReceiptHandle"])
+
+        # Receive one again (its count grows) and hold it: the move task moves the
+        # unreceived one back only.
+        again = self.sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=1, AttributeNames=["ApproximateReceiveCount"])["Messages"][0]
+        self.assertEqual(again["Attributes"]["ApproximateReceiveCount"], "4", "1 in the source, 3 in the DLQ")
+        handle = self.sqs.start_message_move_task(SourceArn=self.arn(dlq_name))["TaskHandle"]
+        self.assertTrue(handle)
+        deadline = time.time() + 30
+        while True:
+            task = self.sqs.list_message_move_tasks(SourceArn=self.arn(dlq_name))["Results"][0]
+            if task["Status"] != "RUNNING" or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        self.assertEqual(task["Status"], "COMPLETED")
+        self.assertEqual(task["ApproximateNumberOfMessagesMoved"], 1)
+        moved = (set(sent) - {first["MessageId"], again["MessageId"]}).pop()
+        back = self.sqs.receive_message(QueueUrl=src, WaitTimeSeconds=10)["Messages"][0]
+        self.assertEqual(back["MessageId"], moved)
+        self.sqs.delete_message(QueueUrl=src, ReceiptHandle=back["ReceiptHandle"])
+        self.assertEqual(self.job_state(moved), "succeeded")
+        # The held one is deleted in a batch with a message of the DLQ's own.
+        own = self.sqs.send_message(QueueUrl=dlq, MessageBody="own")["MessageId"]
+        own_msg = self.sqs.receive_message(QueueUrl=dlq, WaitTimeSeconds=5)["Messages"][0]
+        self.assertEqual(own_msg["MessageId"], own)
+        answer = self.sqs.delete_message_batch(
+            QueueUrl=dlq,
+            Entries=[{"Id": "dead", "ReceiptHandle": again["ReceiptHandle"]}, {"Id": "own", "ReceiptHandle": own_msg["ReceiptHandle"]}],
+        )
+        self.assertEqual(sorted(s["Id"] for s in answer["Successful"]), ["dead", "own"])
+        self.assertIsNone(self.job_state(again["MessageId"]))
+        self.assertEqual(self.job_state(own), "succeeded")
+        counts = self.attrs(dlq)
+        self.assertEqual(counts["ApproximateNumberOfMessages"], "0")
+        self.assertEqual(counts["ApproximateNumberOfMessagesNotVisible"], "0")
+
+    def test_purging_a_dead_letter_queue_purges_its_dead_messages(self):
+        dlq_name, src_name = self.name("dlq"), self.name("src")
+        dlq = self.sqs.create_queue(QueueName=dlq_name)["QueueUrl"]
+        policy = json.dumps({"deadLetterTargetArn": self.arn(dlq_name), "maxReceiveCount": "1"})
+        src = self.sqs.create_queue(QueueName=src_name, Attributes={"RedrivePolicy": policy})["QueueUrl"]
+        sent = self.kill_into_dlq(src, dlq, ["a", "b"])
+        held = self.sqs.receive_message(QueueUrl=dlq)["Messages"][0]
+        self.sqs.purge_queue(QueueUrl=dlq)
+        for mid in sent:
+            self.assertIsNone(self.job_state(mid))
+        counts = self.attrs(dlq)
+        self.assertEqual(counts["ApproximateNumberOfMessages"], "0")
+        self.assertEqual(counts["ApproximateNumberOfMessagesNotVisible"], "0")
+        self.assertNotIn("Messages", self.sqs.receive_message(QueueUrl=dlq, WaitTimeSeconds=1))
+        self.sqs.delete_message(QueueUrl=dlq, ReceiptHandle=held["ReceiptHandle"])
+
+    def test_a_dead_letter_queue_long_poll_returns_a_message_that_dies_meanwhile(self):
+        dlq_name, src_name = self.name("dlq"), self.name("src")
+        dlq = self.sqs.create_queue(QueueName=dlq_name)["QueueUrl"]
+        policy = json.dumps({"deadLetterTargetArn": self.arn(dlq_name), "maxReceiveCount": "1"})
+        src = self.sqs.create_queue(QueueName=src_name, Attributes={"RedrivePolicy": policy})["QueueUrl"]
+        sent = self.sqs.send_message(QueueUrl=src, MessageBody="late")["MessageId"]
+        self.assertEqual(self.sqs.receive_message(QueueUrl=src, WaitTimeSeconds=5, VisibilityTimeout=2)["Messages"][0]["MessageId"], sent)
+        started = time.time()
+        got = self.sqs.receive_message(QueueUrl=dlq, WaitTimeSeconds=20)["Messages"]
+        self.assertEqual(got[0]["MessageId"], sent)
+        self.assertLess(time.time() - started, 19, "answered when it died, not at the end of the poll")
+
+    def wait_task(self, dlq_arn):
+        deadline = time.time() + 60
+        while True:
+            task = self.sqs.list_message_move_tasks(SourceArn=dlq_arn)["Results"][0]
+            if task["Status"] not in ("RUNNING", "CANCELLING") or time.time() > deadline:
+                return task
+            time.sleep(0.1)
+
+    def test_a_paced_move_task_moves_so_many_a_second_and_stops_when_cancelled(self):
+        dlq_name, src_name = self.name("dlq"), self.name("src")
+        dlq = self.sqs.create_queue(QueueName=dlq_name)["QueueUrl"]
+        policy = json.dumps({"deadLetterTargetArn": self.arn(dlq_name), "maxReceiveCount": "1"})
+        src = self.sqs.create_queue(QueueName=src_name, Attributes={"RedrivePolicy": policy})["QueueUrl"]
+        self.kill_into_dlq(src, dlq, [f"m{i}" for i in range(5)])
+        # One a second: a cancel right after the start stops it before the fifth.
+        handle = self.sqs.start_message_move_task(SourceArn=self.arn(dlq_name), MaxNumberOfMessagesPerSecond=1)["TaskHandle"]
+        self.sqs.cancel_message_move_task(TaskHandle=handle)
+        task = self.wait_task(self.arn(dlq_name))
+        self.assertEqual(task["Status"], "CANCELLED")
+        self.assertEqual(task["MaxNumberOfMessagesPerSecond"], 1)
+        moved = task["ApproximateNumberOfMessagesMoved"]
+        self.assertLess(moved, 5)
+        left = 5 - moved
+        self.assertEqual(self.attrs(dlq)["ApproximateNumberOfMessages"], str(left))
+        # Two a second: the rest take at least ceil(left / 2) - 1 seconds.
+        started = time.time()
+        self.sqs.start_message_move_task(SourceArn=self.arn(dlq_name), MaxNumberOfMessagesPerSecond=2)
+        task = self.wait_task(self.arn(dlq_name))
+        took = time.time() - started
+        self.assertEqual(task["Status"], "COMPLETED")
+        self.assertEqual(task["ApproximateNumberOfMessagesMoved"], left)
+        self.assertGreaterEqual(took, (left + 1) // 2 - 1 - 0.05, task)
+        self.assertEqual(self.attrs(dlq)["ApproximateNumberOfMessages"], "0")
+        self.assertEqual(self.attrs(src)["ApproximateNumberOfMessages"], "5")
+        with self.assertRaises(Exception) as ctx:
+            self.sqs.start_message_move_task(SourceArn=self.arn(dlq_name), MaxNumberOfMessagesPerSecond=501)
+        code = ctx.exception.response["Error"]["Code"] if hasattr(ctx.exception, "response") else "param"
+        self.assertIn(code, ("InvalidParameterValue", "param"))
+
 
 class RawWire(unittest.TestCase):
     """The error answers' exact shape, which SDKs depend on."""

@@ -28,7 +28,6 @@ use super::error::{ErrorKind, SqsError};
 use crate::backoff::{Backoff, Jitter};
 use crate::config::{Config, QueueConfig, WorkersConfig};
 use crate::executor::ExecutorSpec;
-use crate::job::UnixMillis;
 use crate::store::SqsQueueRecord;
 
 /// An integer attribute's SQS default and range: `(default, min, max)`.
@@ -53,18 +52,7 @@ const MAX_RECEIVE_COUNT: i64 = 1000;
 /// The most tags a queue may have.
 pub const MAX_TAGS: usize = 50;
 
-/// What the store keeps of a created queue, parsed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CreatedQueue {
-    /// Its settable attributes, every one with a default present.
-    pub attributes: BTreeMap<String, String>,
-    /// Its tags.
-    pub tags: BTreeMap<String, String>,
-    /// When it was created (Unix ms).
-    pub created_at: UnixMillis,
-    /// When its attributes last changed (Unix ms).
-    pub modified_at: UnixMillis,
-}
+pub use crate::config::CreatedQueue;
 
 /// A queue's redrive policy: after `max_receive_count` receives a message is dead,
 /// and SQS clients see it through the queue `dead_letter_target_arn` names.

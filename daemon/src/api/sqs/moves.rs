@@ -6,7 +6,9 @@
 //! queue (kept with their history, `qctl dlq list`); a move task from a
 //! dead-letter queue's ARN is qd's redrive (through the Dlq actor) of the dead
 //! jobs of every queue whose `RedrivePolicy` names it, each back to its own queue
-//! with a fresh attempt budget. Tasks are kept in memory (the last
+//! with a fresh attempt budget; one in flight through the dead-letter queue
+//! (`dead.rs`) stays. `MaxNumberOfMessagesPerSecond` paces the redrive to that
+//! many jobs per write, one write a second. Tasks are kept in memory (the last
 //! [`KEPT_PER_SOURCE`] per source queue) for ListMessageMoveTasks.
 
 use std::collections::HashMap;
@@ -16,6 +18,7 @@ use ractor::ActorRef;
 use serde_json::{Map, Value, json};
 use tracing::info;
 
+use super::dead::{DeadLeases, dead_ids};
 use super::error::{ErrorKind, SqsError};
 use super::params::{opt_int, opt_str, req_str};
 use super::queues::dead_letter_sources;
@@ -23,6 +26,8 @@ use super::{BROKER_TIMEOUT, Ctx};
 use crate::api::auth::Role;
 use crate::broker::{self, BrokerMsg};
 use crate::dlq::{self, DlqMsg, Selection};
+use crate::job::JobId;
+use crate::store::Store;
 
 /// Tasks ListMessageMoveTasks can show per source queue (SQS shows the last 10).
 const KEPT_PER_SOURCE: usize = 10;
@@ -110,7 +115,8 @@ pub async fn start(ctx: &Ctx) -> Result<Value, SqsError> {
             ));
         }
     }
-    let to_move = dead_count(&sources).await?;
+    let in_flight = ctx.state.dead.in_flight(&dlq_name, crate::clock::wall_ms());
+    let to_move = dead_count(&sources).await?.saturating_sub(in_flight);
     let handle = uuid::Uuid::now_v7().to_string();
     let task = Task {
         handle: handle.clone(),
@@ -131,7 +137,17 @@ pub async fn start(ctx: &Ctx) -> Result<Value, SqsError> {
             list.remove(0);
         }
     }
-    tokio::spawn(run(tasks, source_arn, handle.clone(), sources));
+    let dead = ctx.state.dead.clone();
+    let store = ctx.args.store.clone();
+    tokio::spawn(run(
+        tasks,
+        dead,
+        store,
+        source_arn,
+        handle.clone(),
+        sources,
+        max_per_second,
+    ));
     Ok(json!({ "TaskHandle": handle }))
 }
 
@@ -145,49 +161,60 @@ async fn dead_count(queues: &[String]) -> Result<u64, SqsError> {
         .sum())
 }
 
-/// Redrives each source queue's dead jobs in turn, until done or cancelled.
-async fn run(tasks: Arc<MoveTasks>, source_arn: String, handle: String, sources: Vec<String>) {
-    let by = "sqs StartMessageMoveTask".to_string();
+/// Redrives each source queue's dead jobs in turn, until done or cancelled; a
+/// dead job in flight through the dead-letter queue (received and neither deleted
+/// nor visible again) stays, as SQS moves only visible messages. With
+/// `MaxNumberOfMessagesPerSecond` = N, each write redrives at most N jobs and the
+/// next starts a second after it; without, a source's jobs go in one write.
+async fn run(
+    tasks: Arc<MoveTasks>,
+    dead: Arc<DeadLeases>,
+    store: Store,
+    source_arn: String,
+    handle: String,
+    sources: Vec<String>,
+    max_per_second: Option<i64>,
+) {
+    let fail = |reason: String| {
+        tasks.update(&source_arn, &handle, |t| {
+            t.status = "FAILED";
+            t.failure = Some(reason);
+        });
+    };
+    let cancelled = || {
+        let map = tasks.by_source.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(&source_arn)
+            .and_then(|ts| ts.iter().find(|t| t.handle == handle))
+            .is_some_and(|t| t.status == "CANCELLING")
+    };
+    let mut next_write = tokio::time::Instant::now();
     for queue in sources {
-        let cancelling = {
-            let map = tasks.by_source.lock().unwrap_or_else(|e| e.into_inner());
-            map.get(&source_arn)
-                .and_then(|ts| ts.iter().find(|t| t.handle == handle))
-                .is_some_and(|t| t.status == "CANCELLING")
-        };
-        if cancelling {
-            tasks.update(&source_arn, &handle, |t| t.status = "CANCELLED");
-            return;
-        }
-        let selection = Selection {
-            queue: Some(queue.clone()),
-            ..Selection::default()
-        };
-        let outcome = match ActorRef::<DlqMsg>::where_is(dlq::NAME) {
-            None => Err("the Dlq actor is restarting".to_string()),
-            Some(dlq) => match dlq
-                .call(
-                    |tx| DlqMsg::Redrive(selection, by.clone(), false, tx),
-                    Some(BROKER_TIMEOUT),
-                )
-                .await
-            {
-                Ok(ractor::rpc::CallResult::Success(Ok(outcome))) => Ok(outcome.moved.len()),
-                Ok(ractor::rpc::CallResult::Success(Err(e))) => Err(e.to_string()),
-                _ => Err("the Dlq actor did not answer".to_string()),
-            },
-        };
-        match outcome {
-            Ok(moved) => {
-                info!(queue = %queue, moved, "SQS message move task redrove dead jobs.");
-                tasks.update(&source_arn, &handle, |t| t.moved += moved as u64);
+        let ids = match dead_ids(&store, &queue).await {
+            Ok((ids, _)) => {
+                let now = crate::clock::wall_ms();
+                ids.into_iter()
+                    .filter(|id| !dead.is_in_flight(*id, now))
+                    .collect::<Vec<_>>()
             }
-            Err(reason) => {
-                tasks.update(&source_arn, &handle, |t| {
-                    t.status = "FAILED";
-                    t.failure = Some(reason);
-                });
+            Err(err) => return fail(err.message),
+        };
+        let chunk = max_per_second.map_or(ids.len(), |n| usize::try_from(n).unwrap_or(1));
+        for ids in ids.chunks(chunk.max(1)) {
+            tokio::time::sleep_until(next_write).await;
+            if cancelled() {
+                tasks.update(&source_arn, &handle, |t| t.status = "CANCELLED");
                 return;
+            }
+            if max_per_second.is_some() {
+                next_write = tokio::time::Instant::now() + PACE;
+            }
+            match redrive(ids.to_vec()).await {
+                Ok(moved) => {
+                    dead.forget(&moved);
+                    info!(queue = %queue, moved = moved.len(), "SQS message move task redrove dead jobs.");
+                    tasks.update(&source_arn, &handle, |t| t.moved += moved.len() as u64);
+                }
+                Err(reason) => return fail(reason),
             }
         }
     }
@@ -198,6 +225,31 @@ async fn run(tasks: Arc<MoveTasks>, source_arn: String, handle: String, sources:
             "COMPLETED"
         };
     });
+}
+
+/// The period `MaxNumberOfMessagesPerSecond` counts over.
+const PACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Redrives `ids` (dead jobs) through the Dlq actor in one write; the ones moved.
+async fn redrive(ids: Vec<JobId>) -> Result<Vec<JobId>, String> {
+    let selection = Selection {
+        ids,
+        ..Selection::default()
+    };
+    let by = "sqs StartMessageMoveTask".to_string();
+    let dlq = ActorRef::<DlqMsg>::where_is(dlq::NAME)
+        .ok_or_else(|| "the Dlq actor is restarting".to_string())?;
+    match dlq
+        .call(
+            |tx| DlqMsg::Redrive(selection, by, false, tx),
+            Some(BROKER_TIMEOUT),
+        )
+        .await
+    {
+        Ok(ractor::rpc::CallResult::Success(Ok(outcome))) => Ok(outcome.moved),
+        Ok(ractor::rpc::CallResult::Success(Err(e))) => Err(e.to_string()),
+        _ => Err("the Dlq actor did not answer".to_string()),
+    }
 }
 
 /// ListMessageMoveTasks: the newest `MaxResults` (1 to 10, default 1) tasks of
@@ -256,8 +308,9 @@ fn entry(t: &Task) -> Value {
     Value::Object(out)
 }
 
-/// CancelMessageMoveTask: a running task stops before its next source queue (a
-/// queue's redrive is one atomic write, so what it moved stays moved).
+/// CancelMessageMoveTask: a running task stops before its next write (a source
+/// queue's, or with `MaxNumberOfMessagesPerSecond` its next second's; what a
+/// write moved stays moved).
 pub fn cancel(ctx: &Ctx) -> Result<Value, SqsError> {
     let handle = req_str(&ctx.params, "TaskHandle")?;
     let mut map = ctx

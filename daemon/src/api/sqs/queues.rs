@@ -3,7 +3,8 @@
 //! ListQueueTags, ListDeadLetterSourceQueues. SQS queues are qd's queues: those of
 //! the config file (read-only over SQS) and those created through SQS (stored in
 //! the store, `created.rs`; changed here, put in force by the Supervisor). Counts
-//! come from the Broker and the queue's Scheduler.
+//! come from the Broker and the queue's Scheduler; a dead-letter queue's include
+//! its sources' dead jobs (`dead.rs`).
 
 use std::time::Duration;
 
@@ -508,7 +509,11 @@ pub async fn get_queue_attributes(ctx: &Ctx) -> Result<Value, SqsError> {
     let all = wanted.iter().any(|w| w == "All");
     let counted = all || wanted.iter().any(|w| w.starts_with("ApproximateNumberOf"));
     let counts = if counted {
-        Some(counts(&name).await?)
+        let (ready, leased, delayed) = counts(&name).await?;
+        // A dead-letter queue's messages include its sources' dead jobs.
+        let sources = super::dead::sources(ctx, &name);
+        let (dead_visible, dead_in_flight) = super::dead::counts(ctx, &sources, &name).await?;
+        Some((ready + dead_visible, leased + dead_in_flight, delayed))
     } else {
         None
     };
@@ -547,7 +552,8 @@ async fn counts(queue: &str) -> Result<(u64, u64, u64), SqsError> {
 }
 
 /// PurgeQueue: cancels every message of the queue (ready, delayed and in flight)
-/// as `qctl cancel` would; one purge per queue per 60 seconds, as SQS allows
+/// as `qctl cancel` would, and for a dead-letter queue purges its sources' dead
+/// jobs; one purge per queue per 60 seconds, as SQS allows
 /// (`PurgeQueueInProgress`). Answers once the cancels are done or after 10 s,
 /// while a large queue's go on.
 pub async fn purge_queue(ctx: &Ctx) -> Result<Value, SqsError> {
@@ -566,6 +572,13 @@ pub async fn purge_queue(ctx: &Ctx) -> Result<Value, SqsError> {
         }
         purges.insert(queue.clone(), now);
     }
+    // A dead-letter queue's messages include its sources' dead jobs: purged from
+    // qd's DLQ (their history goes with them).
+    let sources = super::dead::sources(ctx, &queue);
+    for source in &sources {
+        purge_dead(source).await;
+    }
+    ctx.state.dead.forget_dlq(&queue);
     let store = ctx.args.store.clone();
     let task = tokio::spawn(purge(store, queue));
     let _ = tokio::time::timeout(PURGE_ANSWER_WAIT, task).await;

@@ -1,7 +1,8 @@
 //! ReceiveMessage: leases 1 to 10 jobs from the queue's Scheduler (a long poll of
 //! `WaitTimeSeconds`, 0 to 20), with `VisibilityTimeout` as the lease (the queue's
 //! `lease` when not given), and answers each as an SQS message with the system and
-//! message attributes asked for.
+//! message attributes asked for. A dead-letter queue (one a `RedrivePolicy`
+//! names) also hands out its source queues' dead jobs (`dead.rs`).
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use ractor::ActorRef;
 use serde_json::{Map, Value, json};
 use tracing::debug;
 
+use super::dead;
 use super::error::{ErrorKind, SqsError};
 use super::handle::ReceiptHandle;
 use super::message::{self, Attrs};
@@ -90,13 +92,104 @@ pub async fn receive_message(ctx: &Ctx) -> Result<Value, SqsError> {
                 "the queue's scheduler is restarting",
             )
         })?;
-    let wait = Duration::from_secs(wait.unsigned_abs());
+    // A dead-letter queue also hands out its sources' dead jobs (`dead.rs`), each
+    // invisible for the receive's visibility timeout, else the queue's.
+    let sources = dead::sources(ctx, &queue);
+    let dead_visibility_ms = visibility
+        .or_else(|| created.map(|q| q.int("VisibilityTimeout")))
+        .unwrap_or_else(|| i64::try_from(qcfg.lease.as_secs()).unwrap_or(30))
+        * 1000;
+    let max = usize::try_from(max).unwrap_or(1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait.unsigned_abs());
+    let mut messages = Vec::with_capacity(max);
+    let mut first = true;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        // With dead-letter sources a long poll waits in slices, so a message that
+        // dies meanwhile is found too; without, the Scheduler's poll is the wait.
+        let slice = match (sources.is_empty(), first) {
+            (true, _) => left,
+            (false, true) => Duration::ZERO,
+            (false, false) => left.min(DEAD_POLL),
+        };
+        first = false;
+        for job in lease(&scheduler, max - messages.len(), slice).await {
+            let received_at = crate::clock::wall_ms();
+            if let Some(v) = visibility {
+                set_visibility(&job, v).await;
+            }
+            let first_receive =
+                if job.attempt > 1 && wants(&system, "ApproximateFirstReceiveTimestamp") {
+                    first_receive(ctx, &job).await
+                } else {
+                    None
+                };
+            let m = Received {
+                handle: ReceiptHandle {
+                    queue: job.queue.to_string(),
+                    id: job.id,
+                    token: job.token,
+                },
+                tenant: job.tenant.to_string(),
+                idempotency_key: Some(job.idempotency_key.clone())
+                    .filter(|k| *k != job.id.to_string()),
+                payload: job.payload,
+                receive_count: job.attempt,
+                first_receive: first_receive.unwrap_or(received_at),
+                dead_letter_source: None,
+            };
+            messages.push(render(&m, &system, &wanted_attrs));
+        }
+        if messages.len() < max && !sources.is_empty() {
+            let dead = dead::receive(
+                ctx,
+                &queue,
+                &sources,
+                max - messages.len(),
+                dead_visibility_ms,
+            )
+            .await?;
+            for d in dead {
+                let m = Received {
+                    handle: ReceiptHandle {
+                        queue: queue.clone(),
+                        id: d.id,
+                        token: d.token,
+                    },
+                    tenant: d.tenant,
+                    idempotency_key: d.idempotency_key,
+                    payload: d.payload,
+                    receive_count: d.receive_count,
+                    first_receive: d.first_receive,
+                    dead_letter_source: Some(ctx.arn(&d.source)),
+                };
+                messages.push(render(&m, &system, &wanted_attrs));
+            }
+        }
+        if sources.is_empty() || !messages.is_empty() || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+    }
+    let mut out = Map::new();
+    if !messages.is_empty() {
+        out.insert("Messages".into(), Value::Array(messages));
+    }
+    Ok(Value::Object(out))
+}
+
+/// How long one slice of a dead-letter queue's long poll waits for its own
+/// messages before looking at its sources' dead jobs again.
+const DEAD_POLL: Duration = Duration::from_millis(500);
+
+/// Leases up to `max` jobs through the queue's Scheduler, waiting up to `wait` for
+/// the first; none when the Scheduler does not answer.
+async fn lease(scheduler: &ActorRef<SchedulerMsg>, max: usize, wait: Duration) -> Vec<LeasedJob> {
     let request = LeaseRequest {
         worker: WORKER.to_string(),
         max_jobs: u32::try_from(max).unwrap_or(1),
         wait,
     };
-    let jobs = match scheduler
+    match scheduler
         .call(
             |tx| SchedulerMsg::Lease(request, tx),
             Some(wait + BROKER_TIMEOUT),
@@ -105,20 +198,7 @@ pub async fn receive_message(ctx: &Ctx) -> Result<Value, SqsError> {
     {
         Ok(ractor::rpc::CallResult::Success(jobs)) => jobs,
         _ => Vec::new(),
-    };
-    let mut messages = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        let received_at = crate::clock::wall_ms();
-        if let Some(v) = visibility {
-            set_visibility(&job, v).await;
-        }
-        messages.push(render(ctx, job, &system, &wanted_attrs, received_at).await);
     }
-    let mut out = Map::new();
-    if !messages.is_empty() {
-        out.insert("Messages".into(), Value::Array(messages));
-    }
-    Ok(Value::Object(out))
 }
 
 /// Gives a fresh lease the visibility timeout the receive asked for: a heartbeat
@@ -147,28 +227,36 @@ async fn set_visibility(job: &LeasedJob, seconds: i64) {
     }
 }
 
-/// One leased job as an SQS message.
-async fn render(
-    ctx: &Ctx,
-    job: LeasedJob,
-    system: &[String],
-    wanted_attrs: &[String],
-    received_at: i64,
-) -> Value {
-    let handle = ReceiptHandle {
-        queue: job.queue.to_string(),
-        id: job.id,
-        token: job.token,
-    };
-    let id = job.id;
-    let (body, attrs) = message::decode(job.payload.clone());
+/// A received message, a leased job or a dead job handed out through a
+/// dead-letter queue, as `render` answers it.
+struct Received {
+    handle: ReceiptHandle,
+    tenant: String,
+    /// The producer's idempotency key, if it gave one.
+    idempotency_key: Option<String>,
+    payload: Vec<u8>,
+    receive_count: u32,
+    /// Unix ms.
+    first_receive: i64,
+    /// The ARN of the queue a dead message died in.
+    dead_letter_source: Option<String>,
+}
+
+/// Whether the system attribute `name` is asked for (by name or `All`).
+fn wants(system: &[String], name: &str) -> bool {
+    system.iter().any(|n| n == "All" || n == name)
+}
+
+/// One received message as SQS answers it.
+fn render(r: &Received, system: &[String], wanted_attrs: &[String]) -> Value {
+    let id = r.handle.id;
+    let (body, attrs) = message::decode(r.payload.clone());
     let mut m = Map::new();
     m.insert("MessageId".into(), json!(id.to_string()));
-    m.insert("ReceiptHandle".into(), json!(handle.encode()));
+    m.insert("ReceiptHandle".into(), json!(r.handle.encode()));
     m.insert("MD5OfBody".into(), json!(message::md5_of_body(&body)));
     m.insert("Body".into(), json!(body));
-    let all = system.iter().any(|n| n == "All");
-    let want = |n: &str| all || system.iter().any(|s| s == n);
+    let want = |n: &str| wants(system, n);
     let mut sys = Map::new();
     if want("SentTimestamp")
         && let Some(ts) = id.0.get_timestamp()
@@ -180,21 +268,27 @@ async fn render(
     if want("ApproximateReceiveCount") {
         sys.insert(
             "ApproximateReceiveCount".into(),
-            json!(job.attempt.to_string()),
+            json!(r.receive_count.to_string()),
         );
     }
     if want("ApproximateFirstReceiveTimestamp") {
-        let first = first_receive(ctx, &job).await.unwrap_or(received_at);
         sys.insert(
             "ApproximateFirstReceiveTimestamp".into(),
-            json!(first.to_string()),
+            json!(r.first_receive.to_string()),
         );
     }
-    if want("MessageGroupId") && &*job.tenant != DEFAULT_TENANT {
-        sys.insert("MessageGroupId".into(), json!(&*job.tenant));
+    if want("MessageGroupId") && r.tenant != DEFAULT_TENANT {
+        sys.insert("MessageGroupId".into(), json!(r.tenant));
     }
-    if want("MessageDeduplicationId") && job.idempotency_key != id.to_string() {
-        sys.insert("MessageDeduplicationId".into(), json!(job.idempotency_key));
+    if want("MessageDeduplicationId")
+        && let Some(key) = &r.idempotency_key
+    {
+        sys.insert("MessageDeduplicationId".into(), json!(key));
+    }
+    if want("DeadLetterQueueSourceArn")
+        && let Some(arn) = &r.dead_letter_source
+    {
+        sys.insert("DeadLetterQueueSourceArn".into(), json!(arn));
     }
     if !sys.is_empty() {
         m.insert("Attributes".into(), Value::Object(sys));

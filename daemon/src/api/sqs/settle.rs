@@ -6,11 +6,15 @@
 //! changes nothing: the Broker refuses the old token, so it never deletes a
 //! message another receiver holds. A visibility change on such a handle is
 //! `MessageNotInflight`.
+//!
+//! A handle a dead-letter queue gave for a dead job (`dead.rs`) is settled there:
+//! a delete purges the dead job, a visibility change moves its deadline.
 
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+use super::dead::{self, Settled};
 use super::error::{ErrorKind, SqsError};
 use super::handle::ReceiptHandle;
 use super::params::{batch_entries, int_value, req_str};
@@ -37,6 +41,10 @@ pub async fn delete_message(ctx: &Ctx) -> Result<Value, SqsError> {
     let queue = ctx.queue()?;
     ctx.allow(Some(Role::Work), &queue)?;
     let h = handle_of(ctx, &queue, &ctx.params)?;
+    let settled = dead::delete(ctx, &queue, std::slice::from_ref(&h)).await?;
+    if matches!(settled.first(), Some(Settled::Done)) {
+        return Ok(json!({}));
+    }
     match broker::request(|tx| BrokerMsg::Ack(h.id, h.token, tx), BROKER_TIMEOUT).await? {
         Ok(()) => Ok(json!({})),
         Err(err) if lease_over(&err) => Ok(json!({})),
@@ -52,15 +60,32 @@ pub async fn delete_message_batch(ctx: &Ctx) -> Result<Value, SqsError> {
     let mut failures = Vec::new();
     let mut acks: Vec<(String, JobId, Token)> = Vec::new();
     let mut successes = Vec::new();
+    let mut handles = Vec::new();
     for (id, p) in &entries {
         match handle_of(ctx, &queue, p) {
+            Ok(h) => handles.push((id, h)),
+            Err(err) => failures.push(failed(id, &err)),
+        }
+    }
+    let only: Vec<ReceiptHandle> = handles.iter().map(|(_, h)| h.clone()).collect();
+    let settled = match dead::delete(ctx, &queue, &only).await {
+        Ok(settled) => settled,
+        Err(err) => {
+            for (id, _) in &handles {
+                failures.push(failed(id, &err));
+            }
+            return Ok(json!({ "Successful": successes, "Failed": failures }));
+        }
+    };
+    for ((id, h), settled) in handles.into_iter().zip(settled) {
+        match settled {
+            Settled::Done => successes.push(json!({ "Id": id })),
             // The same message twice in one batch: the Broker refuses the second
             // ack; both entries name a deleted message, so both succeed.
-            Ok(h) if acks.iter().any(|(_, j, t)| *j == h.id && *t == h.token) => {
+            Settled::NotDead if acks.iter().any(|(_, j, t)| *j == h.id && *t == h.token) => {
                 successes.push(json!({ "Id": id }));
             }
-            Ok(h) => acks.push((id.clone(), h.id, h.token)),
-            Err(err) => failures.push(failed(id, &err)),
+            Settled::NotDead => acks.push((id.clone(), h.id, h.token)),
         }
     }
     if !acks.is_empty() {
@@ -124,6 +149,9 @@ pub async fn change_visibility(ctx: &Ctx) -> Result<Value, SqsError> {
     ctx.allow(Some(Role::Work), &queue)?;
     let h = handle_of(ctx, &queue, &ctx.params)?;
     let seconds = visibility_of(&ctx.params)?;
+    if let Some(result) = dead::change_visibility(ctx, &queue, &h, seconds) {
+        return result.map(|()| json!({}));
+    }
     set_visibility(&h, seconds).await?;
     Ok(json!({}))
 }
@@ -139,6 +167,9 @@ pub async fn change_visibility_batch(ctx: &Ctx) -> Result<Value, SqsError> {
         let result = async {
             let h = handle_of(ctx, &queue, p)?;
             let seconds = visibility_of(p)?;
+            if let Some(result) = dead::change_visibility(ctx, &queue, &h, seconds) {
+                return result;
+            }
             set_visibility(&h, seconds).await
         }
         .await;

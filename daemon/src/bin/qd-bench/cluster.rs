@@ -152,6 +152,7 @@ fn spread(nodes: &[Server], queue: &str, api: Api) -> Arc<Spread<QdTarget>> {
                 base: format!("http://{}", n.addr),
                 queue: queue.to_string(),
                 api,
+                bearer: None,
             })
             .collect(),
     ))

@@ -13,8 +13,9 @@
 //! - `soak`: qd at a steady rate for a duration, sampling store size, WAL size
 //!   and RSS.
 //!
-//! The `cluster` mode (qd on PostgreSQL, 1 and 2 nodes) is in `cluster.rs` and
-//! uses the phases and helpers here.
+//! The `cluster` mode (qd on PostgreSQL, 1 and 2 nodes) is in `cluster.rs`, the
+//! `sqs` mode (qd's SQS API beside its batch API) in `sqs.rs`; both use the phases
+//! and helpers here.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -70,6 +71,7 @@ impl Settings {
             script,
             retention: RETENTION,
             node,
+            sqs_tokens: None,
         })
         .await
     }
@@ -99,6 +101,7 @@ pub fn qd_target(server: &Server, api: Api) -> Arc<QdTarget> {
         base: format!("http://{}", server.addr),
         queue: EXTERNAL_QUEUE.to_string(),
         api,
+        bearer: None,
     })
 }
 
@@ -317,6 +320,7 @@ pub async fn executor(s: &Settings, report: &mut Report) -> Result<()> {
         base: format!("http://{}", qd.addr),
         queue: COMMAND_QUEUE.to_string(),
         api: Api::Single,
+        bearer: None,
     });
     let start = Instant::now();
     let enqueued = load::run(target, plan.clone(), Phase::Enqueue, Default::default()).await?;

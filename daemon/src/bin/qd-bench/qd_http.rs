@@ -39,6 +39,8 @@ pub struct QdTarget {
     pub queue: String,
     /// Which endpoints to use.
     pub api: Api,
+    /// The bearer token, when qd has an `api_tokens_file`.
+    pub bearer: Option<String>,
 }
 
 /// One keep-alive connection to qd.
@@ -49,6 +51,8 @@ pub struct QdConn {
     lease_uri: String,
     worker: String,
     api: Api,
+    /// `Bearer TOKEN`, when qd wants one.
+    authorization: Option<String>,
 }
 
 impl Target for QdTarget {
@@ -72,6 +76,7 @@ impl Target for QdTarget {
             base: self.base.clone(),
             worker: format!("qd-bench-{}", uuid::Uuid::now_v7()),
             api: self.api,
+            authorization: self.bearer.as_ref().map(|t| format!("Bearer {t}")),
         })
     }
 }
@@ -106,11 +111,14 @@ struct AckResult {
 impl QdConn {
     /// POSTs `body` to `uri`; the status and the answer's bytes.
     async fn post(&self, uri: &str, body: Vec<u8>) -> Result<(StatusCode, Bytes)> {
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(Method::POST)
             .uri(uri)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))?;
+            .header("content-type", "application/json");
+        if let Some(auth) = &self.authorization {
+            req = req.header("authorization", auth);
+        }
+        let req = req.body(Full::new(Bytes::from(body)))?;
         let resp = self
             .client
             .request(req)

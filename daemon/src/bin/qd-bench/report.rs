@@ -25,8 +25,9 @@ pub struct Pair {
 }
 
 /// The comparisons of `qd-bench --mode cluster`: SQLite against PostgreSQL, then
-/// 1 node against 2 on one PostgreSQL.
-pub const PAIRS: [Pair; 2] = [
+/// 1 node against 2 on one PostgreSQL; and of `--mode sqs`: qd's SQS API against
+/// its native batch API.
+pub const PAIRS: [Pair; 3] = [
     Pair {
         modes: &["cluster single", "cluster batch"],
         servers: STORES,
@@ -37,7 +38,16 @@ pub const PAIRS: [Pair; 2] = [
         servers: NODES,
         ratio: "2 nodes ÷ 1",
     },
+    Pair {
+        modes: &["sqs"],
+        servers: SQS_APIS,
+        ratio: "SQS ÷ batch API",
+    },
 ];
+
+/// The servers of the SQS comparison (`sqs`): one qd through its native batch
+/// API and through its SQS API.
+pub const SQS_APIS: [&str; 2] = ["qd batch API", "qd SQS API"];
 
 /// The servers of the store comparison (`cluster single`, `cluster batch`).
 pub const STORES: [&str; 2] = ["qd SQLite", "qd PostgreSQL"];

@@ -73,6 +73,10 @@ pub struct QdSetup<'a> {
     pub retention: &'a str,
     /// `None`: the store is SQLite in the server's dir. Some: a node of a cluster.
     pub node: Option<Node<'a>>,
+    /// Some: the SQS API is on and this is the text of qd's `api_tokens_file`, so
+    /// every HTTP request needs a bearer token and every SQS request a valid
+    /// SigV4 signature.
+    pub sqs_tokens: Option<&'a str>,
 }
 
 /// One qd node of a cluster on a PostgreSQL database.
@@ -108,6 +112,20 @@ pub async fn start_qd(setup: &QdSetup<'_>) -> Result<Server> {
         script = setup.script.display(),
         n = setup.workers,
     );
+    let config = match setup.sqs_tokens {
+        None => config,
+        Some(tokens) => {
+            let file = dir.0.join("tokens.toml");
+            std::fs::write(&file, tokens)?;
+            // qd refuses a token file others can read.
+            std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            let daemon = format!("[daemon]\napi_tokens_file = \"{}\"\n", file.display());
+            format!(
+                "{}\n[sqs]\nenabled = true\n",
+                config.replacen("[daemon]\n", &daemon, 1)
+            )
+        }
+    };
     let path = dir.0.join("qd.toml");
     std::fs::write(&path, config)?;
     let mut cmd = Command::new(setup.binary);

@@ -1,12 +1,12 @@
-//! The hot path's targets (issue 10, "Targets") and the cluster's scaling target
-//! (issue 13, item 9), checked against a report: each
+//! The hot path's targets (issue 10, "Targets"), the cluster's scaling target
+//! (issue 13, item 9) and the SQS API's (issue 26, item 8), checked against a report: each
 //! line says the target, what was measured and whether it is met. A target whose
 //! figures this run did not measure (a mode not run, beanstalkd missing) is left
 //! out of the text and is `null` in the JSON.
 
 use serde::Serialize;
 
-use crate::report::{NODES, Report, SERVERS};
+use crate::report::{NODES, Report, SERVERS, SQS_APIS};
 
 /// One target: its text and, when measured, the measured figure and the verdict.
 #[derive(Debug, Serialize)]
@@ -29,6 +29,7 @@ pub fn check(report: &Report, rate: f64) -> Vec<Check> {
         .map(|m| m.value);
     let nodes = |i: usize| report.value("cluster nodes", "50 ms command jobs", NODES[i]);
     let end = "end to end";
+    let sqs = |i: usize| report.value("sqs", end, SQS_APIS[i]);
     vec![
         Check {
             target: "request/reply end to end ≥ 2× beanstalkd -f 0",
@@ -75,6 +76,18 @@ pub fn check(report: &Report, rate: f64) -> Vec<Check> {
                     )
                 }),
         },
+        Check {
+            target: "SQS API end to end (batches of 10) ≥ 0.5× the native batch API (issue 26)",
+            measured: sqs(0)
+                .filter(|native| *native > 0.0)
+                .zip(sqs(1))
+                .map(|(native, sqs)| {
+                    (
+                        format!("{:.2}×, {sqs:.0} vs {native:.0} jobs/s", sqs / native),
+                        sqs >= 0.5 * native,
+                    )
+                }),
+        },
     ]
 }
 
@@ -92,7 +105,7 @@ pub fn text(checks: &[Check]) -> String {
     if out.is_empty() {
         return out;
     }
-    format!("\ntargets (issues 10 and 13):\n{out}")
+    format!("\ntargets (issues 10, 13 and 26):\n{out}")
 }
 
 #[cfg(test)]
@@ -110,10 +123,23 @@ mod tests {
         assert_eq!(checks[1].measured, Some(("200 µs".to_string(), false)));
         assert!(checks[2..].iter().all(|c| c.measured.is_none()));
         r.add_command_jobs(150.0, 285.0);
-        let cluster = check(&r, 2000.0).pop().expect("the cluster target");
+        let of = |checks: Vec<Check>, issue: &str| {
+            checks
+                .into_iter()
+                .find(|c| c.target.contains(issue))
+                .expect("the target")
+        };
+        let cluster = of(check(&r, 2000.0), "issue 13");
         assert_eq!(
             cluster.measured,
             Some(("1.90×, 150 → 285 jobs/s".to_string(), true))
+        );
+        r.add("sqs", SQS_APIS[0], "end to end", "jobs/s", 1000.0);
+        assert!(of(check(&r, 2000.0), "issue 26").measured.is_none());
+        r.add("sqs", SQS_APIS[1], "end to end", "jobs/s", 450.0);
+        assert_eq!(
+            of(check(&r, 2000.0), "issue 26").measured,
+            Some(("0.45×, 450 vs 1000 jobs/s".to_string(), false))
         );
         let t = text(&checks);
         assert!(

@@ -56,7 +56,10 @@ impl BrokerState {
         };
         let record = self.reserve(new, req.payload, now);
         let job = record.job.clone();
-        self.write(
+        let depth = self.depth_check(&job.queue, [&job]);
+        let check = depth.clone();
+        self.write_enqueue(
+            check.as_ref(),
             move |b| {
                 if let Some(advance) = &advance
                     && !b.advance_schedule(advance)?
@@ -71,6 +74,9 @@ impl BrokerState {
                     )
                 {
                     return Ok((FireWrite::SkippedOverlap, record.payload));
+                }
+                if let Some(depth) = &depth {
+                    depth.check(b, 1)?;
                 }
                 let inserted = b.enqueue(std::slice::from_ref(&record)).map(first)?;
                 let id = match &inserted {
@@ -94,7 +100,10 @@ impl BrokerState {
     ) {
         self.unreserve(&job);
         match &result {
-            Ok(_) => self.store_accepted(now, mono),
+            Ok(_)
+            | Err(
+                StoreError::QueueFull { .. } | StoreError::TenantFull { .. } | StoreError::Busy(_),
+            ) => self.store_accepted(now, mono),
             Err(err) => self.store_refused(err),
         }
         let answer = match result {

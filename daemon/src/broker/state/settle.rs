@@ -74,6 +74,17 @@ impl Settle {
     }
 }
 
+/// What a purge's write did.
+#[derive(Debug, Default)]
+pub(super) struct Purged {
+    /// Deleted.
+    pub(super) gone: Vec<JobId>,
+    /// Kept, with the unfinished jobs each holds back.
+    pub(super) held: Vec<(JobId, Vec<JobId>)>,
+    /// Children a released edge moved (their new records).
+    pub(super) released: Vec<Job>,
+}
+
 /// A lease request that arrived while the store refused writes.
 pub(super) struct Parked {
     pub(super) queue: Arc<str>,
@@ -290,36 +301,67 @@ impl BrokerState {
         }
     }
 
-    /// Deletes dead jobs from the store, then from memory once that committed.
+    /// Deletes dead jobs from the store, then from memory once that committed. In
+    /// the same write, a job that holds back unfinished jobs (`Backend::blocked_by`)
+    /// is kept and answered in [`Purged::held`], unless `release_by` names the
+    /// operator: then its edges to them count as met first (`release_parent`) and
+    /// the children it released are applied to memory with the purge.
     pub(super) fn commit_purge(
         &mut self,
         ids: Vec<JobId>,
-        done: impl FnOnce(Result<(), StoreError>) + Send + 'static,
+        release_by: Option<String>,
+        now: UnixMillis,
+        done: impl FnOnce(Result<Purged, StoreError>) + Send + 'static,
     ) {
         if ids.is_empty() {
-            self.reply_later(move || done(Ok(())));
+            self.reply_later(move || done(Ok(Purged::default())));
             return;
         }
         self.writing.extend(ids.iter().copied());
-        let purged = ids.clone();
+        let asked = ids.clone();
         self.write(
-            move |b| b.purge(&purged),
+            move |b| {
+                let mut free = Vec::new();
+                let mut held = Vec::new();
+                let mut released = Vec::new();
+                for id in asked {
+                    let blocked = b.blocked_by(id)?;
+                    if blocked.is_empty() {
+                        free.push(id);
+                        continue;
+                    }
+                    match &release_by {
+                        Some(by) => {
+                            released.extend(b.release_parent(id, by, now)?);
+                            free.push(id);
+                        }
+                        None => held.push((id, blocked)),
+                    }
+                }
+                let applied = b.purge(&free)?;
+                let gone: Vec<JobId> = free
+                    .into_iter()
+                    .zip(applied)
+                    .filter_map(|(id, applied)| applied.then_some(id))
+                    .collect();
+                Ok(Purged {
+                    gone,
+                    held,
+                    released,
+                })
+            },
             move |result, back| {
                 let settle = Settle(Box::new(move |state: &mut BrokerState, now, mono| {
                     for id in &ids {
                         state.writing.remove(id);
                     }
-                    let result = result.map(|applied| {
-                        let gone: Vec<JobId> = ids
-                            .into_iter()
-                            .zip(applied)
-                            .filter_map(|(id, applied)| applied.then_some(id))
-                            .collect();
-                        state.forget(&gone);
-                        state.store_accepted(now, mono);
-                    });
-                    if let Err(err) = &result {
-                        state.store_refused(err);
+                    match &result {
+                        Ok(purged) => {
+                            state.forget(&purged.gone);
+                            state.dependents_moved(purged.released.clone(), now);
+                            state.store_accepted(now, mono);
+                        }
+                        Err(err) => state.store_refused(err),
                     }
                     done(result);
                 }));

@@ -8,6 +8,9 @@
 //!   the Broker itself after a look that found something or a lost claim). A look
 //!   that read a queue whole also drops the waiting jobs it no longer offers: other
 //!   nodes leased, finished, cancelled or purged them.
+//!   A queue whose backlog the look did not read whole is read again per tenant
+//!   (the oldest few jobs of each backlogged tenant), so every node sees every
+//!   backlogged tenant and weighted fairness holds across nodes.
 //! - **Claiming**: a lease is a conditional claim in the store; one that does not
 //!   apply (another node took the job or changed it) drops the job from memory, and
 //!   the lessee gets the next unclaimed job of the same tenant instead, if any
@@ -54,10 +57,16 @@ use ractor::{ActorRef, RpcReplyPort};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::store::{Backend, Claim, LeaseKind, NewClaim, StoreError, TenantCap};
+use crate::store::{Backend, Claim, DepthLock, LeaseKind, NewClaim, StoreError, TenantCap};
 
 /// Claimable jobs a look at the store reads per queue, oldest first.
 const REFRESH_WINDOW: u32 = 1000;
+
+/// Claimable jobs a look reads of each backlogged tenant of a queue whose oldest
+/// [`REFRESH_WINDOW`] did not hold it whole (fewer each when more tenants share
+/// [`REFRESH_WINDOW`], at least one), so that a tenant whose jobs are all newer
+/// than the window is still seen here and served at its weight.
+const TENANT_HEADS: u32 = 100;
 
 /// Expired leases the leader ends per sweep.
 const SWEEP_BATCH: u32 = 500;
@@ -234,6 +243,74 @@ pub(in crate::broker) fn within_depth(
     }
 }
 
+/// The `max_depth` checks of one enqueue (single, batch or a schedule's tick) on
+/// a shared store, made in the enqueue's own transaction under the depth locks
+/// ([`Self::locks`]) the writer takes up front: the queue's, then each tenant's
+/// that has a `max_depth`, counted across every node.
+#[derive(Clone, Debug)]
+pub(in crate::broker) struct DepthChecks {
+    queue: String,
+    max: u64,
+    /// Each tenant among the jobs that has a `max_depth`: (tenant, its jobs in
+    /// this enqueue, its `max_depth`), in the order of first appearance.
+    tenants: Vec<(String, u64, u64)>,
+}
+
+impl DepthChecks {
+    /// The depth locks the checks take, for the writer to take first.
+    pub(in crate::broker) fn locks(&self) -> Vec<DepthLock> {
+        let tenants = self
+            .tenants
+            .iter()
+            .map(|(tenant, _, _)| DepthLock::Tenant(self.queue.clone(), tenant.clone()));
+        std::iter::once(DepthLock::Queue(self.queue.clone()))
+            .chain(tenants)
+            .collect()
+    }
+
+    /// Refuses, inside the enqueue's transaction, `adding` jobs past the queue's
+    /// `max_depth` or any tenant's jobs past the tenant's ([`within_depth`],
+    /// [`within_tenant_depth`]). Runs on the writer thread.
+    pub(in crate::broker) fn check(
+        &self,
+        b: &mut dyn Backend,
+        adding: u64,
+    ) -> Result<(), StoreError> {
+        within_depth(b, &self.queue, adding, self.max)?;
+        for (tenant, adding, max) in &self.tenants {
+            within_tenant_depth(b, &self.queue, tenant, *adding, *max)?;
+        }
+        Ok(())
+    }
+}
+
+/// [`within_depth`] for a tenant's `max_depth` in `queue`
+/// ([`StoreError::TenantFull`]), under the tenant's own depth lock.
+fn within_tenant_depth(
+    b: &mut dyn Backend,
+    queue: &str,
+    tenant: &str,
+    adding: u64,
+    max: u64,
+) -> Result<(), StoreError> {
+    let depth = b
+        .shared()
+        .ok_or_else(not_shared)?
+        .tenant_depth(queue, tenant)?;
+    match depth {
+        None => Err(StoreError::Busy(format!(
+            "another node is deciding an enqueue of tenant {tenant:?} to queue {queue:?}; retry"
+        ))),
+        Some(depth) if depth.saturating_add(adding) > max => Err(StoreError::TenantFull {
+            queue: queue.to_owned(),
+            tenant: tenant.to_owned(),
+            depth,
+            max,
+        }),
+        Some(_) => Ok(()),
+    }
+}
+
 /// The error of a shared operation on a store that is not shared.
 fn not_shared() -> StoreError {
     StoreError::Other("the store is not shared by several nodes".into())
@@ -246,11 +323,31 @@ impl BrokerState {
         !self.leases_are_local
     }
 
-    /// On a shared store, the queue and `max_depth` an enqueue to `queue` is
-    /// checked against in the store ([`within_depth`]).
-    pub(in crate::broker) fn depth_check(&self, queue: &str) -> Option<(String, u64)> {
+    /// On a shared store, what an enqueue of `jobs` to `queue` is checked against
+    /// in the store ([`DepthChecks`]): the queue's `max_depth` and that of each
+    /// tenant among the jobs that has one.
+    pub(in crate::broker) fn depth_check<'a>(
+        &self,
+        queue: &str,
+        jobs: impl IntoIterator<Item = &'a Job>,
+    ) -> Option<DepthChecks> {
         let max = self.config.queues.get(queue)?.max_depth;
-        self.shared().then(|| (queue.to_owned(), max))
+        if !self.shared() {
+            return None;
+        }
+        let mut tenants: Vec<(String, u64, u64)> = Vec::new();
+        for job in jobs {
+            if let Some(seen) = tenants.iter_mut().find(|(t, _, _)| **t == *job.tenant) {
+                seen.1 += 1;
+            } else if let Some(max) = self.limits.tenant(&job.tenant).max_depth {
+                tenants.push((job.tenant.to_string(), 1, max));
+            }
+        }
+        Some(DepthChecks {
+            queue: queue.to_owned(),
+            max,
+            tenants,
+        })
     }
 
     /// The `max_concurrency` in `queue` of each capped tenant among `jobs`, as the
@@ -305,9 +402,25 @@ impl BrokerState {
         let queues: Vec<String> = self.config.queues.keys().cloned().collect();
         self.write(
             move |b| {
-                b.shared()
-                    .ok_or_else(not_shared)?
-                    .claimable(&queues, REFRESH_WINDOW)
+                let shared = b.shared().ok_or_else(not_shared)?;
+                let mut jobs = shared.claimable(&queues, REFRESH_WINDOW)?;
+                let mut read: HashMap<&str, usize> = HashMap::new();
+                for job in &jobs {
+                    *read.entry(&*job.queue).or_default() += 1;
+                }
+                let cut: Vec<String> = queues
+                    .iter()
+                    .filter(|q| {
+                        read.get(q.as_str()).copied().unwrap_or(0) >= REFRESH_WINDOW as usize
+                    })
+                    .cloned()
+                    .collect();
+                if !cut.is_empty() {
+                    let seen: HashSet<JobId> = jobs.iter().map(|j| j.id).collect();
+                    let heads = shared.tenant_heads(&cut, TENANT_HEADS, REFRESH_WINDOW)?;
+                    jobs.extend(heads.into_iter().filter(|j| !seen.contains(&j.id)));
+                }
+                Ok(jobs)
             },
             move |result, back| {
                 back(BrokerMsg::Refreshed(result));

@@ -60,6 +60,7 @@ fn reject_foreign_keys(diag: &mut Diagnostics<'_>, path: &KeyPath, raw: &RawExec
         ("url", raw.url.is_some()),
         ("headers", raw.headers.is_some()),
         ("store_result", raw.store_result.is_some()),
+        ("send_parents", raw.send_parents.is_some()),
     ];
     let foreign: Vec<&str> = match raw.kind {
         ExecutorKind::Command => given(&http),
@@ -259,5 +260,6 @@ fn http(
         headers,
         timeout: limits.timeout,
         store_result: raw.store_result.unwrap_or(false),
+        send_parents: raw.send_parents.unwrap_or(false),
     })
 }

@@ -12,7 +12,7 @@ use super::super::ScheduleConfig;
 use super::super::diag::{Diagnostics, KeyPath};
 use super::super::raw::{Named, RawCatchUp, RawDoc, RawOverlap, RawSchedule};
 use super::check_name;
-use crate::broker::MAX_ATTEMPTS_LIMIT;
+use crate::config::MAX_ATTEMPTS_LIMIT;
 use crate::config::QueueConfig;
 use crate::schedule::{self, CatchUp, Overlap, Spec, Timing};
 

@@ -41,6 +41,7 @@ fn job(payload: &[u8]) -> JobRun {
         max_result: 64 * 1024,
         token: 41,
         lease: Duration::from_secs(30),
+        parents: None,
     }
 }
 

@@ -91,6 +91,7 @@ fn spec(url: String) -> HttpSpec {
         headers: BTreeMap::new(),
         timeout: Duration::from_secs(20),
         store_result: false,
+        send_parents: false,
     }
 }
 
@@ -105,6 +106,7 @@ fn job() -> JobRun {
         max_result: 64 * 1024,
         token: 41,
         lease: Duration::from_secs(30),
+        parents: None,
     }
 }
 

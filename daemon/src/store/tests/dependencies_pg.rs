@@ -21,6 +21,7 @@ fn after(parents: &[&Job]) -> After {
     After {
         parents: parents.iter().map(|p| p.id).collect(),
         policy: AfterPolicy::Succeeded,
+        refs: Vec::new(),
     }
 }
 

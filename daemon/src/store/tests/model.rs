@@ -153,6 +153,7 @@ fn kind(err: &StoreError) -> &'static str {
         StoreError::Other(_) => "other",
         StoreError::KeyConflict { .. } => "key conflict",
         StoreError::QueueFull { .. } => "queue full",
+        StoreError::TenantFull { .. } => "tenant full",
         StoreError::Busy(_) => "busy",
         StoreError::After { .. } => "after",
     }
