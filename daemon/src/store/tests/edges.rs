@@ -19,6 +19,7 @@ fn child(b: &mut dyn Backend, n: u128, parents: &[u128], policy: AfterPolicy) ->
     let after = After {
         parents: parents.iter().map(|p| id(*p)).collect(),
         policy,
+        refs: Vec::new(),
     };
     b.enqueue_after(&[record], &[after], true).expect("enqueue")[0].1
 }
