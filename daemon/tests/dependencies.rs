@@ -1,7 +1,8 @@
-//! Job dependencies (`"after"`) through the real `qd` and `qctl` binaries on SQLite:
-//! a chain runs in order, a fan-in's finisher runs once after its last parent, a dead
+//! Job dependencies (`"after"`) through the real `qd` and `qctl` binaries: a chain
+//! runs in order, a fan-in's finisher runs once after its last parent, a dead
 //! parent blocks its child until a redrive, a waiting child survives `kill -9`
 //! between its parent's ack and its own lease, and bad input changes nothing.
+//! On SQLite here; `dependencies_postgres.rs` runs the same tests on PostgreSQL.
 
 mod common;
 

@@ -707,15 +707,19 @@ impl BrokerState {
                 debug!(queue = %job.queue, tenant = %job.tenant, job = %job.id, "Job accepted.");
                 metrics::job_enqueued(&self.labels, &job.queue, &job.tenant);
                 let id = job.id;
-                self.hot.insert(id, payload);
-                if job.state.is_held() {
-                    if job.state == State::Blocked {
-                        metrics::dependencies_blocked(&job.queue);
-                    }
-                } else {
-                    events::ready(&mut self.out, &job);
+                if job.state == State::Blocked {
+                    metrics::dependencies_blocked(&job.queue);
                 }
-                self.replace(job);
+                // On a shared store a held job is the database's alone: any node
+                // may release it, and the one that does offers it to its Scheduler
+                // (`settle::dependents_moved`); a copy here would go stale.
+                if !(job.state.is_held() && self.shared()) {
+                    self.hot.insert(id, payload);
+                    if !job.state.is_held() {
+                        events::ready(&mut self.out, &job);
+                    }
+                    self.replace(job);
+                }
                 Ok(Enqueued {
                     id,
                     duplicate: false,

@@ -120,6 +120,11 @@
 //! qd_rate_limiters.paused_until timestamptz NULL  -- the database's clock
 //! -- TENANT_CLAIM_ORDER: each tenant's claimable jobs beyond the look's window
 //!   INDEX (queue, tenant, (ready_at - priority_ms), id) WHERE state IN ('ready', 'delayed')
+//! -- DEPENDENCIES: job dependencies (`after`, see `store/postgres/deps.rs`)
+//! qd_jobs.state also in (waiting blocked)  -- counted toward max_depth, never claimed
+//! qd_jobs.after_policy text NULL, deps_unmet, deps_broken integer  -- a child's counters
+//! qd_job_edges(parent uuid, child uuid, state text in (open met broken))
+//!   PK (parent, child), INDEX (child)
 //! ```
 //! Text that is compared or ordered is `COLLATE "C"` (byte order, ASCII-only case
 //! folding, like SQLite), whatever the database's locale. Tables are prefixed `qd_` so
@@ -165,6 +170,7 @@ const MIGRATIONS: &[&str] = &[
     tenant_depth::TENANT_DEPTHS,
     limiter_pause::LIMITER_PAUSES,
     tenant_heads::TENANT_CLAIM_ORDER,
+    DEPENDENCIES,
 ];
 
 /// Version 1: the schema of SQLite's version 2 with leases in the row.
@@ -354,6 +360,81 @@ CREATE INDEX qd_jobs_claim_order ON qd_jobs (queue, (ready_at - priority_ms), id
 const RESULTS: &str = r#"
 ALTER TABLE qd_jobs ADD COLUMN result bytea;
 "#;
+
+/// Job dependencies (`deps.rs`, `store/postgres/deps.rs`): the states `waiting`
+/// and `blocked`, each child's policy and counters of unmet and broken edges, the
+/// edges themselves (`qd_job_edges`, the same meaning as SQLite's `job_edges`) with
+/// an index by child, and the depth triggers counting waiting and blocked jobs
+/// toward the queues' and tenants' `max_depth` (no stored row is waiting or blocked
+/// yet: nothing to recount).
+/// Claims keep taking only ready and delayed rows.
+const DEPENDENCIES: &str = r#"
+ALTER TABLE qd_jobs DROP CONSTRAINT qd_jobs_state_check;
+ALTER TABLE qd_jobs ADD CONSTRAINT qd_jobs_state_check CHECK (state IN
+    ('delayed', 'ready', 'succeeded', 'dead', 'cancelled', 'waiting', 'blocked'));
+ALTER TABLE qd_jobs ADD COLUMN after_policy text COLLATE "C",
+    ADD COLUMN deps_unmet integer NOT NULL DEFAULT 0 CHECK (deps_unmet >= 0),
+    ADD COLUMN deps_broken integer NOT NULL DEFAULT 0 CHECK (deps_broken >= 0);
+CREATE TABLE qd_job_edges (
+    parent uuid NOT NULL,
+    child  uuid NOT NULL,
+    state  text COLLATE "C" NOT NULL CHECK (state IN ('open', 'met', 'broken')),
+    PRIMARY KEY (parent, child)
+) WITH (autovacuum_vacuum_scale_factor = 0.02);
+CREATE INDEX qd_job_edges_child ON qd_job_edges (child);
+CREATE OR REPLACE FUNCTION qd_count_depths() RETURNS trigger LANGUAGE plpgsql AS $f$
+DECLARE
+    node text := COALESCE(current_setting('qd.node', true), '');
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        WITH x AS (
+            SELECT n.queue, n.tenant, count(*) AS delta FROM qd_new_rows n
+            WHERE n.state IN ('ready', 'delayed', 'waiting', 'blocked') GROUP BY n.queue, n.tenant
+        ), t AS (
+            INSERT INTO qd_tenant_depths AS d (queue, tenant, shard, depth)
+            SELECT x.queue, x.tenant, node, x.delta FROM x
+            ON CONFLICT (queue, tenant, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth
+        )
+        INSERT INTO qd_queue_depths AS d (queue, shard, depth)
+        SELECT x.queue, node, sum(x.delta)::int8 FROM x GROUP BY x.queue
+        ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
+    ELSIF TG_OP = 'UPDATE' THEN
+        WITH x AS (
+            SELECT u.queue, u.tenant, sum(u.delta)::int8 AS delta
+            FROM (SELECT n.queue, n.tenant, 1 AS delta FROM qd_new_rows n
+                    WHERE n.state IN ('ready', 'delayed', 'waiting', 'blocked')
+                  UNION ALL
+                  SELECT o.queue, o.tenant, -1 FROM qd_old_rows o
+                    WHERE o.state IN ('ready', 'delayed', 'waiting', 'blocked')) u
+            GROUP BY u.queue, u.tenant HAVING sum(u.delta) <> 0
+        ), t AS (
+            INSERT INTO qd_tenant_depths AS d (queue, tenant, shard, depth)
+            SELECT x.queue, x.tenant, node, x.delta FROM x
+            ON CONFLICT (queue, tenant, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth
+        )
+        INSERT INTO qd_queue_depths AS d (queue, shard, depth)
+        SELECT x.queue, node, sum(x.delta)::int8 FROM x GROUP BY x.queue
+        HAVING sum(x.delta) <> 0
+        ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
+    ELSE
+        WITH x AS (
+            SELECT o.queue, o.tenant, -count(*) AS delta FROM qd_old_rows o
+            WHERE o.state IN ('ready', 'delayed', 'waiting', 'blocked') GROUP BY o.queue, o.tenant
+        ), t AS (
+            INSERT INTO qd_tenant_depths AS d (queue, tenant, shard, depth)
+            SELECT x.queue, x.tenant, node, x.delta FROM x
+            ON CONFLICT (queue, tenant, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth
+        )
+        INSERT INTO qd_queue_depths AS d (queue, shard, depth)
+        SELECT x.queue, node, sum(x.delta)::int8 FROM x GROUP BY x.queue
+        ON CONFLICT (queue, shard) DO UPDATE SET depth = d.depth + EXCLUDED.depth;
+    END IF;
+    RETURN NULL;
+END
+$f$;
+"#;
+
+mod deps;
 
 /// The seed of a queue's depth lock key (`hashtextextended(queue, DEPTH_LOCK_SEED)`,
 /// "qddepth" in ASCII), taken by every enqueue to the queue until its transaction
@@ -630,7 +711,17 @@ impl PgBackend {
             self.options.node,
             millis(self.options.call_timeout),
             millis(idle)
-        ))
+        ))?;
+        // A node killed mid-transaction leaves its backend holding row locks
+        // while it waits on another lock (e.g. a child's, for job dependencies),
+        // and a retried report on another node would wait for it into a deadlock:
+        // the server checks every quarter second that the client is still there
+        // and ends the statement if not (PostgreSQL 14 and later; older servers
+        // lack the setting and keep their own behaviour).
+        if let Err(err) = self.exec("SET client_connection_check_interval = 250") {
+            tracing::debug!(%err, "client_connection_check_interval not set.");
+        }
+        Ok(())
     }
 
     /// Applies the missing migrations in one transaction under the migration lock.
@@ -1101,7 +1192,8 @@ impl PgBackend {
                     "WITH gone AS (DELETE FROM qd_jobs WHERE id = ANY($1) \
                        AND state = ANY($2::text[]) RETURNING id), \
                      p AS (DELETE FROM qd_payloads WHERE job_id IN (SELECT id FROM gone)), \
-                     h AS (DELETE FROM qd_history WHERE job_id IN (SELECT id FROM gone)) \
+                     h AS (DELETE FROM qd_history WHERE job_id IN (SELECT id FROM gone)), \
+                     e AS (DELETE FROM qd_job_edges WHERE child IN (SELECT id FROM gone)) \
                      SELECT id FROM gone",
                 )
                 .await?;
@@ -1226,29 +1318,34 @@ fn counter(value: i64, column: &str, target: &str) -> Result<u32, StoreError> {
 }
 
 fn job_from_row(r: &Row, target: &str) -> Result<Job, StoreError> {
-    let state: String = r.get(4);
-    let lease_seq: i64 = r.get(8);
+    job_from_row_offset(r, 0, target)
+}
+
+/// [`job_from_row`] for a row whose [`JOB_COLUMNS`] start at column `at`.
+fn job_from_row_offset(r: &Row, at: usize, target: &str) -> Result<Job, StoreError> {
+    let state: String = r.get(at + 4);
+    let lease_seq: i64 = r.get(at + 8);
     Ok(Job {
-        id: JobId(r.get(0)),
-        queue: Arc::from(r.get::<_, &str>(1)),
-        tenant: Arc::from(r.get::<_, &str>(2)),
-        idempotency_key: r.get(3),
+        id: JobId(r.get(at)),
+        queue: Arc::from(r.get::<_, &str>(at + 1)),
+        tenant: Arc::from(r.get::<_, &str>(at + 2)),
+        idempotency_key: r.get(at + 3),
         state: state
             .parse()
             .map_err(|e: String| StoreError::Corrupt(format!("{target}: {e}")))?,
-        attempts: counter(r.get(5), "attempts", target)?,
-        budget_start: counter(r.get(6), "budget_start", target)?,
-        max_attempts: counter(r.get(7), "max_attempts", target)?,
+        attempts: counter(r.get(at + 5), "attempts", target)?,
+        budget_start: counter(r.get(at + 6), "budget_start", target)?,
+        max_attempts: counter(r.get(at + 7), "max_attempts", target)?,
         lease_seq: u64::try_from(lease_seq).map_err(|_| {
             StoreError::Corrupt(format!("{target}: lease_seq {lease_seq} out of range"))
         })?,
-        worker: r.get(9),
-        leased_at: r.get(10),
-        created_at: r.get(11),
-        ready_at: r.get(12),
-        updated_at: r.get(13),
-        last_error: r.get(14),
-        priority_ms: r.get(15),
+        worker: r.get(at + 9),
+        leased_at: r.get(at + 10),
+        created_at: r.get(at + 11),
+        ready_at: r.get(at + 12),
+        updated_at: r.get(at + 13),
+        last_error: r.get(at + 14),
+        priority_ms: r.get(at + 15),
     })
 }
 
@@ -1275,6 +1372,39 @@ const DIALECT: Dialect = Dialect {
 };
 
 impl Backend for PgBackend {
+    fn enqueue_after(
+        &mut self,
+        batch: &[NewRecord],
+        after: &[crate::deps::After],
+        all: bool,
+    ) -> Result<Vec<(Inserted, State)>, StoreError> {
+        self.enqueue_with_parents(batch, after, all)
+    }
+
+    fn move_edges(
+        &mut self,
+        changed: &[(JobId, State)],
+        now: UnixMillis,
+    ) -> Result<Vec<Job>, StoreError> {
+        self.move_edges_of(changed, now)
+    }
+
+    fn release_edges(
+        &mut self,
+        child: JobId,
+        now: UnixMillis,
+    ) -> Result<Option<super::Released>, StoreError> {
+        self.release_edges_of(child, now)
+    }
+
+    fn edges(&mut self, id: JobId) -> Result<super::Edges, StoreError> {
+        self.edges_of(id)
+    }
+
+    fn dependents(&mut self, root: JobId) -> Result<Vec<JobId>, StoreError> {
+        self.dependents_of(root)
+    }
+
     fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
         if batch.is_empty() {
             return Ok(Vec::new());
@@ -1466,7 +1596,8 @@ impl Backend for PgBackend {
     fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         self.change(
             changes,
-            "j.state IN ('ready', 'delayed', 'dead') AND j.lease_token IS NULL",
+            "j.state IN ('ready', 'delayed', 'dead', 'waiting', 'blocked') \
+             AND j.lease_token IS NULL",
         )
     }
 
@@ -1559,11 +1690,15 @@ impl Backend for PgBackend {
         let (clause, name) = scope_clause(scope, 4);
         let sql = format!(
             "WITH doomed AS (SELECT id FROM qd_jobs WHERE state = $1 AND updated_at < $2 \
-               AND {clause} ORDER BY updated_at, id LIMIT $3), \
+               AND {clause} \
+               AND NOT EXISTS (SELECT 1 FROM qd_job_edges e JOIN qd_jobs c ON c.id = e.child \
+                 WHERE e.parent = qd_jobs.id AND c.state IN ('waiting', 'blocked')) \
+               ORDER BY updated_at, id LIMIT $3), \
              gone AS (DELETE FROM qd_jobs j USING doomed WHERE j.id = doomed.id \
                AND j.state = $1 RETURNING j.id), \
              p AS (DELETE FROM qd_payloads WHERE job_id IN (SELECT id FROM gone)), \
-             h AS (DELETE FROM qd_history WHERE job_id IN (SELECT id FROM gone)) \
+             h AS (DELETE FROM qd_history WHERE job_id IN (SELECT id FROM gone)), \
+             e AS (DELETE FROM qd_job_edges WHERE child IN (SELECT id FROM gone)) \
              SELECT count(*) FROM gone"
         );
         let mut deleted = 0u64;
@@ -1973,9 +2108,15 @@ impl SharedStore for PgBackend {
         self.query_jobs(&sql, &[&uuids(ids)])
     }
 
-    /// The leader row and a limiter's bucket are locked with `SKIP LOCKED`, never
-    /// waited for: they are taken inside the writer's group commit beside other
-    /// work, and two nodes' batches must not wait on each other (a deadlock). A
+    /// The leases' deadlines are renewed on the rows no other transaction holds
+    /// (`SKIP LOCKED`): a row held elsewhere is being ended or changed by that
+    /// transaction (an ack on another node, which then waits on rows this batch
+    /// holds, e.g. a child's lock of job dependencies), and waiting for it could
+    /// close a cycle; it is renewed at the next heartbeat, four of which come
+    /// before its deadline. The leader row and a limiter's bucket are locked with
+    /// `SKIP LOCKED`, never waited for: they are taken inside the writer's group
+    /// commit beside other work, and two nodes' batches must not wait on each
+    /// other (a deadlock). A
     /// leader lease not renewed because another node's transaction held the row is
     /// renewed at the next heartbeat (it lasts five of them); meanwhile the answer is
     /// the epoch of the last heartbeat that could look (its writes stay fenced by
@@ -1993,7 +2134,9 @@ impl SharedStore for PgBackend {
                      renewed AS (\
                        UPDATE qd_jobs SET lease_deadline = \
                          GREATEST(lease_deadline, now() + $3::int8 * interval '1 millisecond') \
-                       WHERE lease_node = $1 AND lease_token IS NOT NULL \
+                       WHERE id IN (SELECT id FROM qd_jobs \
+                         WHERE lease_node = $1 AND lease_token IS NOT NULL \
+                         FOR UPDATE SKIP LOCKED) \
                          AND EXISTS (SELECT 1 FROM me) RETURNING 1) \
                      SELECT (SELECT count(*) FROM me), (SELECT count(*) FROM renewed)",
                 )
@@ -2215,7 +2358,8 @@ impl SharedStore for PgBackend {
                     "SELECT queue, CASE WHEN lease_token IS NOT NULL THEN 'leased' \
                        WHEN state = 'delayed' AND ready_at <= $1 THEN 'ready' ELSE state END \
                        AS shown, count(*) \
-                     FROM qd_jobs WHERE state IN ('ready', 'delayed', 'dead') GROUP BY 1, 2",
+                     FROM qd_jobs WHERE state IN ('ready', 'delayed', 'dead', 'waiting', \
+                       'blocked') GROUP BY 1, 2",
                 )
                 .await?;
             c.query(&stmt, &[&now]).await

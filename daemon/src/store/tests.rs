@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::*;
 use crate::job::{Outcome, Token};
 
+mod dependencies_pg;
 mod edges;
 mod model;
 mod pg;

@@ -228,11 +228,31 @@ impl BrokerState {
         self.writing.insert(id);
         let write = vec![t.clone()];
         self.write(
-            move |b| shared_of(b)?.end_if_due(&write),
+            move |b| {
+                let check = shared_of(b)?
+                    .end_if_due(&write)?
+                    .first()
+                    .copied()
+                    .unwrap_or(LeaseCheck::Gone);
+                // An ended lease may have been the job's last attempt: its edges
+                // move in the same transaction, as after any end (`deps.rs`).
+                let children = match check {
+                    LeaseCheck::Ended => {
+                        let t = &write[0];
+                        b.move_edges(&[(t.job.id, t.job.state)], t.job.updated_at)?
+                    }
+                    _ => Vec::new(),
+                };
+                Ok((check, children))
+            },
             move |result, back| {
-                let check = result.map(|c| c.first().copied().unwrap_or(LeaseCheck::Gone));
+                let (check, children) = match result {
+                    Ok((check, children)) => (Ok(check), children),
+                    Err(e) => (Err(e), Vec::new()),
+                };
                 back(BrokerMsg::Settle(Settle::with(move |state, now, mono| {
                     state.checked(old, t, check, now, mono);
+                    state.dependents_moved(children, now);
                 })));
             },
         );

@@ -268,11 +268,16 @@ impl BrokerState {
     }
 
     /// Files children whose state a parent's committed change moved (`deps.rs`):
-    /// a released one goes to its Scheduler, a blocked one is counted.
+    /// a released one goes to its Scheduler, a blocked one is counted. On a shared
+    /// store a released child this node did not hold is offered like one of its
+    /// own enqueues (other nodes find it through their refresh, as another node's
+    /// enqueue), and a held one stays the database's alone.
     pub(super) fn dependents_moved(&mut self, children: Vec<Job>, now: UnixMillis) {
         for child in children {
             let old = self.jobs.get(child.id);
-            if old.as_ref().is_some_and(|o| o.state.is_held()) && !child.state.is_held() {
+            // The store answers only children that left a held state or moved
+            // between the two: one not held now was released.
+            if !child.state.is_held() {
                 metrics::dependencies_released(&child.queue);
             }
             if child.state == State::Blocked {
@@ -284,9 +289,9 @@ impl BrokerState {
                     self.replace(child.clone());
                     events::changed(&mut self.out, &old, &child, now);
                 }
-                // Not in this node's view (a shared store): the refresh path files it.
-                None if self.shared() => {}
+                None if self.shared() && child.state.is_held() => {}
                 None => {
+                    let child = self.interned(child);
                     if !child.state.is_held() {
                         events::ready(&mut self.out, &child);
                     }

@@ -15,7 +15,7 @@ use crate::store::{Claim, LeaseCheck, LeaseKind, NewClaim, SharedStore, TenantCa
 
 /// Opens a store on the database `url` (a libpq key=value string).
 /// The options of a node named `name` (its id derived from the name).
-fn node(name: &str) -> PgOptions {
+pub(super) fn node(name: &str) -> PgOptions {
     PgOptions {
         node: name.to_owned(),
         node_id: uuid::Uuid::from_u128(u128::from(name.as_bytes()[0])),
