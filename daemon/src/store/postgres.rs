@@ -149,8 +149,8 @@ use uuid::Uuid;
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
     Backend, Claim, DepthLock, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, LeaseCheck,
-    LeaseKind, NewClaim, NewRecord, NodeInfo, Override, PruneScope, SharedStore, SqsQueueRecord,
-    StoreError, TenantCap, Tokens, history, sort_counts,
+    LeaseKind, NewClaim, NewRecord, NodeInfo, Override, ParentView, PruneScope, SharedStore,
+    SqsQueueRecord, StoreError, TenantCap, Tokens, history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
@@ -1405,6 +1405,10 @@ impl Backend for PgBackend {
         self.dependents_of(root)
     }
 
+    fn parents_of(&mut self, children: &[JobId]) -> Result<Vec<Vec<ParentView>>, StoreError> {
+        self.parents_of_all(children)
+    }
+
     fn enqueue(&mut self, batch: &[NewRecord]) -> Result<Vec<Inserted>, StoreError> {
         if batch.is_empty() {
             return Ok(Vec::new());
@@ -1692,7 +1696,7 @@ impl Backend for PgBackend {
             "WITH doomed AS (SELECT id FROM qd_jobs WHERE state = $1 AND updated_at < $2 \
                AND {clause} \
                AND NOT EXISTS (SELECT 1 FROM qd_job_edges e JOIN qd_jobs c ON c.id = e.child \
-                 WHERE e.parent = qd_jobs.id AND c.state IN ('waiting', 'blocked')) \
+                 WHERE e.parent = qd_jobs.id AND c.state NOT IN ('succeeded', 'cancelled')) \
                ORDER BY updated_at, id LIMIT $3), \
              gone AS (DELETE FROM qd_jobs j USING doomed WHERE j.id = doomed.id \
                AND j.state = $1 RETURNING j.id), \

@@ -29,7 +29,7 @@ use uuid::Uuid;
 use super::{JOB_COLUMNS, PgBackend, job_from_row_offset};
 use crate::deps::{self, After, AfterError, AfterPolicy, Counts, Edge};
 use crate::job::{HistoryEntry, Job, JobId, Outcome, State, UnixMillis};
-use crate::store::{Backend, Edges, Inserted, NewRecord, Released, StoreError};
+use crate::store::{Backend, Edges, Inserted, NewRecord, ParentView, Released, StoreError};
 
 /// One edge whose parent changed, read after its child's lock, with the child's
 /// record, policy and counters.
@@ -525,6 +525,45 @@ impl PgBackend {
             parents: read(&parents)?,
             children: read(&children)?,
         })
+    }
+
+    /// [`crate::store::Backend::parents_of`]: one query for all `children`, each
+    /// parent's effective state (`leased` while a lease holds it), last error and
+    /// result, in parent id order per child.
+    pub(super) fn parents_of_all(
+        &mut self,
+        children: &[JobId],
+    ) -> Result<Vec<Vec<ParentView>>, StoreError> {
+        let ids: Vec<Uuid> = children.iter().map(|c| c.0).collect();
+        let rows = self.block(async |c| {
+            let stmt = c
+                .prepare_cached(
+                    "SELECT e.child, e.parent, \
+                       CASE WHEN j.lease_token IS NULL THEN j.state ELSE 'leased' END, \
+                       j.last_error, j.result \
+                     FROM qd_job_edges e JOIN qd_jobs j ON j.id = e.parent \
+                     WHERE e.child = ANY($1) ORDER BY e.child, e.parent",
+                )
+                .await?;
+            c.query(&stmt, &[&ids]).await
+        })?;
+        let mut by_child: HashMap<JobId, Vec<ParentView>> = HashMap::new();
+        for r in &rows {
+            let state: String = r.get(2);
+            by_child
+                .entry(JobId(r.get(0)))
+                .or_default()
+                .push(ParentView {
+                    id: JobId(r.get(1)),
+                    state: state.parse().map_err(|e: String| self.corrupt(e))?,
+                    last_error: r.get(3),
+                    result: r.get(4),
+                });
+        }
+        Ok(children
+            .iter()
+            .map(|c| by_child.remove(c).unwrap_or_default())
+            .collect())
     }
 
     /// [`crate::store::Backend::dependents`].
