@@ -162,7 +162,8 @@ fn leads(qd: &Qd) -> bool {
 }
 
 /// The job's program (appends its start and stop to `file`, runs [`RUN_SECS`]
-/// unless stopped) and the queue `long` running it on a node.
+/// unless stopped; its trap ignores further `SIGTERM`s first, so the fenced worker's
+/// and the watchdog's, which may both come, write one stop line with its time) and the queue `long` running it on a node.
 fn long_job(dir: &std::path::Path, file: &std::path::Path) -> String {
     let prog = script(
         dir,
@@ -170,7 +171,7 @@ fn long_job(dir: &std::path::Path, file: &std::path::Path) -> String {
         &format!(
             "f={f}\n\
              echo \"start $QD_LEASE_TOKEN $(date +%s%N)\" >> $f\n\
-             trap 'echo \"stop $QD_LEASE_TOKEN $(date +%s%N)\" >> $f; exit 143' TERM\n\
+             trap 'trap \"\" TERM; echo \"stop $QD_LEASE_TOKEN $(date +%s%N)\" >> $f; exit 143' TERM\n\
              sleep {RUN_SECS} &\n\
              wait $!\n\
              echo \"stop $QD_LEASE_TOKEN $(date +%s%N)\" >> $f\n",

@@ -207,8 +207,9 @@ impl PgBackend {
         Ok(())
     }
 
-    /// A duplicate key whose holder names other parents than the item asks for
-    /// is another request: answered as a different payload (a key conflict).
+    /// A duplicate key whose holder names other parents, or the same parents under
+    /// another policy, than the item asks for (none included) is another request:
+    /// answered as a different payload (a key conflict).
     fn compare_parents(
         &mut self,
         answers: &mut [Inserted],
@@ -221,7 +222,7 @@ impl PgBackend {
                 Inserted::Duplicate {
                     id,
                     same_payload: true,
-                } if after.get(i).is_some_and(|a| !a.parents.is_empty()) => Some((i, *id)),
+                } => Some((i, *id)),
                 _ => None,
             })
             .collect();
@@ -232,18 +233,27 @@ impl PgBackend {
         let rows = self.block(async |c| {
             let stmt = c
                 .prepare_cached(
-                    "SELECT child, parent FROM qd_job_edges WHERE child = ANY($1::uuid[])",
+                    "SELECT j.id, j.after_policy, e.parent FROM qd_jobs j \
+                     LEFT JOIN qd_job_edges e ON e.child = j.id \
+                     WHERE j.id = ANY($1::uuid[])",
                 )
                 .await?;
             c.query(&stmt, &[&holders]).await
         })?;
-        let mut held: HashMap<Uuid, HashSet<Uuid>> = HashMap::new();
+        let mut held: HashMap<Uuid, (Option<String>, HashSet<Uuid>)> = HashMap::new();
         for r in &rows {
-            held.entry(r.get(0)).or_default().insert(r.get(1));
+            let entry = held.entry(r.get(0)).or_default();
+            entry.0 = r.get(1);
+            if let Some(parent) = r.get::<_, Option<Uuid>>(2) {
+                entry.1.insert(parent);
+            }
         }
         for (i, id) in asked {
-            let want: HashSet<Uuid> = after[i].parents.iter().map(|p| p.0).collect();
-            if held.get(&id.0).cloned().unwrap_or_default() != want {
+            let item = after.get(i).cloned().unwrap_or_default();
+            let want: HashSet<Uuid> = item.parents.iter().map(|p| p.0).collect();
+            let (policy, parents) = held.remove(&id.0).unwrap_or_default();
+            let same_policy = parents.is_empty() || policy.as_deref() == Some(item.policy.as_str());
+            if parents != want || !same_policy {
                 answers[i] = Inserted::Duplicate {
                     id,
                     same_payload: false,
