@@ -471,7 +471,17 @@ pub async fn enqueue_batch(
         }
         parse_batch(&queue, &body, max)
     })?;
-    authorize_parents(&args, &caller, &reqs, true).await?;
+    submit_batch(&args, &caller, reqs).await
+}
+
+/// The common end of both batch endpoints: the parents' queues checked against
+/// the token, the batch enqueued all or nothing, each item's id answered in order.
+async fn submit_batch(
+    args: &ApiArgs,
+    caller: &Caller,
+    reqs: Vec<EnqueueRequest>,
+) -> Result<(StatusCode, Json<BatchAnswer>), ApiError> {
+    authorize_parents(args, caller, &reqs, true).await?;
     let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), ENQUEUE_TIMEOUT)
         .await?
         .map_err(batch_error)?;
@@ -571,18 +581,7 @@ pub async fn enqueue_flow(
         };
         crate::metrics::enqueue_rejected(None, reason);
     })?;
-    authorize_parents(&args, &caller, &reqs, true).await?;
-    let done = broker::request(|tx| BrokerMsg::EnqueueBatch(reqs, tx), ENQUEUE_TIMEOUT)
-        .await?
-        .map_err(batch_error)?;
-    let jobs: Vec<EnqueuedBody> = done
-        .iter()
-        .map(|e| EnqueuedBody {
-            duplicate: e.duplicate,
-            id: e.id,
-        })
-        .collect();
-    Ok((StatusCode::ACCEPTED, Json(BatchAnswer { jobs })))
+    submit_batch(&args, &caller, reqs).await
 }
 
 /// Why a batch body that is valid JSON with a `jobs` list did not read as job
