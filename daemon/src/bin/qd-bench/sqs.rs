@@ -18,7 +18,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -26,7 +25,7 @@ use sha2::{Digest, Sha256};
 use crate::latency;
 use crate::load::{Conn, Plan, Taken, Target};
 use crate::modes::{BATCH, Settings, phases};
-use crate::qd_http::{Api, QdTarget};
+use crate::qd_http::{Api, QdTarget, keep_alive_client};
 use crate::report::{Report, SQS_APIS};
 use crate::scratch::Scratch;
 use crate::servers::{self, EXTERNAL_QUEUE, QdSetup};
@@ -76,12 +75,7 @@ impl Target for SqsTarget {
     type Conn = SqsConn;
 
     async fn connect(&self) -> Result<SqsConn> {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(1)
-            .build(connector);
+        let client = keep_alive_client();
         Ok(SqsConn {
             client,
             uri: format!("http://{}/", self.host),
