@@ -80,6 +80,11 @@ impl SupervisorState {
             .run(|b| b.sqs_queues())
             .await
             .map_err(|e| ReloadError::Unavailable(format!("cannot read the SQS queues: {e}")))?;
+        // Nothing to tell the queues' actors when another node's announcement or a
+        // request for an unknown queue finds the store as this node serves it.
+        if crate::api::sqs::created::in_force(&old, &records) {
+            return Ok(Vec::new());
+        }
         let mut new = (*old).clone();
         crate::api::sqs::created::merge(&mut new, &records);
         let plan = reload::plan(&old, &new).map_err(ReloadError::Refused)?;
