@@ -470,6 +470,7 @@ CREATE TABLE qd_schedules (
 
 pub mod limiter_pause;
 mod schedules;
+pub mod sqs_queues;
 mod tenant_depth;
 mod tenant_heads;
 
@@ -1850,7 +1851,9 @@ impl Backend for PgBackend {
         name: &str,
         record: Option<&SqsQueueRecord>,
     ) -> Result<bool, StoreError> {
+        let node = self.options.node.clone();
         self.block(async |c| {
+            sqs_queues::announce(c, &node).await?;
             let delete = c
                 .prepare_cached("DELETE FROM qd_sqs_queues WHERE name = $1")
                 .await?;
