@@ -12,7 +12,7 @@
 //!   A heartbeat refused because another node took this node's name
 //!   ([`StoreError::Replaced`]: this one was silent longer than `node_timeout`) asks
 //!   for no sweep (the leases under the name are the new node's) and stops the
-//!   daemon ([`SupervisorMsg::Fatal`]), which exits non-zero;
+//!   daemon ([`Control::Fatal`](crate::daemon::Control::Fatal)), which exits non-zero;
 //! - while this node is the leader it publishes the cluster's depths from the
 //!   database (`qd_cluster_queue_depth`, 0 once it stops being the leader);
 //! - at each heartbeat it reads the runtime overrides (`qctl limits`, pause and
@@ -62,7 +62,6 @@ use crate::scheduler::SchedulerMsg;
 use crate::store::StoreError;
 use crate::store::postgres::NOTIFY_CHANNEL;
 use crate::store::postgres::limiter_pause::{self, LIMITER_CHANNEL};
-use crate::supervisor::{self, SupervisorMsg};
 
 /// The registered name of the Cluster actor.
 pub const NAME: &str = "cluster";
@@ -225,9 +224,7 @@ impl ClusterState {
                 // (it would end them as orphans), and this process stops.
                 let reason = format!("this node must stop: {why}");
                 error!("{reason}");
-                if let Some(root) = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME) {
-                    let _ = root.cast(SupervisorMsg::Fatal(reason));
-                }
+                self.daemon.control.fatal(reason);
                 return;
             }
             Err(err) => {

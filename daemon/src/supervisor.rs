@@ -10,10 +10,11 @@
 //! restarts within `restart.window` means something is persistently wrong: the
 //! supervisor stops with a failure, the daemon exits non-zero and systemd restarts it.
 //!
-//! Messages ([`SupervisorMsg`]): `Shutdown` and `Reload` (from signals and the admin
-//! socket — the one control path), `Fatal` (from the Cluster actor, when another
-//! node took this node's name: it stops at once, as past the restart intensity),
-//! and its own `Restart` timers. A reload
+//! Messages ([`SupervisorMsg`]): `Shutdown` (from signals and the admin socket),
+//! `Control` — a reload (SIGHUP, `qctl reload`), the SQS API's created queues, or
+//! `Fatal` from the Cluster actor when another node took this node's name (it stops
+//! at once, as past the restart intensity) — which the tree sends through
+//! [`Controls`](crate::daemon::Controls), so no actor below imports this one; and its own `Restart` timers. A reload
 //! (`supervisor/reload.rs`) validates the whole file first and changes nothing
 //! unless every change can be applied live. Shutdown is ordered and bounded
 //! by `shutdown_grace`: stop intake → stop leasing → let running jobs finish (then
@@ -24,9 +25,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{
-    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
-};
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
@@ -34,7 +34,7 @@ use crate::admin::{self, AdminArgs};
 use crate::api::{Api, ApiArgs};
 use crate::broker::{self, Broker, BrokerArgs, BrokerMsg};
 use crate::cluster::{self, Cluster, ClusterArgs};
-use crate::daemon::Daemon;
+use crate::daemon::{Control, Daemon};
 use crate::dlq::{self, Dlq};
 use crate::gauges::{self, Gauges, GaugesArgs};
 use crate::metrics;
@@ -94,18 +94,11 @@ impl Child {
 pub enum SupervisorMsg {
     /// Graceful, ordered shutdown (SIGTERM, SIGINT, or `qctl shutdown`).
     Shutdown(String),
-    /// A condition no restart cures (the Cluster actor: another node took this
-    /// node's name): stop at once, without draining, and exit non-zero naming it.
-    Fatal(String),
+    /// A request from `main` or from an actor of the tree
+    /// ([`Controls`](crate::daemon::Controls)).
+    Control(Control),
     /// Timer: restart this child.
     Restart(Child),
-    /// Re-read the config file and apply it live (SIGHUP, or `qctl reload` with a
-    /// reply port for the changes made or the reason nothing was).
-    Reload(Option<RpcReplyPort<Result<Vec<String>, ReloadError>>>),
-    /// The SQS API created, changed or deleted a queue in the store: read the
-    /// store's SQS queues and apply them to the config in force as a reload would
-    /// (the file is not reread). Replies with the changes made.
-    SqsQueuesChanged(RpcReplyPort<Result<Vec<String>, ReloadError>>),
 }
 
 /// The supervisor's state.
@@ -129,13 +122,23 @@ const RESTART_DELAY: Duration = Duration::from_millis(200);
 impl Actor for Supervisor {
     type Msg = SupervisorMsg;
     type State = SupervisorState;
-    type Arguments = Daemon;
+    /// The daemon and the receiving side of its [`Controls`].
+    type Arguments = (Daemon, mpsc::UnboundedReceiver<Control>);
 
     async fn pre_start(
         &self,
         myself: ActorRef<SupervisorMsg>,
-        daemon: Daemon,
+        (daemon, mut controls): (Daemon, mpsc::UnboundedReceiver<Control>),
     ) -> Result<SupervisorState, ActorProcessingErr> {
+        // The root is never restarted: this task lives as long as the daemon.
+        let me = myself.clone();
+        tokio::spawn(async move {
+            while let Some(control) = controls.recv().await {
+                if me.cast(SupervisorMsg::Control(control)).is_err() {
+                    break;
+                }
+            }
+        });
         let mut state = SupervisorState {
             daemon,
             children: HashMap::new(),
@@ -170,7 +173,7 @@ impl Actor for Supervisor {
                 }
             }
             SupervisorMsg::Restart(_) => {}
-            SupervisorMsg::Reload(reply) => {
+            SupervisorMsg::Control(Control::Reload(reply)) => {
                 let outcome = if state.shutting_down {
                     Err(ReloadError::Unavailable("qd is shutting down".into()))
                 } else {
@@ -180,7 +183,7 @@ impl Actor for Supervisor {
                     let _ = reply.send(outcome);
                 }
             }
-            SupervisorMsg::SqsQueuesChanged(reply) => {
+            SupervisorMsg::Control(Control::SqsQueuesChanged(reply)) => {
                 let outcome = if state.shutting_down {
                     Err(ReloadError::Unavailable("qd is shutting down".into()))
                 } else {
@@ -188,7 +191,7 @@ impl Actor for Supervisor {
                 };
                 let _ = reply.send(outcome);
             }
-            SupervisorMsg::Fatal(reason) => {
+            SupervisorMsg::Control(Control::Fatal(reason)) => {
                 if !state.shutting_down {
                     state.give_up(&myself, reason);
                 }
@@ -364,6 +367,7 @@ impl SupervisorState {
                     limits: d.limits.clone(),
                     tokens: d.tokens.clone(),
                     store: d.store.clone(),
+                    control: d.control.clone(),
                 };
                 Actor::spawn_linked(Some("api".into()), Api, args, sup)
                     .await?
@@ -371,7 +375,7 @@ impl SupervisorState {
                     .get_cell()
             }
             Child::Admin => {
-                let args = AdminArgs::new(d.clone(), myself.clone());
+                let args = AdminArgs::new(d.clone());
                 admin::spawn(args, sup).await?
             }
             Child::Console => {

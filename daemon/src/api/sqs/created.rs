@@ -6,7 +6,7 @@
 //! tags as JSON), so it survives restarts and, on PostgreSQL, is seen by every
 //! node. [`merge`] adds the rows to the config in force as external queues beside
 //! the file's (at start, on every reload, and when the SQS API changed a row, via
-//! `SupervisorMsg::SqsQueuesChanged`); from then on a created queue is an ordinary
+//! `Control::SqsQueuesChanged`); from then on a created queue is an ordinary
 //! qd queue: scheduled, counted in metrics, listed by `qctl queues`. A file queue
 //! of the same name wins over a row.
 //!

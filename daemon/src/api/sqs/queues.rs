@@ -26,7 +26,6 @@ use crate::job::State as JobState;
 use crate::reload::ReloadError;
 use crate::scheduler::{self, SchedulerMsg};
 use crate::store::JobFilter;
-use crate::supervisor::{self, SupervisorMsg};
 
 /// SQS's largest message, in bytes (qd's `max_payload` when that is smaller).
 pub const SQS_MAX_MESSAGE: usize = 1 << 20;
@@ -161,7 +160,7 @@ pub async fn create_queue(ctx: &Ctx) -> Result<Value, SqsError> {
     }
     let queue = CreatedQueue::new(given, tags);
     write_record(ctx, name, Some(&queue)).await?;
-    if let Err(err) = apply_queues().await {
+    if let Err(err) = apply_queues(ctx).await {
         let _ = write_record(ctx, name, None).await;
         return Err(err.into_sqs("CreateQueue"));
     }
@@ -209,23 +208,11 @@ impl ApplyError {
 
 /// Asks the Supervisor to put the store's SQS queues in force (start added queues,
 /// stop deleted ones, apply changed attributes).
-async fn apply_queues() -> Result<(), ApplyError> {
-    let supervisor = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME)
-        .ok_or_else(|| ApplyError::Unavailable("the supervisor is not running".into()))?;
-    match supervisor
-        .call(SupervisorMsg::SqsQueuesChanged, Some(BROKER_TIMEOUT))
-        .await
-    {
-        Ok(ractor::rpc::CallResult::Success(Ok(_))) => Ok(()),
-        Ok(ractor::rpc::CallResult::Success(Err(ReloadError::Refused(why)))) => {
-            Err(ApplyError::Refused(why.join("; ")))
-        }
-        Ok(ractor::rpc::CallResult::Success(Err(err))) => {
-            Err(ApplyError::Unavailable(err.to_string()))
-        }
-        _ => Err(ApplyError::Unavailable(
-            "the supervisor did not answer".into(),
-        )),
+async fn apply_queues(ctx: &Ctx) -> Result<(), ApplyError> {
+    match ctx.args.control.sqs_queues_changed(BROKER_TIMEOUT).await {
+        Ok(_) => Ok(()),
+        Err(ReloadError::Refused(why)) => Err(ApplyError::Refused(why.join("; "))),
+        Err(err) => Err(ApplyError::Unavailable(err.to_string())),
     }
 }
 
@@ -254,7 +241,7 @@ async fn store_and_apply(
     action: &str,
 ) -> Result<(), SqsError> {
     write_record(ctx, name, Some(queue)).await?;
-    apply_queues().await.map_err(|e| e.into_sqs(action))
+    apply_queues(ctx).await.map_err(|e| e.into_sqs(action))
 }
 
 /// SetQueueAttributes of an SQS-created queue: checked as CreateQueue checks them,
@@ -295,7 +282,7 @@ pub async fn delete_queue(ctx: &Ctx) -> Result<Value, SqsError> {
     for _ in 0..DELETE_TRIES {
         purge(ctx.args.store.clone(), name.clone()).await;
         purge_dead(&name).await;
-        match apply_queues().await {
+        match apply_queues(ctx).await {
             Ok(()) => {
                 ctx.state
                     .purges
