@@ -8,7 +8,7 @@
 //!   ([`crate::store::SharedStore::beat`]). Then it asks its Broker to check the
 //!   node's leases in the store against its memory and, while this node is the
 //!   leader, to end the leases of dead or silent nodes ([`BrokerMsg::Sweep`], fenced
-//!   by the leader lease's epoch); only the leader prunes ([`ClusterView::prunes`]).
+//!   by the leader lease's epoch); only the leader prunes ([`ClusterView::prunes`](crate::daemon::ClusterView::prunes)).
 //!   A heartbeat refused because another node took this node's name
 //!   ([`StoreError::Replaced`]: this one was silent longer than `node_timeout`) asks
 //!   for no sweep (the leases under the name are the new node's) and stops the
@@ -44,7 +44,6 @@
 //! stops.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -54,7 +53,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::broker::{self, BrokerMsg};
 use crate::config::DatabaseConfig;
-use crate::daemon::Daemon;
+use crate::daemon::{ClusterView, Daemon};
 use crate::fence;
 use crate::metrics::DepthState;
 use crate::rate_limit::Limiters;
@@ -65,28 +64,6 @@ use crate::store::postgres::limiter_pause::{self, LIMITER_CHANNEL};
 
 /// The registered name of the Cluster actor.
 pub const NAME: &str = "cluster";
-
-/// This node's standing in the cluster, shared with the Pruner and `qctl status`.
-/// Its one writer is the Cluster actor.
-#[derive(Debug, Default)]
-pub struct ClusterView {
-    /// The leader lease's epoch while this node holds it, else 0 (epochs start at 1).
-    epoch: AtomicU64,
-}
-
-impl ClusterView {
-    /// The epoch of the leader lease this node holds, if it holds it (as of its last
-    /// heartbeat).
-    pub fn leader_epoch(&self) -> Option<u64> {
-        Some(self.epoch.load(Ordering::Relaxed)).filter(|e| *e > 0)
-    }
-
-    /// Whether this node does the cluster's pruning: true on a store only this
-    /// node writes (`None`), else only while it is the leader.
-    pub fn prunes(view: Option<&ClusterView>) -> bool {
-        view.is_none_or(|v| v.leader_epoch().is_some())
-    }
-}
 
 /// What the Cluster actor is started with.
 pub struct ClusterArgs {
@@ -152,7 +129,7 @@ impl Actor for Cluster {
     ) -> Result<(), ActorProcessingErr> {
         state.listener.abort();
         state.fencing.abort();
-        state.daemon.cluster.epoch.store(0, Ordering::Relaxed);
+        state.daemon.cluster.set_epoch(None);
         Ok(())
     }
 
@@ -238,24 +215,22 @@ impl ClusterState {
         // answered) must not make this node the leader again: others may already
         // have taken it for dead.
         let epoch = epoch.filter(|_| started.elapsed() < self.node_timeout);
-        let before = self
-            .daemon
-            .cluster
-            .epoch
-            .swap(epoch.unwrap_or(0), Ordering::Relaxed);
+        let before = self.daemon.cluster.set_epoch(epoch);
         broker::cast(BrokerMsg::Sweep(epoch));
-        if let Some(epoch) = epoch {
-            if before != epoch {
+        match (epoch, before) {
+            (Some(epoch), _) if before != Some(epoch) => {
                 info!(epoch, "This node is the cluster's leader.");
             }
-        } else if before != 0 {
-            info!(
-                epoch = before,
-                "This node is no longer the cluster's leader."
-            );
+            (None, Some(before)) => {
+                info!(
+                    epoch = before,
+                    "This node is no longer the cluster's leader."
+                );
+            }
+            _ => {}
         }
         crate::metrics::cluster_leader(epoch.is_some());
-        if epoch.is_some() || before != 0 {
+        if epoch.is_some() || before.is_some() {
             self.cluster_gauges(epoch.is_some()).await;
         }
     }
@@ -318,15 +293,14 @@ async fn watch_fence(view: std::sync::Arc<ClusterView>, node_timeout: Duration) 
         // One heartbeat period early: the leader lease this node wrote lasts
         // node_timeout from its last heartbeat, and another node may take it
         // the moment it ends.
-        if fence::heartbeat_age().is_some_and(|age| age >= node_timeout - node_timeout / 5) {
-            let epoch = view.epoch.swap(0, Ordering::Relaxed);
-            if epoch != 0 {
-                warn!(
-                    epoch,
-                    "This node is no longer the cluster's leader: its heartbeat is older than node_timeout."
-                );
-                crate::metrics::cluster_leader(false);
-            }
+        if fence::heartbeat_age().is_some_and(|age| age >= node_timeout - node_timeout / 5)
+            && let Some(epoch) = view.set_epoch(None)
+        {
+            warn!(
+                epoch,
+                "This node is no longer the cluster's leader: its heartbeat is older than node_timeout."
+            );
+            crate::metrics::cluster_leader(false);
         }
     }
 }

@@ -4,6 +4,7 @@
 //! [`Controls`], the one way an actor below the Supervisor asks it for something.
 //! It takes no messages; every actor gets a clone of it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,7 +15,6 @@ use ractor::ActorRef;
 
 use crate::api::auth::LiveTokens;
 use crate::attempt_groups::LeftBehind;
-use crate::cluster::ClusterView;
 use crate::config::Config;
 use crate::executor::Executors;
 use crate::limits::Limits;
@@ -53,6 +53,34 @@ pub struct Daemon {
     pub left_behind: Arc<Mutex<Vec<LeftBehind>>>,
     /// Requests to the Supervisor (reload, SQS queues changed, a fatal condition).
     pub control: Controls,
+}
+
+/// This node's standing in the cluster, shared with the Pruner and `qctl status`.
+/// Its one writer is the Cluster actor.
+#[derive(Debug, Default)]
+pub struct ClusterView {
+    /// The leader lease's epoch while this node holds it, else 0 (epochs start at 1).
+    epoch: AtomicU64,
+}
+
+impl ClusterView {
+    /// The epoch of the leader lease this node holds, if it holds it (as of its last
+    /// heartbeat).
+    pub fn leader_epoch(&self) -> Option<u64> {
+        Some(self.epoch.load(Ordering::Relaxed)).filter(|e| *e > 0)
+    }
+
+    /// Whether this node does the cluster's pruning: true on a store only this
+    /// node writes (`None`), else only while it is the leader.
+    pub fn prunes(view: Option<&ClusterView>) -> bool {
+        view.is_none_or(|v| v.leader_epoch().is_some())
+    }
+
+    /// Publishes the epoch of the leader lease this node now holds (`None`: it holds
+    /// none) and returns the one it held before.
+    pub(crate) fn set_epoch(&self, epoch: Option<u64>) -> Option<u64> {
+        Some(self.epoch.swap(epoch.unwrap_or(0), Ordering::Relaxed)).filter(|e| *e > 0)
+    }
 }
 
 /// The answer to a reload: the changes made, or why nothing was changed.
