@@ -30,7 +30,6 @@ use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::{JobId, State};
 use crate::scheduler::{self, SchedulerMsg};
 use crate::store::{self, JobDetail as StoredJob};
-use crate::supervisor::SupervisorMsg;
 use crate::worker_pool::{self, PoolMsg};
 
 /// The registered name of the admin server.
@@ -47,7 +46,7 @@ pub struct AdminArgs {
 
 impl AdminArgs {
     /// Handler arguments from the daemon's shared parts.
-    pub fn new(daemon: Daemon, _supervisor: ActorRef<SupervisorMsg>) -> Self {
+    pub fn new(daemon: Daemon) -> Self {
         AdminArgs { daemon }
     }
 }

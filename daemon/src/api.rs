@@ -53,6 +53,8 @@ pub struct ApiArgs {
     pub tokens: Arc<LiveTokens>,
     /// The store, for job status reads.
     pub store: Store,
+    /// Requests to the Supervisor (the SQS API's created queues).
+    pub control: crate::daemon::Controls,
 }
 
 impl ApiArgs {

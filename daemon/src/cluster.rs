@@ -8,11 +8,11 @@
 //!   ([`crate::store::SharedStore::beat`]). Then it asks its Broker to check the
 //!   node's leases in the store against its memory and, while this node is the
 //!   leader, to end the leases of dead or silent nodes ([`BrokerMsg::Sweep`], fenced
-//!   by the leader lease's epoch); only the leader prunes ([`ClusterView::prunes`]).
+//!   by the leader lease's epoch); only the leader prunes ([`ClusterView::prunes`](crate::daemon::ClusterView::prunes)).
 //!   A heartbeat refused because another node took this node's name
 //!   ([`StoreError::Replaced`]: this one was silent longer than `node_timeout`) asks
 //!   for no sweep (the leases under the name are the new node's) and stops the
-//!   daemon ([`SupervisorMsg::Fatal`]), which exits non-zero;
+//!   daemon ([`Control::Fatal`](crate::daemon::Control::Fatal)), which exits non-zero;
 //! - while this node is the leader it publishes the cluster's depths from the
 //!   database (`qd_cluster_queue_depth`, 0 once it stops being the leader);
 //! - at each heartbeat it reads the runtime overrides (`qctl limits`, pause and
@@ -26,7 +26,7 @@
 //!   each heartbeat also reads the pauses in force, for announcements it missed;
 //! - on it too it hears of SQS queues created, changed or deleted on other nodes
 //!   (`LISTEN qd_sqs_queues`, `store/postgres/sqs_queues.rs`) and has the
-//!   Supervisor apply them ([`SupervisorMsg::SqsQueuesChanged`]); each heartbeat
+//!   Supervisor apply them ([`Control::SqsQueuesChanged`](crate::daemon::Control::SqsQueuesChanged)); each heartbeat
 //!   also compares the stored SQS queues with those in force, for announcements
 //!   it missed;
 //! - at each poll and heartbeat it tells every Scheduler to try again the tenants it
@@ -49,7 +49,6 @@
 //! stops.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -59,7 +58,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::broker::{self, BrokerMsg};
 use crate::config::DatabaseConfig;
-use crate::daemon::Daemon;
+use crate::daemon::{ClusterView, Controls, Daemon};
 use crate::fence;
 use crate::metrics::DepthState;
 use crate::rate_limit::Limiters;
@@ -68,32 +67,9 @@ use crate::store::StoreError;
 use crate::store::postgres::NOTIFY_CHANNEL;
 use crate::store::postgres::limiter_pause::{self, LIMITER_CHANNEL};
 use crate::store::postgres::sqs_queues::SQS_QUEUES_CHANNEL;
-use crate::supervisor::{self, SupervisorMsg};
 
 /// The registered name of the Cluster actor.
 pub const NAME: &str = "cluster";
-
-/// This node's standing in the cluster, shared with the Pruner and `qctl status`.
-/// Its one writer is the Cluster actor.
-#[derive(Debug, Default)]
-pub struct ClusterView {
-    /// The leader lease's epoch while this node holds it, else 0 (epochs start at 1).
-    epoch: AtomicU64,
-}
-
-impl ClusterView {
-    /// The epoch of the leader lease this node holds, if it holds it (as of its last
-    /// heartbeat).
-    pub fn leader_epoch(&self) -> Option<u64> {
-        Some(self.epoch.load(Ordering::Relaxed)).filter(|e| *e > 0)
-    }
-
-    /// Whether this node does the cluster's pruning: true on a store only this
-    /// node writes (`None`), else only while it is the leader.
-    pub fn prunes(view: Option<&ClusterView>) -> bool {
-        view.is_none_or(|v| v.leader_epoch().is_some())
-    }
-}
 
 /// What the Cluster actor is started with.
 pub struct ClusterArgs {
@@ -145,7 +121,11 @@ impl Actor for Cluster {
         let listener = tokio::spawn(listen(
             args.database,
             args.daemon.limiters.clone(),
-            args.daemon.config().sqs.enabled,
+            args.daemon
+                .config()
+                .sqs
+                .enabled
+                .then(|| args.daemon.control.clone()),
         ));
         Ok(ClusterState {
             daemon: args.daemon,
@@ -163,7 +143,7 @@ impl Actor for Cluster {
     ) -> Result<(), ActorProcessingErr> {
         state.listener.abort();
         state.fencing.abort();
-        state.daemon.cluster.epoch.store(0, Ordering::Relaxed);
+        state.daemon.cluster.set_epoch(None);
         Ok(())
     }
 
@@ -224,7 +204,7 @@ impl ClusterState {
                     && !crate::api::sqs::created::in_force(&self.daemon.config(), &records)
                 {
                     debug!("The stored SQS queues differ from those in force; applying them.");
-                    sqs_queues_changed();
+                    self.daemon.control.sqs_queues_changed_elsewhere();
                 }
                 if std::mem::take(&mut self.failing) {
                     info!("Node heartbeat written again.");
@@ -243,9 +223,7 @@ impl ClusterState {
                 // (it would end them as orphans), and this process stops.
                 let reason = format!("this node must stop: {why}");
                 error!("{reason}");
-                if let Some(root) = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME) {
-                    let _ = root.cast(SupervisorMsg::Fatal(reason));
-                }
+                self.daemon.control.fatal(reason);
                 return;
             }
             Err(err) => {
@@ -259,24 +237,22 @@ impl ClusterState {
         // answered) must not make this node the leader again: others may already
         // have taken it for dead.
         let epoch = epoch.filter(|_| started.elapsed() < self.node_timeout);
-        let before = self
-            .daemon
-            .cluster
-            .epoch
-            .swap(epoch.unwrap_or(0), Ordering::Relaxed);
+        let before = self.daemon.cluster.set_epoch(epoch);
         broker::cast(BrokerMsg::Sweep(epoch));
-        if let Some(epoch) = epoch {
-            if before != epoch {
+        match (epoch, before) {
+            (Some(epoch), _) if before != Some(epoch) => {
                 info!(epoch, "This node is the cluster's leader.");
             }
-        } else if before != 0 {
-            info!(
-                epoch = before,
-                "This node is no longer the cluster's leader."
-            );
+            (None, Some(before)) => {
+                info!(
+                    epoch = before,
+                    "This node is no longer the cluster's leader."
+                );
+            }
+            _ => {}
         }
         crate::metrics::cluster_leader(epoch.is_some());
-        if epoch.is_some() || before != 0 {
+        if epoch.is_some() || before.is_some() {
             self.cluster_gauges(epoch.is_some()).await;
         }
     }
@@ -339,26 +315,15 @@ async fn watch_fence(view: std::sync::Arc<ClusterView>, node_timeout: Duration) 
         // One heartbeat period early: the leader lease this node wrote lasts
         // node_timeout from its last heartbeat, and another node may take it
         // the moment it ends.
-        if fence::heartbeat_age().is_some_and(|age| age >= node_timeout - node_timeout / 5) {
-            let epoch = view.epoch.swap(0, Ordering::Relaxed);
-            if epoch != 0 {
-                warn!(
-                    epoch,
-                    "This node is no longer the cluster's leader: its heartbeat is older than node_timeout."
-                );
-                crate::metrics::cluster_leader(false);
-            }
+        if fence::heartbeat_age().is_some_and(|age| age >= node_timeout - node_timeout / 5)
+            && let Some(epoch) = view.set_epoch(None)
+        {
+            warn!(
+                epoch,
+                "This node is no longer the cluster's leader: its heartbeat is older than node_timeout."
+            );
+            crate::metrics::cluster_leader(false);
         }
-    }
-}
-
-/// Tells the Supervisor that the stored SQS queues changed (on another node).
-fn sqs_queues_changed() {
-    if let Some(root) = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME) {
-        let _ = root.cast(SupervisorMsg::SqsQueuesChanged {
-            here: false,
-            reply: None,
-        });
     }
 }
 
@@ -377,10 +342,11 @@ enum Heard {
 /// notification, on [`LIMITER_CHANNEL`] and pauses the limiter it names, and (with
 /// `sqs`) on [`SQS_QUEUES_CHANNEL`] and has other nodes' changes applied;
 /// reconnects after a lost connection (polling and heartbeats cover the gap).
-async fn listen(database: DatabaseConfig, limiters: Arc<Limiters>, sqs: bool) {
+/// `sqs`: where to say that another node changed the SQS queues, with the SQS API on.
+async fn listen(database: DatabaseConfig, limiters: Arc<Limiters>, sqs: Option<Controls>) {
     let retry = database.poll_interval.max(Duration::from_secs(1));
     loop {
-        match listen_once(&database, &limiters, sqs).await {
+        match listen_once(&database, &limiters, sqs.as_ref()).await {
             Ok(()) => debug!("Notification connection closed; reconnecting."),
             Err(err) => debug!(error = %err, "Notification connection failed; polling meanwhile."),
         }
@@ -392,7 +358,7 @@ async fn listen(database: DatabaseConfig, limiters: Arc<Limiters>, sqs: bool) {
 async fn listen_once(
     database: &DatabaseConfig,
     limiters: &Limiters,
-    sqs: bool,
+    sqs: Option<&Controls>,
 ) -> Result<(), String> {
     let config = database.client_config()?;
     let (client, mut connection) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
@@ -419,7 +385,7 @@ async fn listen_once(
         }
     });
     let mut channels = format!("LISTEN {NOTIFY_CHANNEL}; LISTEN {LIMITER_CHANNEL}");
-    if sqs {
+    if sqs.is_some() {
         channels.push_str(&format!("; LISTEN {SQS_QUEUES_CHANNEL}"));
     }
     client
@@ -428,8 +394,8 @@ async fn listen_once(
         .map_err(|e| e.to_string())?;
     // Jobs and queues may have arrived before the LISTEN: look once.
     broker::cast(BrokerMsg::Refresh);
-    if sqs {
-        sqs_queues_changed();
+    if let Some(control) = sqs {
+        control.sqs_queues_changed_elsewhere();
     }
     while let Some(heard) = rx.recv().await {
         match heard {
@@ -443,7 +409,11 @@ async fn listen_once(
             },
             // This node applied its own change before answering it.
             Heard::SqsQueues(node) if node == database.node_name => {}
-            Heard::SqsQueues(_) => sqs_queues_changed(),
+            Heard::SqsQueues(_) => {
+                if let Some(control) = sqs {
+                    control.sqs_queues_changed_elsewhere();
+                }
+            }
         }
     }
     driver.abort();

@@ -48,6 +48,11 @@ pub struct HistoryLimits {
 /// The smallest `max_error`: room for the elision marker and some text around it.
 pub const MIN_MAX_ERROR: usize = 64;
 
+/// The default of a queue's `max_result`: 64 KiB.
+pub const DEFAULT_MAX_RESULT: usize = 64 * 1024;
+/// The most a queue's `max_result` may be: 1 MiB.
+pub const MAX_RESULT_LIMIT: usize = 1024 * 1024;
+
 impl Default for HistoryLimits {
     /// The first 5 and the last 20 entries, 2 KiB of error text each: a job's history
     /// stays under about 60 KB however often it was attempted.
@@ -91,7 +96,7 @@ pub trait MachineChecks {
     /// Resolves the admin socket's group.
     fn admin_group(&self, group: &str) -> Result<(), String>;
     /// Builds the executor `spec` describes (header and env names, the HTTP client).
-    fn executor(&self, spec: &crate::executor::ExecutorSpec) -> Result<(), String>;
+    fn executor(&self, spec: &crate::executor::spec::ExecutorSpec) -> Result<(), String>;
 }
 
 /// The compiled configuration of one daemon.
@@ -256,7 +261,7 @@ pub struct QueueConfig {
     /// The queue's name (`[A-Za-z0-9_.-]{1,64}`).
     pub name: String,
     /// How attempts run; its `timeout`/`kill_grace` are the queue's.
-    pub executor: crate::executor::ExecutorSpec,
+    pub executor: crate::executor::spec::ExecutorSpec,
     /// Lease (visibility timeout) of one attempt (default 30 s; > heartbeat).
     pub lease: Duration,
     /// Interval at which a running attempt renews its lease (default 10 s; > 0).
@@ -400,7 +405,7 @@ impl Config {
                 .queues
                 .values()
                 .filter_map(|q| match &q.executor {
-                    crate::executor::ExecutorSpec::Command(c) => Some(c.kill_grace),
+                    crate::executor::spec::ExecutorSpec::Command(c) => Some(c.kill_grace),
                     _ => None,
                 })
                 .max()

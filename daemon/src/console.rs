@@ -20,9 +20,11 @@
 //! the Supervisor.
 
 mod actions;
+mod layout;
 mod live;
 mod pages;
 mod session;
+mod who;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,7 +43,8 @@ use crate::admin::{Author, Handler};
 use crate::api::origin::{self, HostAllow};
 use crate::config::ConsoleConfig;
 use crate::daemon::Daemon;
-use session::{Sessions, Who};
+use session::Sessions;
+use who::Who;
 
 /// The registered name of the Console actor.
 pub const NAME: &str = "console";
@@ -225,7 +228,7 @@ async fn guard(
         .get(header::HOST)
         .and_then(|v| v.to_str().ok());
     let mut response = if !ctx.hosts.allows(host) {
-        pages::error_page(
+        layout::error_page(
             &ctx,
             StatusCode::MISDIRECTED_REQUEST,
             &format!(
@@ -235,7 +238,7 @@ async fn guard(
         )
     } else if let Err(refused) = origin::cross_origin(req.method(), req.headers()) {
         tracing::warn!(peer = %peer, path = %req.uri().path(), "Console refused a cross-site request.");
-        pages::error_page(&ctx, StatusCode::FORBIDDEN, &refused.to_string())
+        layout::error_page(&ctx, StatusCode::FORBIDDEN, &refused.to_string())
     } else {
         let method = req.method().clone();
         let mut response = next.run(req).await;
@@ -267,6 +270,10 @@ async fn guard(
 /// An answer to a form: a redirect (303) back to `to` with a notice shown there.
 pub(crate) fn see_other(ctx: &Ctx, to: &str, notice: &str) -> Response {
     let sep = if to.contains('?') { '&' } else { '?' };
-    let location = format!("{}{sep}notice={}", ctx.url(to), pages::query_escape(notice));
+    let location = format!(
+        "{}{sep}notice={}",
+        ctx.url(to),
+        layout::query_escape(notice)
+    );
     (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use qd::api::auth::{LiveTokens, Tokens};
 use qd::config::Config;
-use qd::daemon::Daemon;
+use qd::daemon::{Control, Controls, Daemon};
 use qd::data_lock::DataDirLock;
 use qd::executor::Executors;
 use qd::executor::command::{self as command_executor, watchdog};
@@ -214,6 +214,7 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
         config.daemon.metrics_listen
     );
     let limits = Arc::new(Limits::new(config, overrides));
+    let (control, controls) = Controls::channel();
     let daemon = Daemon {
         limiters: Arc::new(Limiters::build(
             &limits,
@@ -234,11 +235,16 @@ async fn start(config: Arc<Config>, signals: Signals) -> Result<ExitCode, Failur
         failure: Arc::new(Mutex::new(None)),
         cluster: Default::default(),
         left_behind: Arc::new(Mutex::new(left_behind)),
+        control,
     };
     let failure = daemon.failure.clone();
-    let (root, handle) = Actor::spawn(Some(supervisor::NAME.into()), Supervisor, daemon)
-        .await
-        .map_err(|e| Failure::Runtime(format!("qd could not start: {}", root_cause(&e))))?;
+    let (root, handle) = Actor::spawn(
+        Some(supervisor::NAME.into()),
+        Supervisor,
+        (daemon, controls),
+    )
+    .await
+    .map_err(|e| Failure::Runtime(format!("qd could not start: {}", root_cause(&e))))?;
     let _ = qd::notify::ready();
     let _ = qd::notify::status(&serving);
     tokio::spawn(forward_signals(root, signals));
@@ -363,7 +369,7 @@ async fn forward_signals(root: ActorRef<SupervisorMsg>, signals: Signals) {
             _ = int.recv() => break "SIGINT",
             _ = hup.recv() => {
                 info!(signal = "SIGHUP", "Signal received; reloading the config.");
-                let _ = root.cast(SupervisorMsg::Reload(None));
+                let _ = root.cast(SupervisorMsg::Control(Control::Reload(None)));
             }
         }
     };

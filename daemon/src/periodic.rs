@@ -28,8 +28,8 @@ use tracing::{debug, info, warn};
 
 use crate::broker::{self, BrokerError, BrokerMsg, EnqueueRequest, Fire, Fired};
 use crate::clock::wall_ms;
-use crate::cluster::ClusterView;
 use crate::config::ScheduleConfig;
+use crate::daemon::ClusterView;
 use crate::daemon::Daemon;
 use crate::job::UnixMillis;
 use crate::metrics::{self, ScheduleResult};

@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::clock::wall_ms;
-use crate::cluster::ClusterView;
 use crate::config::Config;
+use crate::daemon::ClusterView;
 use crate::job::UnixMillis;
 use crate::limits::Limits;
 use crate::metrics;

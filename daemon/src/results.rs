@@ -10,10 +10,7 @@ use serde::Serialize;
 use crate::job::{JobId, State};
 use crate::store::ParentView;
 
-/// The default of a queue's `max_result`: 64 KiB.
-pub const DEFAULT_MAX_RESULT: usize = 64 * 1024;
-/// The most a queue's `max_result` may be: 1 MiB.
-pub const MAX_RESULT_LIMIT: usize = 1024 * 1024;
+pub use crate::config::{DEFAULT_MAX_RESULT, MAX_RESULT_LIMIT};
 
 /// Refuses a result larger than `max` bytes, naming its size: the text an attempt
 /// that produced it fails with (permanent), or an external ack's 400.

@@ -10,10 +10,11 @@
 //! restarts within `restart.window` means something is persistently wrong: the
 //! supervisor stops with a failure, the daemon exits non-zero and systemd restarts it.
 //!
-//! Messages ([`SupervisorMsg`]): `Shutdown` and `Reload` (from signals and the admin
-//! socket — the one control path), `Fatal` (from the Cluster actor, when another
-//! node took this node's name: it stops at once, as past the restart intensity),
-//! and its own `Restart` timers. A reload
+//! Messages ([`SupervisorMsg`]): `Shutdown` (from signals and the admin socket),
+//! `Control` — a reload (SIGHUP, `qctl reload`), the SQS API's created queues, or
+//! `Fatal` from the Cluster actor when another node took this node's name (it stops
+//! at once, as past the restart intensity) — which the tree sends through
+//! [`Controls`](crate::daemon::Controls), so no actor below imports this one; and its own `Restart` timers. A reload
 //! (`supervisor/reload.rs`) validates the whole file first and changes nothing
 //! unless every change can be applied live. Shutdown is ordered and bounded
 //! by `shutdown_grace`: stop intake → stop leasing → let running jobs finish (then
@@ -24,9 +25,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{
-    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
-};
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
@@ -34,7 +34,7 @@ use crate::admin::{self, AdminArgs};
 use crate::api::{Api, ApiArgs};
 use crate::broker::{self, Broker, BrokerArgs, BrokerMsg};
 use crate::cluster::{self, Cluster, ClusterArgs};
-use crate::daemon::Daemon;
+use crate::daemon::{Control, Daemon};
 use crate::dlq::{self, Dlq};
 use crate::gauges::{self, Gauges, GaugesArgs};
 use crate::metrics;
@@ -94,28 +94,11 @@ impl Child {
 pub enum SupervisorMsg {
     /// Graceful, ordered shutdown (SIGTERM, SIGINT, or `qctl shutdown`).
     Shutdown(String),
-    /// A condition no restart cures (the Cluster actor: another node took this
-    /// node's name): stop at once, without draining, and exit non-zero naming it.
-    Fatal(String),
+    /// A request from `main` or from an actor of the tree
+    /// ([`Controls`](crate::daemon::Controls)).
+    Control(Control),
     /// Timer: restart this child.
     Restart(Child),
-    /// Re-read the config file and apply it live (SIGHUP, or `qctl reload` with a
-    /// reply port for the changes made or the reason nothing was).
-    Reload(Option<RpcReplyPort<Result<Vec<String>, ReloadError>>>),
-    /// The SQS-created queues in the store changed: read them and apply them to
-    /// the config in force as a reload would (the file is not reread), replying
-    /// with the changes made or why nothing was. `here`: this node's SQS API made
-    /// the change, so a deleted queue that still holds jobs is refused (its
-    /// DeleteQueue cancels them and tries again). Otherwise another node made it
-    /// (the Cluster actor heard of it, or a request here named a queue not yet in
-    /// force), and a queue it deleted stops here whatever jobs this node's memory
-    /// still holds of it: the deleting node cancelled them.
-    SqsQueuesChanged {
-        /// Whether this node's SQS API made the change.
-        here: bool,
-        /// Where to answer, if anyone waits.
-        reply: Option<RpcReplyPort<Result<Vec<String>, ReloadError>>>,
-    },
 }
 
 /// The supervisor's state.
@@ -139,13 +122,23 @@ const RESTART_DELAY: Duration = Duration::from_millis(200);
 impl Actor for Supervisor {
     type Msg = SupervisorMsg;
     type State = SupervisorState;
-    type Arguments = Daemon;
+    /// The daemon and the receiving side of its [`Controls`].
+    type Arguments = (Daemon, mpsc::UnboundedReceiver<Control>);
 
     async fn pre_start(
         &self,
         myself: ActorRef<SupervisorMsg>,
-        daemon: Daemon,
+        (daemon, mut controls): (Daemon, mpsc::UnboundedReceiver<Control>),
     ) -> Result<SupervisorState, ActorProcessingErr> {
+        // The root is never restarted: this task lives as long as the daemon.
+        let me = myself.clone();
+        tokio::spawn(async move {
+            while let Some(control) = controls.recv().await {
+                if me.cast(SupervisorMsg::Control(control)).is_err() {
+                    break;
+                }
+            }
+        });
         let mut state = SupervisorState {
             daemon,
             children: HashMap::new(),
@@ -180,7 +173,7 @@ impl Actor for Supervisor {
                 }
             }
             SupervisorMsg::Restart(_) => {}
-            SupervisorMsg::Reload(reply) => {
+            SupervisorMsg::Control(Control::Reload(reply)) => {
                 let outcome = if state.shutting_down {
                     Err(ReloadError::Unavailable("qd is shutting down".into()))
                 } else {
@@ -190,7 +183,7 @@ impl Actor for Supervisor {
                     let _ = reply.send(outcome);
                 }
             }
-            SupervisorMsg::SqsQueuesChanged { here, reply } => {
+            SupervisorMsg::Control(Control::SqsQueuesChanged { here, reply }) => {
                 let outcome = if state.shutting_down {
                     Err(ReloadError::Unavailable("qd is shutting down".into()))
                 } else {
@@ -207,7 +200,7 @@ impl Actor for Supervisor {
                     }
                 }
             }
-            SupervisorMsg::Fatal(reason) => {
+            SupervisorMsg::Control(Control::Fatal(reason)) => {
                 if !state.shutting_down {
                     state.give_up(&myself, reason);
                 }
@@ -383,6 +376,7 @@ impl SupervisorState {
                     limits: d.limits.clone(),
                     tokens: d.tokens.clone(),
                     store: d.store.clone(),
+                    control: d.control.clone(),
                 };
                 Actor::spawn_linked(Some("api".into()), Api, args, sup)
                     .await?
@@ -390,7 +384,7 @@ impl SupervisorState {
                     .get_cell()
             }
             Child::Admin => {
-                let args = AdminArgs::new(d.clone(), myself.clone());
+                let args = AdminArgs::new(d.clone());
                 admin::spawn(args, sup).await?
             }
             Child::Console => {

@@ -5,14 +5,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use qd_proto::{BackupInfo, ErrorBody, ErrorCode, ReloadInfo, Response, StateCount};
-use ractor::ActorRef;
 use tracing::{info, warn};
 
 use crate::backup::{self, BackupError};
 use crate::clock::wall_ms;
 use crate::daemon::Daemon;
 use crate::reload::ReloadError;
-use crate::supervisor::{self, SupervisorMsg};
 
 /// How long a reload may take (reading the file, stopping a removed queue's actors).
 const RELOAD_WAIT: Duration = Duration::from_secs(60);
@@ -84,18 +82,7 @@ pub(super) async fn backup(
 /// changes that cannot apply live, `unavailable` when qd is shutting down.
 pub(super) async fn reload(daemon: &Daemon, by: &str) -> Result<Response, ErrorBody> {
     info!(by, "Config reload requested.");
-    let supervisor = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME)
-        .ok_or_else(|| ErrorBody::new(ErrorCode::Unavailable, "the supervisor is not running"))?;
-    let answer = supervisor
-        .call(|tx| SupervisorMsg::Reload(Some(tx)), Some(RELOAD_WAIT))
-        .await;
-    let outcome = match answer {
-        Ok(ractor::rpc::CallResult::Success(outcome)) => outcome,
-        _ => Err(ReloadError::Unavailable(
-            "no answer from the supervisor".into(),
-        )),
-    };
-    match outcome {
+    match daemon.control.reload(RELOAD_WAIT).await {
         Ok(changes) => Ok(Response::Reloaded(ReloadInfo {
             path: daemon.config().source.display().to_string(),
             changes,

@@ -98,7 +98,7 @@ fn check_fence(
         return;
     };
     for (name, queue) in queues {
-        let crate::executor::ExecutorSpec::Command(command) = &queue.executor else {
+        let crate::executor::spec::ExecutorSpec::Command(command) = &queue.executor else {
             continue;
         };
         if command.kill_grace + super::database::FENCE_MARGIN > fence_wait {

@@ -14,7 +14,7 @@ use toml::de::DeValue;
 use super::diag::{Diagnostics, KeyPath, Node};
 use super::units::{Dur, Size};
 use crate::backoff::Jitter;
-use crate::executor::ErrorClass;
+use crate::executor::spec::ErrorClass;
 use crate::scheduler::fair::Fairness;
 
 /// `[daemon]`.

@@ -13,8 +13,9 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use qd_proto::{DlqSelection, Payload, Request, Response as AdminResponse};
 
-use super::pages::{self, confirm_page, selection};
-use super::session::Who;
+use super::layout;
+use super::pages::{confirm_page, selection};
+use super::who::Who;
 use super::{Ctx, see_other};
 
 /// The pace of a console redrive: jobs per batch, and the default and largest rate.
@@ -37,14 +38,14 @@ fn field<'f>(form: &'f Form, key: &str) -> Option<&'f str> {
 /// The role check and form parse every action starts with.
 fn start(ctx: &Ctx, who: &Who, body: &[u8]) -> Result<Form, Box<Response>> {
     who.require_admin()
-        .map_err(|(status, message)| Box::new(pages::error_page(ctx, status, &message)))?;
+        .map_err(|(status, message)| Box::new(layout::error_page(ctx, status, &message)))?;
     form(body).map_err(|e| Box::new(bad_request(ctx, &e)))
 }
 
 async fn run(ctx: &Ctx, who: &Who, req: Request) -> Result<AdminResponse, Box<Response>> {
     ctx.admin(req, who)
         .await
-        .map_err(|e| Box::new(pages::admin_error(ctx, &e)))
+        .map_err(|e| Box::new(layout::admin_error(ctx, &e)))
 }
 
 macro_rules! attempt {
@@ -102,12 +103,12 @@ async fn queue_action(
 }
 
 fn bad_request(ctx: &Ctx, message: &str) -> Response {
-    pages::error_page(ctx, StatusCode::BAD_REQUEST, message)
+    layout::error_page(ctx, StatusCode::BAD_REQUEST, message)
 }
 
 /// The daemon answered with a kind the action does not expect (a bug, not bad input).
 fn unexpected(ctx: &Ctx, other: &AdminResponse) -> Response {
-    pages::error_page(
+    layout::error_page(
         ctx,
         StatusCode::INTERNAL_SERVER_ERROR,
         &format!("unexpected answer {}", other.kind()),

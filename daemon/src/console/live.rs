@@ -17,12 +17,14 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
+use maud::{Markup, html};
 use qd_proto::{QueueInfo, Request, Response as AdminResponse};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::session::Who;
-use super::{Ctx, pages};
+use super::Ctx;
+use super::layout;
+use super::who::Who;
 
 /// How often the figures are sampled.
 pub const PERIOD: Duration = Duration::from_secs(1);
@@ -149,14 +151,14 @@ pub async fn sample(ctx: Arc<Ctx>, stop: CancellationToken) {
 
 /// `GET /live/overview`: the overview table once (the polling fallback).
 pub async fn fragment(State(ctx): State<Arc<Ctx>>) -> Response {
-    Html(pages::overview_table(&ctx, &ctx.live.latest()).into_string()).into_response()
+    Html(overview_table(&ctx, &ctx.live.latest()).into_string()).into_response()
 }
 
 /// `GET /live/events`: the overview table as an `overview` event each time the
 /// figures are sampled; 503 when `console.max_streams` streams are open.
 pub async fn events(State(ctx): State<Arc<Ctx>>) -> Response {
     let Ok(permit) = ctx.streams.clone().try_acquire_owned() else {
-        return pages::error_page(
+        return layout::error_page(
             &ctx,
             StatusCode::SERVICE_UNAVAILABLE,
             "too many open event streams (console.max_streams); the page falls back to polling",
@@ -170,7 +172,7 @@ pub async fn events(State(ctx): State<Arc<Ctx>>) -> Response {
                 return None;
             }
             let snapshot = rx.borrow_and_update().clone();
-            let html = pages::overview_table(&ctx, &snapshot).into_string();
+            let html = overview_table(&ctx, &snapshot).into_string();
             let event = Event::default().event("overview").data(html);
             Some((Ok::<_, Infallible>(event), (rx, ctx, permit, false)))
         },
@@ -181,6 +183,72 @@ pub async fn events(State(ctx): State<Arc<Ctx>>) -> Response {
         Sse::new(stream).keep_alive(KeepAlive::default()),
     )
         .into_response()
+}
+
+fn sparkline(values: &[u64]) -> Markup {
+    let (w, h) = (120.0_f64, 24.0_f64);
+    let max = values.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let step = if values.len() > 1 {
+        w / (values.len() - 1) as f64
+    } else {
+        0.0
+    };
+    let points: Vec<String> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            format!(
+                "{:.1},{:.1}",
+                i as f64 * step,
+                h - (*v as f64 / max) * (h - 2.0) - 1.0
+            )
+        })
+        .collect();
+    html! {
+        svg class="spark" width="120" height="24" viewBox="0 0 120 24" role="img" aria-label="ready jobs, last minute" {
+            polyline fill="none" stroke="currentColor" stroke-width="1.5" points=(points.join(" ")) {}
+        }
+    }
+}
+
+fn age(secs: Option<f64>) -> String {
+    match secs {
+        None => "-".into(),
+        Some(s) if s < 120.0 => format!("{s:.0}s"),
+        Some(s) if s < 7200.0 => format!("{:.0}m", s / 60.0),
+        Some(s) => format!("{:.1}h", s / 3600.0),
+    }
+}
+
+/// The overview table (also the live fragment).
+pub(super) fn overview_table(ctx: &Ctx, snap: &Snapshot) -> Markup {
+    html! {
+        @if let Some(e) = &snap.error { p class="error" { "Could not read the figures: " (e) } }
+        table class="queues" {
+            thead { tr {
+                th { "Queue" } th { "Ready" } th { "Delayed" } th { "Leased" } th { "Dead" }
+                th { "Oldest ready" } th { "Completed/s" } th { "Failed/s" } th { "Workers" }
+                th { "Paused" } th { "Ready, last minute" }
+            } }
+            tbody {
+                @for q in &snap.queues {
+                    tr data-queue=(q.info.name) {
+                        td { a href=(ctx.url(&format!("/queues/{}", q.info.name))) { (q.info.name) } }
+                        td class="ready" { (q.info.ready) }
+                        td { (q.info.delayed) }
+                        td { (q.info.leased) }
+                        td { a href=(ctx.url(&format!("/dlq?queue={}", q.info.name))) { (q.info.dead) } }
+                        td { (age(q.info.oldest_ready_age_secs)) }
+                        td { (format!("{:.1}", q.completed_per_sec)) }
+                        td { (format!("{:.1}", q.failed_per_sec)) }
+                        td { (q.info.workers_busy) "/" (q.info.workers_total) " (" (q.info.workers_min) ".." (q.info.workers_max) ")" }
+                        td class="paused" { @if q.info.paused { "paused" } @else { "no" } }
+                        td { (sparkline(&q.ready_history)) }
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,14 +9,15 @@ use std::sync::Arc;
 use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use maud::{DOCTYPE, Markup, html};
+use maud::{Markup, html};
 use qd_proto::{DlqSelection, Request, Response as AdminResponse};
 
 use super::Ctx;
-use super::live::Snapshot;
-use super::session::Who;
+use super::layout::{admin_error, admin_status, error_page, page, query_escape, respond};
+use super::live::overview_table;
+use super::who::Who;
 
 /// The most payload bytes a job page shows; the rest is behind the download link.
 pub const PAYLOAD_SHOWN: usize = 64 * 1024;
@@ -49,112 +50,9 @@ fn asset(body: &'static str, kind: &'static str) -> Response {
         .into_response()
 }
 
-/// Percent-encodes `text` for a query string value.
-pub fn query_escape(text: &str) -> String {
-    serde_urlencoded::to_string([("", text)])
-        .map(|s| s.trim_start_matches('=').to_string())
-        .unwrap_or_default()
-}
-
-fn page(ctx: &Ctx, who: Option<&Who>, title: &str, notice: Option<&str>, body: Markup) -> Markup {
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                title { "qd · " (title) }
-                link rel="stylesheet" href=(ctx.url("/static/console.css"));
-                script src=(ctx.url("/static/console.js")) defer {}
-            }
-            body {
-                header {
-                    nav {
-                        a href=(ctx.url("/")) { "Overview" }
-                        a href=(ctx.url("/jobs")) { "Jobs" }
-                        a href=(ctx.url("/dlq")) { "Dead letters" }
-                        a href=(ctx.url("/limits")) { "Limits" }
-                        @if ctx.daemon.config().daemon.database.is_some() {
-                            a href=(ctx.url("/cluster")) { "Cluster" }
-                        }
-                    }
-                    @if let Some(who) = who {
-                        div class="who" {
-                            @match &who.name {
-                                Some(name) => { "Signed in as " b { (name) } @if !who.admin { " (read only)" } }
-                                None => { "Open console (loopback, no token file)" }
-                            }
-                            @if who.name.is_some() {
-                                form method="post" action=(ctx.url("/logout")) class="inline" {
-                                    button type="submit" { "Log out" }
-                                }
-                            }
-                        }
-                    }
-                }
-                main {
-                    h1 { (title) }
-                    @if let Some(n) = notice {
-                        p class="notice" role="status" { (n) }
-                    }
-                    (body)
-                }
-            }
-        }
-    }
-}
-
-fn respond(status: StatusCode, markup: Markup) -> Response {
-    (status, Html(markup.into_string())).into_response()
-}
-
-/// An error page with `status` and a message.
-pub fn error_page(ctx: &Ctx, status: StatusCode, message: &str) -> Response {
-    let title = status.canonical_reason().unwrap_or("Error");
-    respond(
-        status,
-        page(
-            ctx,
-            None,
-            title,
-            None,
-            html! { p class="error" { (message) } },
-        ),
-    )
-}
-
-/// The status that answers an admin error.
-fn admin_status(e: &qd_proto::ErrorBody) -> StatusCode {
-    use qd_proto::ErrorCode as C;
-    match e.code {
-        C::NotFound => StatusCode::NOT_FOUND,
-        C::BadRequest => StatusCode::BAD_REQUEST,
-        C::Conflict => StatusCode::CONFLICT,
-        C::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    }
-}
-
-/// The answer to an admin error: its code as a status, its message on the page.
-pub fn admin_error(ctx: &Ctx, e: &qd_proto::ErrorBody) -> Response {
-    error_page(ctx, admin_status(e), &e.message)
-}
-
 /// Any path the console does not serve.
 pub async fn not_found(State(ctx): State<Arc<Ctx>>) -> Response {
     error_page(&ctx, StatusCode::NOT_FOUND, "no such page")
-}
-
-/// The login form; `failed` says why the last try was refused.
-pub fn login(ctx: &Ctx, failed: Option<&str>, status: StatusCode) -> Response {
-    let body = html! {
-        @if let Some(why) = failed { p class="error" { "Login refused: " (why) } }
-        form method="post" action=(ctx.url("/login")) {
-            label { "API token " input type="password" name="token" autocomplete="off" required; }
-            button type="submit" { "Log in" }
-        }
-        p { "Use a token from daemon.api_tokens_file with the read role (look) or the admin role (act)." }
-    };
-    respond(status, page(ctx, None, "Log in", None, body))
 }
 
 type Params = Query<Vec<(String, String)>>;
@@ -168,72 +66,6 @@ fn param<'p>(params: &'p [(String, String)], key: &str) -> Option<&'p str> {
 
 fn notice(params: &[(String, String)]) -> Option<String> {
     param(params, "notice").map(|n| n.chars().take(300).collect())
-}
-
-fn sparkline(values: &[u64]) -> Markup {
-    let (w, h) = (120.0_f64, 24.0_f64);
-    let max = values.iter().copied().max().unwrap_or(0).max(1) as f64;
-    let step = if values.len() > 1 {
-        w / (values.len() - 1) as f64
-    } else {
-        0.0
-    };
-    let points: Vec<String> = values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            format!(
-                "{:.1},{:.1}",
-                i as f64 * step,
-                h - (*v as f64 / max) * (h - 2.0) - 1.0
-            )
-        })
-        .collect();
-    html! {
-        svg class="spark" width="120" height="24" viewBox="0 0 120 24" role="img" aria-label="ready jobs, last minute" {
-            polyline fill="none" stroke="currentColor" stroke-width="1.5" points=(points.join(" ")) {}
-        }
-    }
-}
-
-fn age(secs: Option<f64>) -> String {
-    match secs {
-        None => "-".into(),
-        Some(s) if s < 120.0 => format!("{s:.0}s"),
-        Some(s) if s < 7200.0 => format!("{:.0}m", s / 60.0),
-        Some(s) => format!("{:.1}h", s / 3600.0),
-    }
-}
-
-/// The overview table (also the live fragment).
-pub fn overview_table(ctx: &Ctx, snap: &Snapshot) -> Markup {
-    html! {
-        @if let Some(e) = &snap.error { p class="error" { "Could not read the figures: " (e) } }
-        table class="queues" {
-            thead { tr {
-                th { "Queue" } th { "Ready" } th { "Delayed" } th { "Leased" } th { "Dead" }
-                th { "Oldest ready" } th { "Completed/s" } th { "Failed/s" } th { "Workers" }
-                th { "Paused" } th { "Ready, last minute" }
-            } }
-            tbody {
-                @for q in &snap.queues {
-                    tr data-queue=(q.info.name) {
-                        td { a href=(ctx.url(&format!("/queues/{}", q.info.name))) { (q.info.name) } }
-                        td class="ready" { (q.info.ready) }
-                        td { (q.info.delayed) }
-                        td { (q.info.leased) }
-                        td { a href=(ctx.url(&format!("/dlq?queue={}", q.info.name))) { (q.info.dead) } }
-                        td { (age(q.info.oldest_ready_age_secs)) }
-                        td { (format!("{:.1}", q.completed_per_sec)) }
-                        td { (format!("{:.1}", q.failed_per_sec)) }
-                        td { (q.info.workers_busy) "/" (q.info.workers_total) " (" (q.info.workers_min) ".." (q.info.workers_max) ")" }
-                        td class="paused" { @if q.info.paused { "paused" } @else { "no" } }
-                        td { (sparkline(&q.ready_history)) }
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// `GET /`: every queue's figures, live.

@@ -20,7 +20,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rand::RngCore;
 
-use super::{Ctx, pages};
+use super::Ctx;
+use super::layout;
+use super::who::Who;
 use crate::api::auth::Role;
 
 /// The cookie holding the session id.
@@ -33,43 +35,6 @@ const MAX_SESSIONS: usize = 10_000;
 /// How long a failed login waits before it is answered (slows guessing; tokens
 /// are at least 16 characters anyway).
 const FAILED_LOGIN_PAUSE: Duration = Duration::from_millis(500);
-
-/// Who a request is from.
-#[derive(Clone, Debug)]
-pub struct Who {
-    /// The token's name; `None` on an open console (no token file).
-    pub name: Option<String>,
-    /// May act (role `admin`, or an open console).
-    pub admin: bool,
-    /// The session id, if logged in (for logout).
-    session: Option<String>,
-}
-
-impl Who {
-    /// The overview's sampler: reads only, so it never writes an audit line.
-    pub fn sampler() -> Who {
-        Who {
-            name: Some("sampler".into()),
-            admin: false,
-            session: None,
-        }
-    }
-
-    /// 403 unless this caller may act.
-    pub fn require_admin(&self) -> Result<(), (StatusCode, String)> {
-        if self.admin {
-            Ok(())
-        } else {
-            Err((
-                StatusCode::FORBIDDEN,
-                format!(
-                    "token {:?} has the read role only; actions need a token with the admin role",
-                    self.name.as_deref().unwrap_or("")
-                ),
-            ))
-        }
-    }
-}
 
 struct Session {
     name: String,
@@ -187,7 +152,7 @@ pub async fn authenticate(State(ctx): State<Arc<Ctx>>, mut req: Request, next: N
         None if req.method() == axum::http::Method::GET => {
             axum::response::Redirect::to(&ctx.url("/login")).into_response()
         }
-        None => pages::error_page(
+        None => layout::error_page(
             &ctx,
             StatusCode::UNAUTHORIZED,
             "not logged in (or the session ended): log in again",
@@ -200,7 +165,7 @@ pub async fn login_page(State(ctx): State<Arc<Ctx>>) -> Response {
     if ctx.open() {
         return axum::response::Redirect::to(&ctx.url("/")).into_response();
     }
-    pages::login(&ctx, None, StatusCode::OK)
+    layout::login(&ctx, None, StatusCode::OK)
 }
 
 /// `POST /login` with `token`: a session, or the form again (401) with a reason.
@@ -236,7 +201,7 @@ pub async fn login(
         let why = refused.unwrap_or_default();
         tracing::warn!(peer = %peer, reason = %why, "Console login failed.");
         tokio::time::sleep(FAILED_LOGIN_PAUSE).await;
-        return pages::login(&ctx, Some(&why), StatusCode::UNAUTHORIZED);
+        return layout::login(&ctx, Some(&why), StatusCode::UNAUTHORIZED);
     };
     let id = ctx
         .sessions

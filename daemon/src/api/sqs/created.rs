@@ -5,7 +5,7 @@
 //! A created queue is a row of the store's `sqs_queues` table (its attributes and
 //! tags as JSON), so it survives restarts and, on PostgreSQL, is seen by every
 //! node. [`merge`] adds the rows to the config in force as external queues beside
-//! the file's (at start, on every reload, and via `SupervisorMsg::SqsQueuesChanged`
+//! the file's (at start, on every reload, and via `Control::SqsQueuesChanged`
 //! when the SQS API of this node or, on PostgreSQL, of another changed a row;
 //! [`in_force`] tells a heartbeat whether one was missed); from then on a created
 //! queue is an ordinary qd queue: scheduled, counted in metrics, listed by `qctl

@@ -26,7 +26,6 @@ use crate::job::State as JobState;
 use crate::reload::ReloadError;
 use crate::scheduler::{self, SchedulerMsg};
 use crate::store::JobFilter;
-use crate::supervisor::{self, SupervisorMsg};
 
 /// SQS's largest message, in bytes (qd's `max_payload` when that is smaller).
 pub const SQS_MAX_MESSAGE: usize = 1 << 20;
@@ -162,7 +161,7 @@ pub async fn create_queue(ctx: &Ctx) -> Result<Value, SqsError> {
     }
     let queue = CreatedQueue::new(given, tags);
     write_record(ctx, name, Some(&queue)).await?;
-    if let Err(err) = apply_queues().await {
+    if let Err(err) = apply_queues(ctx).await {
         let _ = write_record(ctx, name, None).await;
         return Err(err.into_sqs("CreateQueue"));
     }
@@ -222,35 +221,22 @@ impl ApplyError {
 
 /// Asks the Supervisor to put the store's SQS queues in force (start added queues,
 /// stop deleted ones, apply changed attributes) after this node changed them.
-async fn apply_queues() -> Result<(), ApplyError> {
-    sync_queues(true).await
+async fn apply_queues(ctx: &Ctx) -> Result<(), ApplyError> {
+    sync_queues(ctx, true).await
 }
 
 /// Asks the Supervisor to put the store's SQS queues in force; `here`: this
-/// node's SQS API changed them (see [`SupervisorMsg::SqsQueuesChanged`]).
-async fn sync_queues(here: bool) -> Result<(), ApplyError> {
-    let supervisor = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME)
-        .ok_or_else(|| ApplyError::Unavailable("the supervisor is not running".into()))?;
-    match supervisor
-        .call(
-            |reply| SupervisorMsg::SqsQueuesChanged {
-                here,
-                reply: Some(reply),
-            },
-            Some(BROKER_TIMEOUT),
-        )
+/// node's SQS API changed them (see [`Control::SqsQueuesChanged`](crate::daemon::Control::SqsQueuesChanged)).
+async fn sync_queues(ctx: &Ctx, here: bool) -> Result<(), ApplyError> {
+    match ctx
+        .args
+        .control
+        .sqs_queues_changed(here, BROKER_TIMEOUT)
         .await
     {
-        Ok(ractor::rpc::CallResult::Success(Ok(_))) => Ok(()),
-        Ok(ractor::rpc::CallResult::Success(Err(ReloadError::Refused(why)))) => {
-            Err(ApplyError::Refused(why.join("; ")))
-        }
-        Ok(ractor::rpc::CallResult::Success(Err(err))) => {
-            Err(ApplyError::Unavailable(err.to_string()))
-        }
-        _ => Err(ApplyError::Unavailable(
-            "the supervisor did not answer".into(),
-        )),
+        Ok(_) => Ok(()),
+        Err(ReloadError::Refused(why)) => Err(ApplyError::Refused(why.join("; "))),
+        Err(err) => Err(ApplyError::Unavailable(err.to_string())),
     }
 }
 
@@ -269,7 +255,7 @@ pub async fn catch_up(ctx: &Ctx) -> bool {
     if last.is_some_and(|at| at >= asked) {
         return true;
     }
-    if let Err(err) = sync_queues(false).await {
+    if let Err(err) = sync_queues(ctx, false).await {
         let (ApplyError::Refused(why) | ApplyError::Unavailable(why)) = err;
         warn!(error = %why, "Reading the SQS queues other nodes created failed.");
         return false;
@@ -303,7 +289,7 @@ async fn store_and_apply(
     action: &str,
 ) -> Result<(), SqsError> {
     write_record(ctx, name, Some(queue)).await?;
-    apply_queues().await.map_err(|e| e.into_sqs(action))
+    apply_queues(ctx).await.map_err(|e| e.into_sqs(action))
 }
 
 /// SetQueueAttributes of an SQS-created queue: checked as CreateQueue checks them,
@@ -345,7 +331,7 @@ pub async fn delete_queue(ctx: &Ctx) -> Result<Value, SqsError> {
     for _ in 0..DELETE_TRIES {
         purge(ctx.args.store.clone(), name.clone()).await;
         purge_dead(&name).await;
-        match apply_queues().await {
+        match apply_queues(ctx).await {
             Ok(()) => {
                 // Another node's change applied here (a catch-up, a heartbeat) may
                 // have stopped the queue before the purge's last page was read; a

@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::super::diag::{Diagnostics, KeyPath};
 use super::super::raw::{ExecutorKind, RawExecutor, RawExitCodes};
 use super::resolve;
-use crate::executor::{CommandSpec, ErrorClass, ExecutorSpec, ExitCodes, HttpSpec};
+use crate::executor::spec::{CommandSpec, ErrorClass, ExecutorSpec, ExitCodes, HttpSpec};
 
 /// The queue's limits, copied into the executor settings.
 pub(crate) struct Limits {

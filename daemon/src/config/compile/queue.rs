@@ -12,7 +12,7 @@ use super::super::raw::{RawDoc, RawQueue};
 use super::super::{MAX_WORKERS, QueueConfig, WorkersConfig};
 use super::{DEFAULT_TENANT, at_least_one, check_name, executor};
 use crate::backoff::Backoff;
-use crate::executor::ExecutorSpec;
+use crate::executor::spec::ExecutorSpec;
 
 /// What queues may refer to.
 pub(crate) struct Scope<'a> {
@@ -155,9 +155,9 @@ fn compile_queue(
         diag,
         &["max_result"],
         |r| r.max_result.map(|s| s.0),
-        crate::results::DEFAULT_MAX_RESULT as u64,
+        crate::config::DEFAULT_MAX_RESULT as u64,
     );
-    let limit = crate::results::MAX_RESULT_LIMIT as u64;
+    let limit = crate::config::MAX_RESULT_LIMIT as u64;
     if !max_result.broken && !(1..=limit).contains(&max_result.value) {
         diag.error(
             &max_result.path,
@@ -206,7 +206,7 @@ fn compile_queue(
         fairness: fairness.value,
         tenant_caps,
         max_result: usize::try_from(max_result.value.min(limit))
-            .unwrap_or(crate::results::MAX_RESULT_LIMIT),
+            .unwrap_or(crate::config::MAX_RESULT_LIMIT),
     })
 }
 
