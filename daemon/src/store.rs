@@ -96,6 +96,7 @@ use sha2::{Digest, Sha256};
 
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
+pub mod contract;
 pub mod history;
 pub mod memory;
 pub mod postgres;

@@ -146,6 +146,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
+use super::contract::{self, Intent};
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
     Backend, Claim, DepthLock, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, LeaseCheck,
@@ -1019,13 +1020,13 @@ impl PgBackend {
         let (node, id) = (self.options.node.clone(), self.options.node_id);
         let rows = self.block(async |c| {
             let stmt = c
-                .prepare_cached(
+                .prepare_cached(&format!(
                     "WITH c AS (\
                        SELECT * FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::int8[]) \
                          AS c(id, token, worker, leased_at)), \
                      locked AS (\
                        SELECT j.id FROM qd_jobs j JOIN c ON j.id = c.id \
-                       WHERE j.state IN ('ready', 'delayed') \
+                       WHERE {} \
                          AND j.lease_token IS NULL AND j.lease_seq < c.token \
                          AND EXISTS (SELECT 1 FROM qd_nodes n \
                            WHERE n.name = $6 AND n.node_id = $7) \
@@ -1039,7 +1040,8 @@ impl PgBackend {
                        RETURNING j.id) \
                      SELECT p.job_id, p.body FROM claimed JOIN qd_payloads p \
                        ON p.job_id = claimed.id",
-                )
+                    Intent::Claim.sql("j.state")
+                ))
                 .await?;
             c.query(
                 &stmt,
@@ -1571,18 +1573,19 @@ impl Backend for PgBackend {
     }
 
     fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        self.change(
-            ends,
-            "j.lease_token = t.lease_seq AND j.state IN ('ready', 'delayed')",
-        )
+        let condition = format!(
+            "j.lease_token = t.lease_seq AND {}",
+            Intent::Complete.sql("j.state")
+        );
+        self.change(ends, &condition)
     }
 
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        let applied = self.change_result(
-            changes,
-            "j.state = 'dead' AND j.lease_token IS NULL",
-            "NULL",
-        )?;
+        let condition = format!(
+            "{} AND j.lease_token IS NULL",
+            Intent::Redrive.sql("j.state")
+        );
+        let applied = self.change_result(changes, &condition, "NULL")?;
         self.notify(changes.iter().map(|t| &*t.job.queue))?;
         Ok(applied)
     }
@@ -1598,15 +1601,15 @@ impl Backend for PgBackend {
     }
 
     fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        self.change(
-            changes,
-            "j.state IN ('ready', 'delayed', 'dead', 'waiting', 'blocked') \
-             AND j.lease_token IS NULL",
-        )
+        let condition = format!(
+            "{} AND j.lease_token IS NULL",
+            Intent::Cancel.sql("j.state")
+        );
+        self.change(changes, &condition)
     }
 
     fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError> {
-        self.delete(ids, &[State::Dead])
+        self.delete(ids, Intent::Purge.states())
     }
 
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
@@ -1692,11 +1695,12 @@ impl Backend for PgBackend {
         limit: u32,
     ) -> Result<u64, StoreError> {
         let (clause, name) = scope_clause(scope, 4);
+        let holding = contract::none_of("c.state", Intent::Prune.states());
         let sql = format!(
             "WITH doomed AS (SELECT id FROM qd_jobs WHERE state = $1 AND updated_at < $2 \
                AND {clause} \
                AND NOT EXISTS (SELECT 1 FROM qd_job_edges e JOIN qd_jobs c ON c.id = e.child \
-                 WHERE e.parent = qd_jobs.id AND c.state NOT IN ('succeeded', 'cancelled')) \
+                 WHERE e.parent = qd_jobs.id AND {holding}) \
                ORDER BY updated_at, id LIMIT $3), \
              gone AS (DELETE FROM qd_jobs j USING doomed WHERE j.id = doomed.id \
                AND j.state = $1 RETURNING j.id), \
@@ -1706,7 +1710,7 @@ impl Backend for PgBackend {
              SELECT count(*) FROM gone"
         );
         let mut deleted = 0u64;
-        for state in super::prune::FINISHED {
+        for state in Intent::Prune.states() {
             let left = u64::from(limit) - deleted;
             if left == 0 {
                 break;
@@ -1729,7 +1733,8 @@ impl Backend for PgBackend {
         let (clause, name) = scope_clause(scope, 1);
         let sql = format!(
             "SELECT MIN(updated_at) FROM qd_jobs \
-             WHERE state IN ('succeeded', 'cancelled') AND {clause}"
+             WHERE {} AND {clause}",
+            Intent::Prune.sql("state")
         );
         let name = name.as_ref();
         self.block(async |c| {
@@ -1983,8 +1988,9 @@ impl SharedStore for PgBackend {
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM unnest($1::text[]) AS q(name) CROSS JOIN LATERAL (\
                SELECT * FROM qd_jobs c WHERE c.queue = q.name \
-                 AND c.state IN ('ready', 'delayed') AND c.lease_token IS NULL \
-               ORDER BY c.ready_at - c.priority_ms, c.id LIMIT $2) j"
+                 AND {} AND c.lease_token IS NULL \
+               ORDER BY c.ready_at - c.priority_ms, c.id LIMIT $2) j",
+            Intent::Claim.sql("c.state")
         );
         let limit = i64::from(per_queue);
         self.query_jobs(&sql, &[&queues, &limit])
@@ -2013,10 +2019,11 @@ impl SharedStore for PgBackend {
         }
         let limit = i64::from(limit);
         let (node, id) = (self.options.node.clone(), self.options.node_id);
+        let claimable = Intent::Claim.sql("state");
         let sql = format!(
             "WITH picked AS (\
                SELECT id FROM qd_jobs \
-               WHERE queue = $1 AND state IN ('ready', 'delayed') AND ready_at <= $2 \
+               WHERE queue = $1 AND {claimable} AND ready_at <= $2 \
                  AND lease_token IS NULL AND ($8::text IS NULL OR tenant = $8) \
                  AND EXISTS (SELECT 1 FROM qd_nodes n WHERE n.name = $7 AND n.node_id = $9) \
                ORDER BY ready_at - priority_ms, id LIMIT $3 FOR UPDATE SKIP LOCKED), \
@@ -2214,9 +2221,10 @@ impl SharedStore for PgBackend {
 
     fn expire(&mut self, ends: &[Transition], epoch: u64) -> Result<Vec<bool>, StoreError> {
         let condition = format!(
-            "j.lease_token = t.lease_seq AND j.state IN ('ready', 'delayed') AND {} \
+            "j.lease_token = t.lease_seq AND {} AND {} \
              AND EXISTS (SELECT 1 FROM qd_leader l WHERE l.id = 1 AND l.node = '{}' \
                AND l.epoch = {epoch} AND l.expires_at > now())",
+            Intent::Complete.sql("j.state"),
             self.lease_lost(),
             self.options.node,
         );
@@ -2249,11 +2257,12 @@ impl SharedStore for PgBackend {
     fn end_if_due(&mut self, ends: &[Transition]) -> Result<Vec<LeaseCheck>, StoreError> {
         // A lease with no stored end (taken for a node's own worker) is due when
         // its holder's timer says so.
-        let applied = self.change(
-            ends,
-            "j.lease_token = t.lease_seq AND j.state IN ('ready', 'delayed') \
+        let condition = format!(
+            "j.lease_token = t.lease_seq AND {} \
              AND COALESCE(j.lease_end, '-infinity') <= now()",
-        )?;
+            Intent::Complete.sql("j.state")
+        );
+        let applied = self.change(ends, &condition)?;
         let open: Vec<Uuid> = ends
             .iter()
             .zip(&applied)
@@ -2356,16 +2365,15 @@ impl SharedStore for PgBackend {
     }
 
     fn depths(&mut self, now: UnixMillis) -> Result<Vec<(String, State, u64)>, StoreError> {
+        let sql = format!(
+            "SELECT queue, CASE WHEN lease_token IS NOT NULL THEN 'leased' \
+               WHEN state = 'delayed' AND ready_at <= $1 THEN 'ready' ELSE state END \
+               AS shown, count(*) \
+             FROM qd_jobs WHERE {} GROUP BY 1, 2",
+            contract::any_of("state", contract::UNFINISHED)
+        );
         let rows = self.block(async |c| {
-            let stmt = c
-                .prepare_cached(
-                    "SELECT queue, CASE WHEN lease_token IS NOT NULL THEN 'leased' \
-                       WHEN state = 'delayed' AND ready_at <= $1 THEN 'ready' ELSE state END \
-                       AS shown, count(*) \
-                     FROM qd_jobs WHERE state IN ('ready', 'delayed', 'dead', 'waiting', \
-                       'blocked') GROUP BY 1, 2",
-                )
-                .await?;
+            let stmt = c.prepare_cached(&sql).await?;
             c.query(&stmt, &[&now]).await
         })?;
         rows.iter()
