@@ -1120,7 +1120,7 @@ impl SqliteBackend {
         ])?;
         let kept = i64::from(self.history.keep_first) + i64::from(self.history.keep_last.max(1));
         if seq > kept {
-            history::cap_history(&self.conn, &id, &self.history)?;
+            cap_history(&self.conn, &id, &self.history)?;
         }
         Ok(())
     }
@@ -1154,6 +1154,30 @@ impl SqliteBackend {
             .map(|item| one(self, item).map_err(|e| self.err(e)))
             .collect()
     }
+}
+
+/// Deletes the entries of `job_id` the cap no longer keeps ([`history::doomed`]); call right after each
+/// history insert (in the same transaction). Returns how many were deleted.
+fn cap_history(
+    conn: &Connection,
+    job_id: &[u8; 16],
+    limits: &HistoryLimits,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "DELETE FROM history WHERE job_id = ?1 AND seq > ?2 \
+         AND seq <= (SELECT MAX(seq) FROM history WHERE job_id = ?1) - ?3",
+    )?
+    .execute(params![job_id, limits.keep_first, limits.keep_last.max(1)])
+}
+
+/// [`history::elided`] for the stored history of `job_id`.
+fn elided_of(conn: &Connection, job_id: &[u8; 16]) -> rusqlite::Result<(u64, usize)> {
+    let seqs = conn
+        .prepare_cached("SELECT seq FROM history WHERE job_id = ?1 ORDER BY seq")?
+        .query_map([job_id], |r| r.get::<_, i64>(0))?
+        .map(|seq| seq.map(|s| u64::try_from(s).unwrap_or(0)))
+        .collect::<rusqlite::Result<Vec<u64>>>()?;
+    Ok(history::elided(&seqs))
 }
 
 /// Maps a SQLite error to a [`StoreError`] whose message names the database path.
@@ -1694,8 +1718,7 @@ impl Backend for SqliteBackend {
                 .query_row([id_bytes(id)], |r| r.get(0))
                 .optional()?;
             let history = self.history_of(id)?;
-            let (history_elided, history_elided_at) =
-                history::elided_of(&self.conn, &id_bytes(id))?;
+            let (history_elided, history_elided_at) = elided_of(&self.conn, &id_bytes(id))?;
             Ok(Some(JobDetail {
                 job,
                 payload,
