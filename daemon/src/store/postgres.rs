@@ -1,7 +1,8 @@
 //! The PostgreSQL engine: the same [`Backend`] contract as SQLite over a database that
-//! several qd nodes may share. Owns the PostgreSQL schema ([`MIGRATIONS`]), the
-//! connection of the writer thread and the SQL of every operation. It takes no
-//! messages: the writer thread (`store/writer.rs`) calls it.
+//! several qd nodes may share. Owns the PostgreSQL schema (`postgres/schema.rs`),
+//! the connection of the writer thread and the SQL of every operation (one file
+//! per concern, see Layout below). It takes no messages: the writer thread
+//! (`store/writer.rs`) calls it.
 //!
 //! # Shape
 //! The writer thread is a plain OS thread with a synchronous [`Backend`]. This engine

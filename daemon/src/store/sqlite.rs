@@ -1961,6 +1961,20 @@ mod tests {
         }
     }
 
+    /// The column contract: the row's `CHECK` allows exactly the contract's stored
+    /// states.
+    #[test]
+    fn the_schema_stores_exactly_the_contracts_states() {
+        let check = &DEPENDENCIES[DEPENDENCIES.find("CHECK (").expect("check")..];
+        let check = &check[..check.find(");").expect("end")];
+        let states: Vec<&str> = check
+            .split("state = '")
+            .skip(1)
+            .map(|rest| &rest[..rest.find('\'').expect("quoted")])
+            .collect();
+        assert_eq!(states, contract::STORED.map(State::as_str));
+    }
+
     #[test]
     fn a_jobs_writes_build_no_temporary_index_and_one_index_by_state_holds_ended_jobs() {
         assert!(

@@ -374,3 +374,32 @@ impl PgBackend {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::State;
+    use crate::store::contract::{DEPTH, STORED};
+
+    fn quoted(states: &[State]) -> String {
+        let names: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+        names.join(", ")
+    }
+
+    /// The column contract: the row's `CHECK` allows exactly the contract's stored
+    /// states, and every depth trigger counts exactly its `max_depth` states.
+    #[test]
+    fn the_schema_holds_the_contracts_states_and_counts_its_depth_states() {
+        let check = format!("CHECK (state IN\n    ({}))", quoted(&STORED));
+        assert!(DEPENDENCIES.contains(&check), "{check}");
+        let lists: Vec<&str> = DEPENDENCIES
+            .split(".state IN (")
+            .skip(1)
+            .map(|rest| &rest[..rest.find(')').expect("closed")])
+            .collect();
+        assert_eq!(lists.len(), 4, "the triggers' new and old rows");
+        for list in lists {
+            assert_eq!(list, quoted(DEPTH));
+        }
+    }
+}
