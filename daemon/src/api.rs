@@ -156,7 +156,7 @@ pub fn router(args: ApiArgs, hosts: origin::HostAllow) -> Router {
     let ack_limit = ack_body_limit(max_payload);
     let tokens = args.tokens.clone();
     let sqs = if args.config().sqs.enabled {
-        sqs::routes()
+        sqs::routes(&args)
     } else {
         Router::new()
     };

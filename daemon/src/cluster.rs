@@ -24,6 +24,11 @@
 //! - on the same connection it hears of rate limiters paused on other nodes
 //!   (`LISTEN qd_limiters`) and pauses them here for what is left of the pause;
 //!   each heartbeat also reads the pauses in force, for announcements it missed;
+//! - on it too it hears of SQS queues created, changed or deleted on other nodes
+//!   (`LISTEN qd_sqs_queues`, `store/postgres/sqs_queues.rs`) and has the
+//!   Supervisor apply them ([`SupervisorMsg::SqsQueuesChanged`]); each heartbeat
+//!   also compares the stored SQS queues with those in force, for announcements
+//!   it missed;
 //! - at each poll and heartbeat it tells every Scheduler to try again the tenants it
 //!   holds at their `max_concurrency` across the cluster
 //!   ([`crate::scheduler::SchedulerMsg::Reopen`]): a lease of theirs may have ended
@@ -62,6 +67,7 @@ use crate::scheduler::SchedulerMsg;
 use crate::store::StoreError;
 use crate::store::postgres::NOTIFY_CHANNEL;
 use crate::store::postgres::limiter_pause::{self, LIMITER_CHANNEL};
+use crate::store::postgres::sqs_queues::SQS_QUEUES_CHANNEL;
 use crate::supervisor::{self, SupervisorMsg};
 
 /// The registered name of the Cluster actor.
@@ -136,7 +142,11 @@ impl Actor for Cluster {
         let node_timeout = args.database.node_timeout;
         fence::arm(node_timeout);
         let fencing = tokio::spawn(watch_fence(args.daemon.cluster.clone(), node_timeout));
-        let listener = tokio::spawn(listen(args.database, args.daemon.limiters.clone()));
+        let listener = tokio::spawn(listen(
+            args.database,
+            args.daemon.limiters.clone(),
+            args.daemon.config().sqs.enabled,
+        ));
         Ok(ClusterState {
             daemon: args.daemon,
             failing: false,
@@ -192,21 +202,29 @@ impl ClusterState {
 
     async fn beat(&mut self) {
         let started = tokio::time::Instant::now();
+        let sqs = self.daemon.config().sqs.enabled;
         let result = self
             .daemon
             .store
-            .run(|b| {
+            .run(move |b| {
                 let (epoch, pauses) = match b.shared() {
                     Some(shared) => (shared.beat()?, shared.limiter_pauses()?),
                     None => (None, Vec::new()),
                 };
-                Ok((epoch, b.overrides()?, pauses))
+                let sqs_queues = if sqs { Some(b.sqs_queues()?) } else { None };
+                Ok((epoch, b.overrides()?, pauses, sqs_queues))
             })
             .await;
         let epoch = match result {
-            Ok((epoch, overrides, pauses)) => {
+            Ok((epoch, overrides, pauses, sqs_queues)) => {
                 for (name, left) in pauses {
                     self.daemon.limiters.hold_paused(&name, left);
+                }
+                if let Some(records) = sqs_queues
+                    && !crate::api::sqs::created::in_force(&self.daemon.config(), &records)
+                {
+                    debug!("The stored SQS queues differ from those in force; applying them.");
+                    sqs_queues_changed();
                 }
                 if std::mem::take(&mut self.failing) {
                     info!("Node heartbeat written again.");
@@ -334,13 +352,35 @@ async fn watch_fence(view: std::sync::Arc<ClusterView>, node_timeout: Duration) 
     }
 }
 
+/// Tells the Supervisor that the stored SQS queues changed (on another node).
+fn sqs_queues_changed() {
+    if let Some(root) = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME) {
+        let _ = root.cast(SupervisorMsg::SqsQueuesChanged {
+            here: false,
+            reply: None,
+        });
+    }
+}
+
+/// What the notification connection heard.
+enum Heard {
+    /// New jobs may be claimable ([`NOTIFY_CHANNEL`]).
+    Jobs,
+    /// A limiter's pause ([`LIMITER_CHANNEL`]), its payload.
+    Pause(String),
+    /// The SQS queues changed ([`SQS_QUEUES_CHANNEL`]); the payload names the
+    /// node that changed them.
+    SqsQueues(String),
+}
+
 /// Listens on [`NOTIFY_CHANNEL`] and sends the Broker a [`BrokerMsg::Refresh`] per
-/// notification, and on [`LIMITER_CHANNEL`] and pauses the limiter it names;
+/// notification, on [`LIMITER_CHANNEL`] and pauses the limiter it names, and (with
+/// `sqs`) on [`SQS_QUEUES_CHANNEL`] and has other nodes' changes applied;
 /// reconnects after a lost connection (polling and heartbeats cover the gap).
-async fn listen(database: DatabaseConfig, limiters: Arc<Limiters>) {
+async fn listen(database: DatabaseConfig, limiters: Arc<Limiters>, sqs: bool) {
     let retry = database.poll_interval.max(Duration::from_secs(1));
     loop {
-        match listen_once(&database, &limiters).await {
+        match listen_once(&database, &limiters, sqs).await {
             Ok(()) => debug!("Notification connection closed; reconnecting."),
             Err(err) => debug!(error = %err, "Notification connection failed; polling meanwhile."),
         }
@@ -349,7 +389,11 @@ async fn listen(database: DatabaseConfig, limiters: Arc<Limiters>) {
 }
 
 /// One notification connection, until it ends.
-async fn listen_once(database: &DatabaseConfig, limiters: &Limiters) -> Result<(), String> {
+async fn listen_once(
+    database: &DatabaseConfig,
+    limiters: &Limiters,
+    sqs: bool,
+) -> Result<(), String> {
     let config = database.client_config()?;
     let (client, mut connection) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -357,8 +401,12 @@ async fn listen_once(database: &DatabaseConfig, limiters: &Limiters) -> Result<(
         while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
             match message {
                 Ok(AsyncMessage::Notification(n)) => {
-                    let pause = (n.channel() == LIMITER_CHANNEL).then(|| n.payload().to_owned());
-                    if tx.send(pause).is_err() {
+                    let heard = match n.channel() {
+                        LIMITER_CHANNEL => Heard::Pause(n.payload().to_owned()),
+                        SQS_QUEUES_CHANNEL => Heard::SqsQueues(n.payload().to_owned()),
+                        _ => Heard::Jobs,
+                    };
+                    if tx.send(heard).is_err() {
                         return;
                     }
                 }
@@ -370,24 +418,32 @@ async fn listen_once(database: &DatabaseConfig, limiters: &Limiters) -> Result<(
             }
         }
     });
+    let mut channels = format!("LISTEN {NOTIFY_CHANNEL}; LISTEN {LIMITER_CHANNEL}");
+    if sqs {
+        channels.push_str(&format!("; LISTEN {SQS_QUEUES_CHANNEL}"));
+    }
     client
-        .batch_execute(&format!(
-            "LISTEN {NOTIFY_CHANNEL}; LISTEN {LIMITER_CHANNEL}"
-        ))
+        .batch_execute(&channels)
         .await
         .map_err(|e| e.to_string())?;
-    // Jobs may have arrived before the LISTEN: look once.
+    // Jobs and queues may have arrived before the LISTEN: look once.
     broker::cast(BrokerMsg::Refresh);
-    while let Some(pause) = rx.recv().await {
-        match pause {
-            None => broker::cast(BrokerMsg::Refresh),
-            Some(payload) => match limiter_pause::parse_announcement(&payload) {
+    if sqs {
+        sqs_queues_changed();
+    }
+    while let Some(heard) = rx.recv().await {
+        match heard {
+            Heard::Jobs => broker::cast(BrokerMsg::Refresh),
+            Heard::Pause(payload) => match limiter_pause::parse_announcement(&payload) {
                 Some((name, left)) => limiters.hold_paused(name, left),
                 None => debug!(
                     payload,
                     "A limiter announcement of an unknown shape; ignored."
                 ),
             },
+            // This node applied its own change before answering it.
+            Heard::SqsQueues(node) if node == database.node_name => {}
+            Heard::SqsQueues(_) => sqs_queues_changed(),
         }
     }
     driver.abort();

@@ -102,10 +102,20 @@ pub enum SupervisorMsg {
     /// Re-read the config file and apply it live (SIGHUP, or `qctl reload` with a
     /// reply port for the changes made or the reason nothing was).
     Reload(Option<RpcReplyPort<Result<Vec<String>, ReloadError>>>),
-    /// The SQS API created, changed or deleted a queue in the store: read the
-    /// store's SQS queues and apply them to the config in force as a reload would
-    /// (the file is not reread). Replies with the changes made.
-    SqsQueuesChanged(RpcReplyPort<Result<Vec<String>, ReloadError>>),
+    /// The SQS-created queues in the store changed: read them and apply them to
+    /// the config in force as a reload would (the file is not reread), replying
+    /// with the changes made or why nothing was. `here`: this node's SQS API made
+    /// the change, so a deleted queue that still holds jobs is refused (its
+    /// DeleteQueue cancels them and tries again). Otherwise another node made it
+    /// (the Cluster actor heard of it, or a request here named a queue not yet in
+    /// force), and a queue it deleted stops here whatever jobs this node's memory
+    /// still holds of it: the deleting node cancelled them.
+    SqsQueuesChanged {
+        /// Whether this node's SQS API made the change.
+        here: bool,
+        /// Where to answer, if anyone waits.
+        reply: Option<RpcReplyPort<Result<Vec<String>, ReloadError>>>,
+    },
 }
 
 /// The supervisor's state.
@@ -180,13 +190,22 @@ impl Actor for Supervisor {
                     let _ = reply.send(outcome);
                 }
             }
-            SupervisorMsg::SqsQueuesChanged(reply) => {
+            SupervisorMsg::SqsQueuesChanged { here, reply } => {
                 let outcome = if state.shutting_down {
                     Err(ReloadError::Unavailable("qd is shutting down".into()))
                 } else {
-                    state.sync_sqs_queues(&myself).await
+                    state.sync_sqs_queues(&myself, here).await
                 };
-                let _ = reply.send(outcome);
+                match reply {
+                    Some(reply) => {
+                        let _ = reply.send(outcome);
+                    }
+                    None => {
+                        if let Err(err) = outcome {
+                            warn!(error = %err, "SQS queues changed on another node could not be applied here; the next heartbeat tries again.");
+                        }
+                    }
+                }
             }
             SupervisorMsg::Fatal(reason) => {
                 if !state.shutting_down {

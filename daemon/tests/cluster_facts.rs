@@ -1,6 +1,7 @@
 //! Facts that hold for a cluster of qd nodes on one PostgreSQL database as a
 //! whole, not per node: a tenant's `max_depth` counts every node's jobs of that
-//! tenant, and a throttled result's pause of a rate limiter holds on every node.
+//! tenant, a throttled result's pause of a rate limiter holds on every node, and
+//! an SQS queue created, changed or deleted on one node is so on every node.
 
 mod common;
 
@@ -306,4 +307,92 @@ fn a_schedules_ticks_stop_at_max_depth_on_postgres() {
     assert_eq!(stored, 2, "ticks past the tenant's max_depth store nothing");
     let stored = number(&db, "SELECT count(*) FROM qd_jobs WHERE queue = 'small'");
     assert_eq!(stored, 2, "ticks past the queue's max_depth store nothing");
+}
+
+/// CreateQueue on node 0 is served by node 1 at once, without a reload: its
+/// GetQueueUrl, SendMessage and ReceiveMessage of the same queue. SetQueueAttributes
+/// and TagQueue on node 0 reach node 1 by the store's announcement, well before
+/// the heartbeat that would also find them (every 12 s here); DeleteQueue on node
+/// 0 makes node 1 answer `QueueDoesNotExist`.
+#[test]
+fn an_sqs_queue_created_changed_or_deleted_on_one_node_is_so_on_the_other() {
+    const ANNOUNCED: Duration = Duration::from_secs(10);
+    let Some(db) = pg::database() else { return };
+    let nodes: Vec<Qd> = (0..2)
+        .map(|i| {
+            let keys = format!(
+                "node_name = \"node-{i}\"\nnode_timeout = \"60s\"\npoll_interval = \"200ms\"\n"
+            );
+            let mut qd = Qd::configure_node(
+                &db,
+                &keys,
+                "[sqs]\nenabled = true\n\n[queues.file]\nexecutor = { kind = \"external\" }\n",
+            );
+            qd.spawn(&[]);
+            qd
+        })
+        .collect();
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let (status, answer) = a.sqs(
+        "CreateQueue",
+        json!({"QueueName": "orders", "Attributes": {"VisibilityTimeout": "40"}}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = b.sqs("GetQueueUrl", json!({"QueueName": "orders"}));
+    assert_eq!(status, 200, "node 1 knows the queue at once: {answer}");
+    let url = answer["QueueUrl"].as_str().expect("QueueUrl").to_string();
+    assert!(url.ends_with("/000000000000/orders"), "{url}");
+    let (status, answer) = b.sqs(
+        "SendMessage",
+        json!({"QueueUrl": url, "MessageBody": "one"}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = b.sqs(
+        "ReceiveMessage",
+        json!({"QueueUrl": url, "WaitTimeSeconds": 10}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["Messages"][0]["Body"], "one", "{answer}");
+    let handle = answer["Messages"][0]["ReceiptHandle"].clone();
+    let (status, answer) = b.sqs(
+        "DeleteMessage",
+        json!({"QueueUrl": url, "ReceiptHandle": handle}),
+    );
+    assert_eq!(status, 200, "{answer}");
+
+    let (status, answer) = a.sqs(
+        "SetQueueAttributes",
+        json!({"QueueUrl": url, "Attributes": {"VisibilityTimeout": "50"}}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = a.sqs(
+        "TagQueue",
+        json!({"QueueUrl": url, "Tags": {"team": "billing"}}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    common::wait_for("node 1 to apply node 0's changes", ANNOUNCED, || {
+        let (_, attrs) = b.sqs(
+            "GetQueueAttributes",
+            json!({"QueueUrl": url, "AttributeNames": ["VisibilityTimeout"]}),
+        );
+        let (_, tags) = b.sqs("ListQueueTags", json!({"QueueUrl": url}));
+        (attrs["Attributes"]["VisibilityTimeout"] == "50" && tags["Tags"]["team"] == "billing")
+            .then_some(())
+    });
+
+    let (status, answer) = a.sqs("DeleteQueue", json!({"QueueUrl": url}));
+    assert_eq!(status, 200, "{answer}");
+    common::wait_for("node 1 to drop the deleted queue", ANNOUNCED, || {
+        let (status, answer) = b.sqs("GetQueueUrl", json!({"QueueName": "orders"}));
+        (status == 400 && common::sqs_error(&answer) == "QueueDoesNotExist").then_some(())
+    });
+    let (status, answer) = b.sqs(
+        "SendMessage",
+        json!({"QueueUrl": url, "MessageBody": "late"}),
+    );
+    assert_eq!(
+        (status, common::sqs_error(&answer)),
+        (400, "QueueDoesNotExist"),
+        "{answer}"
+    );
 }

@@ -14,6 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{Qd, tool_missing};
+use serde_json::json;
 
 const CONFIG: &str = r#"
 [sqs]
@@ -126,6 +127,92 @@ fn a_queue_made_by_create_queue_survives_kill_9_with_its_attributes() {
         queues.lines().any(|l| l.starts_with("durable ")),
         "qctl queues lists the created queue:\n{queues}"
     );
+}
+
+/// A created queue's `MessageRetentionPeriod` (60 s here) once qd's wall clock is
+/// 61 s on (jumped through the `QD_TEST_WALL_OFFSET_FILE` hook, so nothing waits
+/// a minute): a message sent before is never received and ends `cancelled` by the
+/// retention, both when it waited and when it was in flight (its old handle then
+/// deletes nothing and succeeds), while a queue of the default period (4 days)
+/// keeps its message.
+#[test]
+fn a_message_past_its_queues_retention_period_is_never_received() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let offset = work.path().join("wall-offset-ms");
+    std::fs::write(&offset, "0").expect("offset");
+    let qd = Qd::start_with(
+        "[sqs]\nenabled = true\n\n[queues.probe]\nexecutor = { kind = \"external\" }\n",
+        &[("QD_TEST_WALL_OFFSET_FILE", &offset.display().to_string())],
+    );
+    let create = |name: &str, attributes: serde_json::Value| {
+        let (status, answer) = qd.sqs(
+            "CreateQueue",
+            json!({"QueueName": name, "Attributes": attributes}),
+        );
+        assert_eq!(status, 200, "{answer}");
+        answer["QueueUrl"].clone()
+    };
+    let brief = create("brief", json!({"MessageRetentionPeriod": "60"}));
+    let lasting = create("lasting", json!({}));
+    let send = |url: &serde_json::Value, body: &str| {
+        let (status, answer) = qd.sqs("SendMessage", json!({"QueueUrl": url, "MessageBody": body}));
+        assert_eq!(status, 200, "{answer}");
+        answer["MessageId"].as_str().expect("MessageId").to_string()
+    };
+    let receive = |url: &serde_json::Value, params: serde_json::Value| {
+        let mut params = params;
+        params["QueueUrl"] = url.clone();
+        params["MaxNumberOfMessages"] = json!(10);
+        let (status, answer) = qd.sqs("ReceiveMessage", params);
+        assert_eq!(status, 200, "{answer}");
+        answer["Messages"].as_array().cloned().unwrap_or_default()
+    };
+    let held = send(&brief, "held");
+    let got = receive(
+        &brief,
+        json!({"WaitTimeSeconds": 10, "VisibilityTimeout": 600}),
+    );
+    assert_eq!(got[0]["MessageId"], held.as_str(), "{got:?}");
+    let handle = got[0]["ReceiptHandle"].clone();
+    let old = send(&brief, "old");
+    let kept = send(&lasting, "kept");
+
+    let before = qd.enqueue("probe", "before");
+    let before_at = qd.job(&before)["created_at"].as_i64().expect("created_at");
+    std::fs::write(&offset, "61000").expect("jump");
+    common::wait_for("qd's wall clock to jump", Duration::from_secs(10), || {
+        let probe = qd.enqueue("probe", "after");
+        (qd.job(&probe)["created_at"].as_i64() >= Some(before_at + 61_000)).then_some(())
+    });
+    assert!(
+        receive(&brief, json!({})).is_empty(),
+        "a message past its period was received"
+    );
+    let got = receive(&lasting, json!({"WaitTimeSeconds": 10}));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["MessageId"], kept.as_str(), "{got:?}");
+    for id in [&old, &held] {
+        let job = common::wait_for(
+            "the expired message to end",
+            Duration::from_secs(20),
+            || {
+                let job = qd.job(id);
+                (job["state"] == "cancelled").then_some(job)
+            },
+        );
+        assert!(
+            job.to_string()
+                .contains("sqs MessageRetentionPeriod passed"),
+            "{job}"
+        );
+    }
+    let (status, answer) = qd.sqs(
+        "DeleteMessage",
+        json!({"QueueUrl": brief, "ReceiptHandle": handle}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(qd.job(&held)["state"], "cancelled");
+    assert_eq!(qd.job(&kept)["state"], "leased");
 }
 
 const KEY: &str = "AKIDQDTESTFULL0001";

@@ -17,7 +17,8 @@
 //! return (`Failure::Interrupted`) fenced by the same token. `MessageGroupId` is the
 //! tenant, `MessageDeduplicationId` the idempotency key. A queue that a
 //! `RedrivePolicy` names also hands out, deletes and counts the dead jobs of its
-//! source queues (`sqs/dead.rs`).
+//! source queues (`sqs/dead.rs`). A created queue's `MessageRetentionPeriod`
+//! expires its old messages (`sqs/retention.rs`).
 
 pub mod created;
 mod dead;
@@ -28,6 +29,7 @@ mod moves;
 mod params;
 mod queues;
 mod receive;
+mod retention;
 mod send;
 mod settle;
 mod sigv4;
@@ -67,24 +69,33 @@ pub struct SqsState {
     moves: Arc<moves::MoveTasks>,
     /// The dead jobs handed out through dead-letter queues on this node.
     dead: Arc<dead::DeadLeases>,
+    /// When this node last read the SQS queues other nodes created, for a
+    /// request naming a queue not in force here (`queues::catch_up`).
+    caught_up: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Expires messages past their queue's `MessageRetentionPeriod`; stops with
+    /// the routes.
+    _retention: retention::Sweeper,
 }
 
 impl SqsState {
-    fn new() -> Self {
+    fn new(args: &ApiArgs) -> Self {
         SqsState {
             started_at: crate::clock::wall_ms(),
             purges: Mutex::new(HashMap::new()),
             queue_writes: tokio::sync::Mutex::new(()),
             moves: Arc::default(),
             dead: Arc::default(),
+            caught_up: tokio::sync::Mutex::new(None),
+            _retention: retention::Sweeper::start(args.store.clone(), args.limits.clone()),
         }
     }
 }
 
 /// The SQS routes (`POST /` and `POST /ACCOUNT/QUEUE`, also as GET with the query
-/// string), for `api::router` to merge when `[sqs] enabled`.
-pub fn routes() -> Router<Arc<ApiArgs>> {
-    let state = Arc::new(SqsState::new());
+/// string), for `api::router` to merge when `[sqs] enabled`; their background
+/// work (the retention sweep) runs as long as they exist.
+pub fn routes(args: &ApiArgs) -> Router<Arc<ApiArgs>> {
+    let state = Arc::new(SqsState::new(args));
     Router::new()
         .route("/", post(serve).get(serve))
         .route("/{account}/{queue}", post(serve).get(serve))
@@ -142,7 +153,7 @@ async fn serve(
             _ => None,
         }
     };
-    let ctx = Ctx {
+    let mut ctx = Ctx {
         args,
         config,
         caller,
@@ -150,7 +161,19 @@ async fn serve(
         params: request.params,
         path_queue,
     };
-    match dispatch(&ctx, &request.action).await {
+    let mut result = dispatch(&ctx, &request.action).await;
+    // A queue this node does not have may have been created on another node a
+    // moment ago; the answer is only given once this node has read the store. A
+    // queue is looked up before anything is done, so the retry repeats nothing.
+    if result
+        .as_ref()
+        .is_err_and(|e| e.kind == ErrorKind::QueueDoesNotExist)
+        && queues::catch_up(&ctx).await
+    {
+        ctx.config = ctx.args.config();
+        result = dispatch(&ctx, &request.action).await;
+    }
+    match result {
         Ok(result) => wire::answer(request.protocol, &request.action, &request_id, result),
         Err(err) => wire::error(request.protocol, &request_id, &err),
     }

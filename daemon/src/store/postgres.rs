@@ -148,8 +148,9 @@
 //! - `postgres/cluster.rs`: nodes, heartbeat, leader, external leases, expiry,
 //!   `max_depth` locks, cluster-wide reads;
 //! - `postgres/limiter_pause.rs`: the shared rate limiters' buckets and pauses;
-//! - `postgres/deps.rs`, `tenant_depth.rs`, `tenant_heads.rs`, `schedules.rs`:
-//!   dependencies, tenants' depths, tenants' claim heads, schedules.
+//! - `postgres/deps.rs`, `tenant_depth.rs`, `tenant_heads.rs`, `schedules.rs`,
+//!   `sqs_queues.rs`: dependencies, tenants' depths, tenants' claim heads,
+//!   schedules, the announcement of SQS-created queues.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -176,6 +177,7 @@ mod jobs;
 pub mod limiter_pause;
 mod schedules;
 mod schema;
+pub mod sqs_queues;
 mod tenant_depth;
 mod tenant_heads;
 

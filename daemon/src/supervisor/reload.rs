@@ -63,12 +63,15 @@ impl SupervisorState {
     }
 
     /// Applies the store's SQS-created queues (`api/sqs/created.rs`) to the config in
-    /// force, as a reload applies a file: added queues start, removed ones stop
-    /// (refused while they hold jobs), changed ones reread their settings. The file
-    /// is not reread. On error nothing was changed.
+    /// force, as a reload applies a file: added queues start, removed ones stop,
+    /// changed ones reread their settings. The file is not reread. A removal is
+    /// refused while the queue holds jobs only when `check_held` (this node's
+    /// DeleteQueue, which cancels and tries again); a removal another node made is
+    /// a fact of the store, applied as it is. On error nothing was changed.
     pub(super) async fn sync_sqs_queues(
         &mut self,
         myself: &ActorRef<SupervisorMsg>,
+        check_held: bool,
     ) -> Result<Vec<String>, ReloadError> {
         let old = self.daemon.config();
         let records = self
@@ -77,12 +80,19 @@ impl SupervisorState {
             .run(|b| b.sqs_queues())
             .await
             .map_err(|e| ReloadError::Unavailable(format!("cannot read the SQS queues: {e}")))?;
+        // Nothing to tell the queues' actors when another node's announcement or a
+        // request for an unknown queue finds the store as this node serves it.
+        if crate::api::sqs::created::in_force(&old, &records) {
+            return Ok(Vec::new());
+        }
         let mut new = (*old).clone();
         crate::api::sqs::created::merge(&mut new, &records);
         let plan = reload::plan(&old, &new).map_err(ReloadError::Refused)?;
-        let held = self.still_holding(&plan.removed).await?;
-        if !held.is_empty() {
-            return Err(ReloadError::Refused(held));
+        if check_held {
+            let held = self.still_holding(&plan.removed).await?;
+            if !held.is_empty() {
+                return Err(ReloadError::Refused(held));
+            }
         }
         let executors = Executors::build(&new, Some((&old, &self.daemon.executors)))
             .map_err(ReloadError::Refused)?;

@@ -419,6 +419,24 @@ impl Qd {
         )
     }
 
+    /// One SQS request in AWS JSON 1.0, unsigned (for a qd without a token file):
+    /// `(status, answer)`.
+    pub fn sqs(&self, action: &str, params: Value) -> (u16, Value) {
+        let mut resp = self
+            .agent
+            .post(format!("{}/", self.api))
+            .header("x-amz-target", format!("AmazonSQS.{action}"))
+            .header("content-type", "application/x-amz-json-1.0")
+            .send(params.to_string())
+            .expect("SQS request");
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
     /// GET; returns (status, body).
     pub fn get(&self, path: &str) -> (u16, Value) {
         let mut resp = self
@@ -653,4 +671,12 @@ pub fn kill_all(qd: &Qd, error: &str) {
         );
         assert_eq!(status, 200, "{body}");
     }
+}
+
+/// The shape of an SQS error answer's `__type` (`QueueDoesNotExist`, ...).
+pub fn sqs_error(answer: &Value) -> &str {
+    answer["__type"]
+        .as_str()
+        .and_then(|t| t.rsplit('#').next())
+        .unwrap_or_default()
 }

@@ -2,7 +2,8 @@
 
 QD_PHASE=create: creates `durable` with attributes, tags and a redrive policy naming
 `durable-dlq`, and sends one message; QD_PHASE=check (after qd restarted): the queues, their
-attributes, tags and the message are all still there. QD_SQS_ENDPOINT names qd.
+attributes, tags and the message are all still there, and the message move task started
+before is forgotten. QD_SQS_ENDPOINT names qd.
 """
 
 import json
@@ -37,6 +38,9 @@ if os.environ["QD_PHASE"] == "create":
         tags={"owner": "billing"},
     )["QueueUrl"]
     sqs.send_message(QueueUrl=url, MessageBody="kept")
+    sqs.start_message_move_task(SourceArn=ARN + "durable-dlq")
+    tasks = sqs.list_message_move_tasks(SourceArn=ARN + "durable-dlq")["Results"]
+    assert len(tasks) == 1, tasks
 else:
     url = sqs.get_queue_url(QueueName="durable")["QueueUrl"]
     attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
@@ -50,4 +54,9 @@ else:
     got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=10)["Messages"]
     assert [m["Body"] for m in got] == ["kept"], got
     assert sqs.create_queue(QueueName="durable", Attributes=ATTRIBUTES)["QueueUrl"] == url
+    # Move tasks live in the memory of the node that ran them: a restart forgets
+    # them, and a new one starts at once.
+    assert sqs.list_message_move_tasks(SourceArn=ARN + "durable-dlq")["Results"] == []
+    handle = sqs.start_message_move_task(SourceArn=ARN + "durable-dlq")["TaskHandle"]
+    assert handle
 print("OK")

@@ -479,6 +479,43 @@ class CreatedQueues(unittest.TestCase):
             self.sqs.tag_queue(QueueUrl=url, Tags={"k": "v" * 257})
         self.assertEqual(ctx.exception.response["Error"]["Code"], "InvalidParameterValue")
 
+    def test_a_redrive_allow_policy_decides_who_may_dead_letter_into_a_queue(self):
+        src_name = self.name("src")
+
+        def policy(dlq_name):
+            return json.dumps({"deadLetterTargetArn": self.arn(dlq_name), "maxReceiveCount": 3})
+
+        def allow(permission, **more):
+            return {"RedriveAllowPolicy": json.dumps({"redrivePermission": permission, **more})}
+
+        denied, listed, everyone = self.name("deny"), self.name("byq"), self.name("all")
+        self.sqs.create_queue(QueueName=denied, Attributes=allow("denyAll"))
+        self.sqs.create_queue(QueueName=listed, Attributes=allow("byQueue", sourceQueueArns=[self.arn(src_name)]))
+        self.sqs.create_queue(QueueName=everyone, Attributes=allow("allowAll"))
+
+        def refused(call, why):
+            with self.assertRaises(Exception) as ctx:
+                call()
+            error = ctx.exception.response["Error"]
+            self.assertEqual(error["Code"], "InvalidParameterValue", error)
+            self.assertIn(why, error["Message"])
+
+        # denyAll refuses every source: the queue is not created.
+        refused(lambda: self.sqs.create_queue(QueueName=src_name, Attributes={"RedrivePolicy": policy(denied)}), "denyAll")
+        self.assert_absent(src_name)
+        # byQueue lets the queues it lists, allowAll every queue.
+        src = self.sqs.create_queue(QueueName=src_name, Attributes={"RedrivePolicy": policy(listed)})["QueueUrl"]
+        self.sqs.set_queue_attributes(QueueUrl=src, Attributes={"RedrivePolicy": policy(everyone)})
+        # A refused SetQueueAttributes changes nothing.
+        refused(lambda: self.sqs.set_queue_attributes(QueueUrl=src, Attributes={"RedrivePolicy": policy(denied)}), "denyAll")
+        self.assertEqual(json.loads(self.attrs(src)["RedrivePolicy"])["deadLetterTargetArn"], self.arn(everyone))
+        other = self.sqs.create_queue(QueueName=self.name("other"))["QueueUrl"]
+        refused(
+            lambda: self.sqs.set_queue_attributes(QueueUrl=other, Attributes={"RedrivePolicy": policy(listed)}),
+            "sourceQueueArns",
+        )
+        self.assertNotIn("RedrivePolicy", self.attrs(other))
+
     def test_redrive_policy_dead_letters_and_a_move_task_brings_back(self):
         dlq = self.sqs.create_queue(QueueName=self.name("dlq"))["QueueUrl"]
         policy = json.dumps({"deadLetterTargetArn": self.arn(self.name("dlq")), "maxReceiveCount": "2"})

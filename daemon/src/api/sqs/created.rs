@@ -5,10 +5,11 @@
 //! A created queue is a row of the store's `sqs_queues` table (its attributes and
 //! tags as JSON), so it survives restarts and, on PostgreSQL, is seen by every
 //! node. [`merge`] adds the rows to the config in force as external queues beside
-//! the file's (at start, on every reload, and when the SQS API changed a row, via
-//! `SupervisorMsg::SqsQueuesChanged`); from then on a created queue is an ordinary
-//! qd queue: scheduled, counted in metrics, listed by `qctl queues`. A file queue
-//! of the same name wins over a row.
+//! the file's (at start, on every reload, and via `SupervisorMsg::SqsQueuesChanged`
+//! when the SQS API of this node or, on PostgreSQL, of another changed a row;
+//! [`in_force`] tells a heartbeat whether one was missed); from then on a created
+//! queue is an ordinary qd queue: scheduled, counted in metrics, listed by `qctl
+//! queues`. A file queue of the same name wins over a row.
 //!
 //! The mapping onto qd's settings: `VisibilityTimeout` is the lease (0 is kept as
 //! the SQS value and applied per receive as an uncharged return; the lease is then
@@ -16,7 +17,9 @@
 //! policy a message is never dead-lettered, as in SQS); the backoff after a
 //! visibility timeout is 0 (the message is visible again at once, as in SQS).
 //! `DelaySeconds`, `ReceiveMessageWaitTimeSeconds` and `MaximumMessageSize` are the
-//! defaults and limit `send.rs` and `receive.rs` apply.
+//! defaults and limit `send.rs` and `receive.rs` apply. A dead-letter queue's
+//! `RedriveAllowPolicy` decides which queues may name it in their
+//! `RedrivePolicy` ([`check_redrive_allowed`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -205,6 +208,24 @@ pub fn merge(config: &mut Config, records: &[SqsQueueRecord]) {
     }
 }
 
+/// Whether the SQS-created queues in force in `config` are those the store's
+/// `records` hold, as [`merge`] would put them in force (the Cluster heartbeat
+/// asks, to apply changes whose announcement it missed).
+pub fn in_force(config: &Config, records: &[SqsQueueRecord]) -> bool {
+    let stored: BTreeMap<&String, CreatedQueue> = records
+        .iter()
+        .filter(|r| {
+            !config.queues.contains_key(&r.name) || config.sqs.created.contains_key(&r.name)
+        })
+        .filter_map(|r| Some((&r.name, CreatedQueue::from_record(r)?)))
+        .collect();
+    stored.len() == config.sqs.created.len()
+        && stored
+            .iter()
+            .zip(&config.sqs.created)
+            .all(|((name, q), (have_name, have))| *name == have_name && q == have)
+}
+
 /// Checks a queue name as SQS does (1 to 80 of `A-Za-z0-9_-`), and against qd's
 /// own limit of 64 characters. A `.fifo` name is refused: qd has no FIFO queues.
 pub fn check_name(name: &str) -> Result<(), SqsError> {
@@ -373,6 +394,51 @@ fn check_policy(
     }
 }
 
+/// Checks that the dead-letter queue a `RedrivePolicy` among `given` names lets
+/// `source_arn` use it, as its `RedriveAllowPolicy` says: `allowAll` (or no
+/// policy, a queue of the config file included) lets every queue, `denyAll` none,
+/// `byQueue` those in its `sourceQueueArns`. `dead_letter_queue` finds an ARN's
+/// SQS-created queue. Run after [`check_attributes`] (the policy is then valid
+/// and its target exists).
+///
+/// Errors: `InvalidParameterValue` naming the source, the dead-letter queue and
+/// why, as SQS refuses such a policy.
+pub fn check_redrive_allowed<'c>(
+    given: &BTreeMap<String, String>,
+    source_arn: &str,
+    dead_letter_queue: impl Fn(&str) -> Option<&'c CreatedQueue>,
+) -> Result<(), SqsError> {
+    let Some(text) = given.get("RedrivePolicy").filter(|t| !t.is_empty()) else {
+        return Ok(());
+    };
+    let Some(target) = serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| Some(v.get("deadLetterTargetArn")?.as_str()?.to_string()))
+    else {
+        return Ok(());
+    };
+    let Some(allow) = dead_letter_queue(&target)
+        .and_then(|q| q.attributes.get("RedriveAllowPolicy"))
+        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+    else {
+        return Ok(());
+    };
+    let listed = |arns: &Value| {
+        arns.as_array()
+            .is_some_and(|a| a.iter().any(|arn| arn.as_str() == Some(source_arn)))
+    };
+    let why = match allow.get("redrivePermission").and_then(Value::as_str) {
+        Some("denyAll") => "its RedriveAllowPolicy is denyAll",
+        Some("byQueue") if !allow.get("sourceQueueArns").is_some_and(listed) => {
+            "its RedriveAllowPolicy (byQueue) does not list this queue in sourceQueueArns"
+        }
+        _ => return Ok(()),
+    };
+    Err(SqsError::invalid(format!(
+        "Value {text} for parameter RedrivePolicy is invalid. Reason: Queue {source_arn} is not allowed to use {target} as its dead-letter queue: {why}."
+    )))
+}
+
 /// Checks tags as SQS does: keys of 1 to 128 characters, values of at most 256, at
 /// most [`MAX_TAGS`] in `tags`.
 pub fn check_tags(tags: &[(String, String)]) -> Result<BTreeMap<String, String>, SqsError> {
@@ -497,6 +563,66 @@ mod tests {
             String::new(),
         )]));
         assert_eq!(without.queue_config("jobs").max_attempts, u32::MAX);
+    }
+
+    #[test]
+    fn a_dead_letter_queues_redrive_allow_policy_decides_its_sources() {
+        let dlq = |allow: Option<&str>| {
+            let mut attributes = BTreeMap::new();
+            if let Some(a) = allow {
+                attributes.insert("RedriveAllowPolicy".to_string(), a.to_string());
+            }
+            CreatedQueue::new(attributes, BTreeMap::new())
+        };
+        let policy = BTreeMap::from([(
+            "RedrivePolicy".to_string(),
+            r#"{"deadLetterTargetArn":"arn:aws:sqs:r:1:dlq","maxReceiveCount":3}"#.to_string(),
+        )]);
+        let check = |q: &CreatedQueue, source: &str| {
+            check_redrive_allowed(&policy, source, |arn| {
+                (arn == "arn:aws:sqs:r:1:dlq").then_some(q)
+            })
+        };
+        let src = "arn:aws:sqs:r:1:src";
+        assert!(check(&dlq(None), src).is_ok());
+        assert!(check(&dlq(Some(r#"{"redrivePermission":"allowAll"}"#)), src).is_ok());
+        let denied =
+            check(&dlq(Some(r#"{"redrivePermission":"denyAll"}"#)), src).expect_err("denyAll");
+        assert_eq!(denied.kind, ErrorKind::InvalidParameterValue);
+        assert!(denied.message.contains("denyAll"), "{}", denied.message);
+        assert!(denied.message.contains(src), "{}", denied.message);
+        let by_queue = dlq(Some(
+            r#"{"redrivePermission":"byQueue","sourceQueueArns":["arn:aws:sqs:r:1:src"]}"#,
+        ));
+        assert!(check(&by_queue, src).is_ok());
+        let other = check(&by_queue, "arn:aws:sqs:r:1:other").expect_err("not listed");
+        assert_eq!(other.kind, ErrorKind::InvalidParameterValue);
+        // A file queue (no created queue for the ARN) lets every source.
+        assert!(check_redrive_allowed(&policy, src, |_| None).is_ok());
+        // No policy, or one being removed, is not checked.
+        let removed = BTreeMap::from([("RedrivePolicy".to_string(), String::new())]);
+        assert!(check_redrive_allowed(&removed, src, |_| Some(&by_queue)).is_ok());
+    }
+
+    #[test]
+    fn the_queues_in_force_are_compared_with_the_stored_rows() {
+        let text = "[sqs]\nenabled = true\n[queues.file]\nexecutor = { kind = \"external\" }\n";
+        let mut config = Config::parse(text, std::path::Path::new("/tmp/qd.toml")).expect("config");
+        let a = CreatedQueue::new(BTreeMap::new(), BTreeMap::new()).record("a");
+        let file = CreatedQueue::new(BTreeMap::new(), BTreeMap::new()).record("file");
+        assert!(in_force(&config, &[]));
+        assert!(!in_force(&config, std::slice::from_ref(&a)), "a new row");
+        merge(&mut config, std::slice::from_ref(&a));
+        assert!(in_force(&config, std::slice::from_ref(&a)));
+        // A row named as a file queue is never in force: the file's wins.
+        assert!(in_force(&config, &[a.clone(), file]));
+        let mut changed = CreatedQueue::from_record(&a).expect("row");
+        changed.set(BTreeMap::from([(
+            "VisibilityTimeout".to_string(),
+            "45".to_string(),
+        )]));
+        assert!(!in_force(&config, &[changed.record("a")]), "a changed row");
+        assert!(!in_force(&config, &[]), "a deleted row");
     }
 
     #[test]

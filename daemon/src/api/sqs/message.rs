@@ -300,6 +300,20 @@ mod tests {
         }
     }
 
+    /// A `Number` and a `Binary` attribute.
+    fn number_and_binary() -> Attrs {
+        let mut attrs = Attrs::new();
+        attrs.insert("n".into(), text("Number", "12.5"));
+        attrs.insert(
+            "bin".into(),
+            Attr {
+                data_type: "Binary".into(),
+                value: AttrValue::Bytes(vec![0, 1, 2]),
+            },
+        );
+        attrs
+    }
+
     #[test]
     fn digests_match_the_ones_sqs_documents() {
         // Expected values from an independent implementation of the documented
@@ -311,15 +325,7 @@ mod tests {
             md5_of_attributes(&attrs).as_deref(),
             Some("bef8bf215374a0a228d67533b1a488be")
         );
-        let mut attrs = Attrs::new();
-        attrs.insert("n".into(), text("Number", "12.5"));
-        attrs.insert(
-            "bin".into(),
-            Attr {
-                data_type: "Binary".into(),
-                value: AttrValue::Bytes(vec![0, 1, 2]),
-            },
-        );
+        let attrs = number_and_binary();
         assert_eq!(
             md5_of_attributes(&attrs).as_deref(),
             Some("c99f48909038fdd5c7f8a98c4cbbeead")
@@ -329,15 +335,7 @@ mod tests {
 
     #[test]
     fn the_payload_envelope_round_trips_and_plain_payloads_are_the_body() {
-        let mut attrs = Attrs::new();
-        attrs.insert("n".into(), text("Number", "12.5"));
-        attrs.insert(
-            "bin".into(),
-            Attr {
-                data_type: "Binary".into(),
-                value: AttrValue::Bytes(vec![0, 1, 2]),
-            },
-        );
+        let attrs = number_and_binary();
         let payload = encode("body\nline", &attrs);
         assert_eq!(decode(payload), ("body\nline".to_string(), attrs));
         assert_eq!(encode("plain", &Attrs::new()), b"plain");

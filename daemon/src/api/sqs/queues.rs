@@ -150,6 +150,7 @@ pub async fn create_queue(ctx: &Ctx) -> Result<Value, SqsError> {
     let given = created::check_attributes(&given, |arn| ctx.queue_of_arn(&config, arn).is_some())?;
     let _writing = ctx.state.queue_writes.lock().await;
     let config = ctx.args.config();
+    check_redrive_allowed(ctx, &config, name, &given)?;
     if let Some(existing) = config.sqs.created.get(name) {
         for (key, value) in &given {
             let have = existing.attributes.get(key).map_or("", String::as_str);
@@ -167,6 +168,18 @@ pub async fn create_queue(ctx: &Ctx) -> Result<Value, SqsError> {
     }
     info!(queue = %name, "SQS CreateQueue created a queue.");
     Ok(json!({ "QueueUrl": ctx.queue_url(name) }))
+}
+
+/// [`created::check_redrive_allowed`] for queue `name` against the queues of `config`.
+fn check_redrive_allowed(
+    ctx: &Ctx,
+    config: &Config,
+    name: &str,
+    given: &std::collections::BTreeMap<String, String>,
+) -> Result<(), SqsError> {
+    created::check_redrive_allowed(given, &ctx.arn(name), |arn| {
+        config.sqs.created.get(&ctx.queue_of_arn(config, arn)?)
+    })
 }
 
 fn name_exists(key: &str) -> SqsError {
@@ -208,12 +221,24 @@ impl ApplyError {
 }
 
 /// Asks the Supervisor to put the store's SQS queues in force (start added queues,
-/// stop deleted ones, apply changed attributes).
+/// stop deleted ones, apply changed attributes) after this node changed them.
 async fn apply_queues() -> Result<(), ApplyError> {
+    sync_queues(true).await
+}
+
+/// Asks the Supervisor to put the store's SQS queues in force; `here`: this
+/// node's SQS API changed them (see [`SupervisorMsg::SqsQueuesChanged`]).
+async fn sync_queues(here: bool) -> Result<(), ApplyError> {
     let supervisor = ActorRef::<SupervisorMsg>::where_is(supervisor::NAME)
         .ok_or_else(|| ApplyError::Unavailable("the supervisor is not running".into()))?;
     match supervisor
-        .call(SupervisorMsg::SqsQueuesChanged, Some(BROKER_TIMEOUT))
+        .call(
+            |reply| SupervisorMsg::SqsQueuesChanged {
+                here,
+                reply: Some(reply),
+            },
+            Some(BROKER_TIMEOUT),
+        )
         .await
     {
         Ok(ractor::rpc::CallResult::Success(Ok(_))) => Ok(()),
@@ -227,6 +252,30 @@ async fn apply_queues() -> Result<(), ApplyError> {
             "the supervisor did not answer".into(),
         )),
     }
+}
+
+/// On a store shared by several nodes, brings this node's SQS queues up to the
+/// store's, for a request that named a queue not in force here: another node may
+/// have created it a moment ago, before its announcement arrived. Misses that
+/// come together share one read of the store. Returns whether the queues in
+/// force may have changed (the caller then looks again); always `false` on a
+/// store of this node alone.
+pub async fn catch_up(ctx: &Ctx) -> bool {
+    if ctx.config.daemon.database.is_none() {
+        return false;
+    }
+    let asked = tokio::time::Instant::now();
+    let mut last = ctx.state.caught_up.lock().await;
+    if last.is_some_and(|at| at >= asked) {
+        return true;
+    }
+    if let Err(err) = sync_queues(false).await {
+        let (ApplyError::Refused(why) | ApplyError::Unavailable(why)) = err;
+        warn!(error = %why, "Reading the SQS queues other nodes created failed.");
+        return false;
+    }
+    *last = Some(tokio::time::Instant::now());
+    true
 }
 
 /// The SQS-created queue `name`, or the error for a queue the config file defines
@@ -271,6 +320,7 @@ pub async fn set_queue_attributes(ctx: &Ctx) -> Result<Value, SqsError> {
     let config = ctx.args.config();
     let mut queue = created_queue(&config, &name, "SetQueueAttributes")?.clone();
     let given = created::check_attributes(&given, |arn| ctx.queue_of_arn(&config, arn).is_some())?;
+    check_redrive_allowed(ctx, &config, &name, &given)?;
     queue.set(given);
     store_and_apply(ctx, &name, &queue, "SetQueueAttributes").await?;
     Ok(json!({}))
@@ -297,6 +347,10 @@ pub async fn delete_queue(ctx: &Ctx) -> Result<Value, SqsError> {
         purge_dead(&name).await;
         match apply_queues().await {
             Ok(()) => {
+                // Another node's change applied here (a catch-up, a heartbeat) may
+                // have stopped the queue before the purge's last page was read; a
+                // message sent meanwhile is cancelled now, and none comes after.
+                purge(ctx.args.store.clone(), name.clone()).await;
                 ctx.state
                     .purges
                     .lock()

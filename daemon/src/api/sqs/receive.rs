@@ -2,7 +2,9 @@
 //! `WaitTimeSeconds`, 0 to 20), with `VisibilityTimeout` as the lease (the queue's
 //! `lease` when not given), and answers each as an SQS message with the system and
 //! message attributes asked for. A dead-letter queue (one a `RedrivePolicy`
-//! names) also hands out its source queues' dead jobs (`dead.rs`).
+//! names) also hands out its source queues' dead jobs (`dead.rs`). A message
+//! past its queue's `MessageRetentionPeriod` is expired, not answered
+//! (`retention.rs`).
 
 use std::time::Duration;
 
@@ -15,6 +17,7 @@ use super::error::{ErrorKind, SqsError};
 use super::handle::ReceiptHandle;
 use super::message::{self, Attrs};
 use super::params::{opt_int, str_list};
+use super::retention;
 use super::{BROKER_TIMEOUT, Ctx};
 use crate::api::auth::Role;
 use crate::broker::{self, BrokerMsg, LeasedJob, MAX_EXTEND};
@@ -103,6 +106,7 @@ pub async fn receive_message(ctx: &Ctx) -> Result<Value, SqsError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait.unsigned_abs());
     let mut messages = Vec::with_capacity(max);
     let mut first = true;
+    let retention = created.map(|q| q.int("MessageRetentionPeriod"));
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         // With dead-letter sources a long poll waits in slices, so a message that
@@ -113,8 +117,14 @@ pub async fn receive_message(ctx: &Ctx) -> Result<Value, SqsError> {
             (false, false) => left.min(DEAD_POLL),
         };
         first = false;
+        let mut expired = false;
         for job in lease(&scheduler, max - messages.len(), slice).await {
             let received_at = crate::clock::wall_ms();
+            if retention.is_some_and(|period| retention::is_expired(job.id, period, received_at)) {
+                retention::expire(job.id).await;
+                expired = true;
+                continue;
+            }
             if let Some(v) = visibility {
                 set_visibility(&job, v).await;
             }
@@ -165,6 +175,10 @@ pub async fn receive_message(ctx: &Ctx) -> Result<Value, SqsError> {
                 };
                 messages.push(render(&m, &system, &wanted_attrs));
             }
+        }
+        // Expired messages took places of this lease: lease again for them.
+        if expired && messages.len() < max {
+            continue;
         }
         if sources.is_empty() || !messages.is_empty() || tokio::time::Instant::now() >= deadline {
             break;

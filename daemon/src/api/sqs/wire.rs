@@ -179,16 +179,26 @@ pub fn query_to_json(pairs: Vec<(String, String)>) -> Map<String, Value> {
     object(&root)
 }
 
+/// The query protocol's flattened maps, read in requests and written in
+/// answers: `(its element, the element naming each entry's key, the JSON
+/// protocol's member)`; each entry's value is in `Value`.
+const MAPS: &[(&str, &str, &str)] = &[
+    ("Attribute", "Name", "Attributes"),
+    ("MessageAttribute", "Name", "MessageAttributes"),
+    ("MessageSystemAttribute", "Name", "MessageSystemAttributes"),
+    ("Tag", "Key", "Tags"),
+];
+
 /// A tree's children as JSON fields, renaming the query protocol's flattened
 /// lists and maps to the JSON protocol's members.
 fn object(tree: &Tree) -> Map<String, Value> {
     let mut out = Map::new();
     for (key, node) in &tree.children {
+        if let Some((_, key_name, member)) = MAPS.iter().find(|(element, ..)| element == key) {
+            out.insert(member.to_string(), map_of(node, key_name));
+            continue;
+        }
         let (name, value) = match key.as_str() {
-            "Attribute" => ("Attributes", map_of(node, "Name")),
-            "MessageAttribute" => ("MessageAttributes", map_of(node, "Name")),
-            "MessageSystemAttribute" => ("MessageSystemAttributes", map_of(node, "Name")),
-            "Tag" => ("Tags", map_of(node, "Key")),
             "AttributeName" => ("AttributeNames", list_of(node)),
             "MessageAttributeName" => ("MessageAttributeNames", list_of(node)),
             "MessageSystemAttributeName" => ("MessageSystemAttributeNames", list_of(node)),
@@ -357,31 +367,17 @@ fn xml_answer(action: &str, request_id: &str, result: &Value) -> Vec<u8> {
 /// their member names, maps as `<Attribute><Name/><Value/></Attribute>`.
 fn xml_fields(w: &mut W, action: &str, fields: &Map<String, Value>) -> XmlResult {
     for (key, value) in fields {
+        let flattened = MAPS.iter().find(|(.., member)| member == key);
+        if let (Some((entry, key_name, _)), Value::Object(map)) = (flattened, value) {
+            for (k, v) in map {
+                element(w, entry, |w| {
+                    text(w, key_name, k)?;
+                    xml_value(w, action, "Value", v)
+                })?;
+            }
+            continue;
+        }
         match (key.as_str(), value) {
-            ("Attributes", Value::Object(map)) => {
-                for (k, v) in map {
-                    element(w, "Attribute", |w| {
-                        text(w, "Name", k)?;
-                        xml_value(w, action, "Value", v)
-                    })?;
-                }
-            }
-            ("MessageAttributes", Value::Object(map)) => {
-                for (k, v) in map {
-                    element(w, "MessageAttribute", |w| {
-                        text(w, "Name", k)?;
-                        xml_value(w, action, "Value", v)
-                    })?;
-                }
-            }
-            ("Tags", Value::Object(map)) => {
-                for (k, v) in map {
-                    element(w, "Tag", |w| {
-                        text(w, "Key", k)?;
-                        xml_value(w, action, "Value", v)
-                    })?;
-                }
-            }
             (key, Value::Array(items)) => {
                 let member = match key {
                     "Messages" => "Message".to_string(),

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::{
     DIALECT, EFFECTIVE_STATE, JOB_COLUMNS, NOTIFY_CHANNEL, PgBackend, counter, has_duplicates,
-    job_from_row, scope_clause, stored_seq, uuids,
+    job_from_row, scope_clause, sqs_queues, stored_seq, uuids,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Transition, UnixMillis};
 use crate::store::contract::{self, Intent};
@@ -621,7 +621,9 @@ pub(super) fn set_sqs_queue(
     name: &str,
     record: Option<&SqsQueueRecord>,
 ) -> Result<bool, StoreError> {
+    let node = pg.options.node.clone();
     pg.block(async |c| {
+        sqs_queues::announce(c, &node).await?;
         let delete = c
             .prepare_cached("DELETE FROM qd_sqs_queues WHERE name = $1")
             .await?;
