@@ -13,11 +13,30 @@
 //!
 //! Operations see the database through the [`Backend`] trait, shaped by intent
 //! (enqueue, claim, complete, redrive, cancel, purge, prune, reads) with batches as
-//! the unit, so several nodes may share one database. Three implementations exist:
-//! [`sqlite::SqliteBackend`] (production default), [`postgres::PgBackend`] (the
-//! same contract on PostgreSQL, leases stored in the row; see its module doc for
-//! what differs) and [`memory::MemoryBackend`] (an in-memory model used by the
-//! property tests and usable where durability is not wanted).
+//! the unit, so several nodes may share one database. Takes no messages: actors
+//! call [`Store`], whose writer calls the engine.
+//!
+//! # Layers
+//! - **The contract**, engine-neutral: the [`Backend`] and [`SharedStore`] traits
+//!   (this file); [`contract`], the stored states each intent applies to and its
+//!   lease rule, stated once as data with the SQL spelling every engine uses;
+//!   [`history`], the history cap; [`prune`], which queues a prune pass covers.
+//! - **The writer** (`store/writer.rs`, [`Store`]): group commit, one savepoint
+//!   per operation, completions after the commit.
+//! - **The engines**, one folder each: [`memory::MemoryBackend`] (the model, with
+//!   local leases or, [`memory::MemoryBackend::shared`], as a shared store);
+//!   [`sqlite::SqliteBackend`] (`store/sqlite.rs` with `store/sqlite/`: edges,
+//!   prune, schedules; the production default); [`postgres::PgBackend`]
+//!   (`store/postgres.rs`, the connection and the trait implementations, with
+//!   `store/postgres/`: schema, jobs, claim, cluster, limiter, dependencies,
+//!   tenants' depths and heads, schedules; leases stored in the row, see its
+//!   module doc for what differs). The two SQL engines share `store/sql_filter.rs`
+//!   (job listings); `store/space.rs` is SQLite's file space.
+//! - **The conformance suite** (`store/tests/conformance.rs`) holds every engine
+//!   to the contract, asking an engine which lease rule it keeps
+//!   ([`Backend::leases_are_local`]) where engines legitimately differ; the model
+//!   tests (`store/tests/model.rs`) compare SQLite and PostgreSQL with the model
+//!   under random operations.
 //!
 //! # Invariants
 //! - **An accepted job is never lost**: a completion runs only after its transaction
@@ -30,7 +49,8 @@
 //!   end of each attempt (row + one history line). Leases and heartbeats are not
 //!   durable: a lease dies with the process, and its job, still `ready`/`delayed` on
 //!   disk, is redelivered by the next run.
-//! - Every change of an existing job is conditioned on its expected stored state and
+//! - Every change of an existing job is conditioned on its expected stored state
+//!   (the states of its [`contract::Intent`]) and
 //!   answered per item (applied or not); nothing assumes a single writer.
 //! - At most one stored job per `(queue, idempotency_key)` (a unique index); a key is
 //!   freed when its job is pruned or purged.
@@ -96,6 +116,7 @@ use sha2::{Digest, Sha256};
 
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
+pub mod contract;
 pub mod history;
 pub mod memory;
 pub mod postgres;

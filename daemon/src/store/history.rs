@@ -12,12 +12,13 @@
 //! numbering never restarts: the entries elided are the gaps in `seq`, counted on
 //! read ([`elided`]) and shown as `history_elided` by the API and qctl.
 //!
-//! The rule is pure ([`doomed`], [`bound_error`], [`elided`]); [`cap_history`] and
-//! [`elided_of`] are its SQL for the SQLite engine.
+//! The rule is pure ([`doomed`], [`bound_error`], [`elided`]) and engine-neutral:
+//! the memory engine applies it as is, the SQL engines spell [`doomed`] in the
+//! `DELETE` that follows each history insert (`store/sqlite.rs`,
+//! `store/postgres/jobs.rs`), and the conformance suite holds all of them to the
+//! same kept entries. Takes no messages.
 
 use std::borrow::Cow;
-
-use rusqlite::{Connection, params};
 
 use crate::job::HistoryEntry;
 
@@ -75,30 +76,6 @@ pub fn elided(seqs: &[u64]) -> (u64, usize) {
         .position(|(want, seq)| want != *seq)
         .unwrap_or(seqs.len());
     (newest - seqs.len() as u64, at)
-}
-
-/// Deletes the entries of `job_id` the cap no longer keeps; call right after each
-/// history insert (in the same transaction). Returns how many were deleted.
-pub fn cap_history(
-    conn: &Connection,
-    job_id: &[u8; 16],
-    limits: &HistoryLimits,
-) -> rusqlite::Result<usize> {
-    conn.prepare_cached(
-        "DELETE FROM history WHERE job_id = ?1 AND seq > ?2 \
-         AND seq <= (SELECT MAX(seq) FROM history WHERE job_id = ?1) - ?3",
-    )?
-    .execute(params![job_id, limits.keep_first, limits.keep_last.max(1)])
-}
-
-/// [`elided`] for the stored history of `job_id`.
-pub fn elided_of(conn: &Connection, job_id: &[u8; 16]) -> rusqlite::Result<(u64, usize)> {
-    let seqs = conn
-        .prepare_cached("SELECT seq FROM history WHERE job_id = ?1 ORDER BY seq")?
-        .query_map([job_id], |r| r.get::<_, i64>(0))?
-        .map(|seq| seq.map(|s| u64::try_from(s).unwrap_or(0)))
-        .collect::<rusqlite::Result<Vec<u64>>>()?;
-    Ok(elided(&seqs))
 }
 
 fn floor_boundary(text: &str, mut at: usize) -> usize {

@@ -6,9 +6,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use super::contract::{Intent, UNFINISHED};
 use super::{
     Backend, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, JobOrder, NewRecord, Override,
-    PruneScope, SqsQueueRecord, StoreError, history, prune, sort_counts,
+    PruneScope, SqsQueueRecord, StoreError, history, sort_counts,
 };
 use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
@@ -58,7 +59,7 @@ impl Row {
     }
 
     fn claimable(&self) -> bool {
-        self.lease.is_none() && matches!(self.job.state, State::Ready | State::Delayed)
+        self.lease.is_none() && Intent::Claim.applies_to(self.job.state)
     }
 }
 
@@ -316,7 +317,7 @@ impl Backend for MemoryBackend {
                 if self.shared {
                     return self.change(t, |r| {
                         r.lease.as_ref().is_some_and(|l| l.0 == token)
-                            && matches!(r.job.state, State::Ready | State::Delayed)
+                            && Intent::Complete.applies_to(r.job.state)
                     });
                 }
                 if let Some(mut row) = self
@@ -332,7 +333,7 @@ impl Backend for MemoryBackend {
                 }
                 self.change(t, |r| {
                     r.lease.is_none()
-                        && matches!(r.job.state, State::Ready | State::Delayed)
+                        && Intent::Complete.applies_to(r.job.state)
                         && r.job.lease_seq < token
                 })
             })
@@ -342,7 +343,7 @@ impl Backend for MemoryBackend {
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         Ok(changes
             .iter()
-            .map(|t| self.change_result(t, |r| r.job.state == State::Dead, true))
+            .map(|t| self.change_result(t, |r| Intent::Redrive.applies_to(r.job.state), true))
             .collect())
     }
 
@@ -356,9 +357,7 @@ impl Backend for MemoryBackend {
     }
 
     fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        let cancellable = |r: &Row| {
-            r.lease.is_none() && matches!(r.job.state, State::Ready | State::Delayed | State::Dead)
-        };
+        let cancellable = |r: &Row| r.lease.is_none() && Intent::Cancel.applies_to(r.job.state);
         Ok(changes
             .iter()
             .map(|t| self.change(t, cancellable))
@@ -368,16 +367,15 @@ impl Backend for MemoryBackend {
     fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError> {
         Ok(ids
             .iter()
-            .map(|id| self.delete(*id, &[State::Dead]))
+            .map(|id| self.delete(*id, Intent::Purge.states()))
             .collect())
     }
 
     fn load_unfinished(&mut self) -> Result<Vec<Job>, StoreError> {
-        let unfinished = |s: State| !matches!(s, State::Succeeded | State::Cancelled);
         Ok(self
             .jobs
             .values()
-            .filter(|row| unfinished(row.job.state))
+            .filter(|row| UNFINISHED.contains(&row.job.state))
             .map(Row::view)
             .collect())
     }
@@ -439,7 +437,10 @@ impl Backend for MemoryBackend {
             .values()
             .filter(|row| scope.covers(&row.job) && row.job.updated_at < finished_before)
             .filter_map(|row| {
-                let rank = prune::FINISHED.iter().position(|s| *s == row.job.state)?;
+                let rank = Intent::Prune
+                    .states()
+                    .iter()
+                    .position(|s| *s == row.job.state)?;
                 Some((rank, row.job.updated_at, row.job.id))
             })
             .collect();
@@ -456,7 +457,7 @@ impl Backend for MemoryBackend {
             .jobs
             .values()
             .map(|row| &row.job)
-            .filter(|job| scope.covers(job) && prune::FINISHED.contains(&job.state))
+            .filter(|job| scope.covers(job) && Intent::Prune.applies_to(job.state))
             .map(|job| job.updated_at)
             .min())
     }

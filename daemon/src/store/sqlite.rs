@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use rusqlite::config::DbConfig;
@@ -16,16 +16,17 @@ use rusqlite::{
 };
 use uuid::Uuid;
 
+use super::contract::{self, Intent, UNFINISHED};
 use super::sql_filter::{self, Arg, Dialect};
 use super::{
     Backend, Edges, Engine, HistoryLimits, Inserted, JobDetail, JobFilter, NewRecord, Override,
-    ParentView, PruneScope, SqliteOptions, SqsQueueRecord, StoreError, history, prune, sort_counts,
-    space,
+    ParentView, PruneScope, SqliteOptions, SqsQueueRecord, StoreError, history, sort_counts, space,
 };
 use crate::deps::{self, After, AfterError, AfterPolicy, Counts, Edge};
 use crate::job::{HistoryEntry, Job, JobId, Outcome, State, Token, Transition, UnixMillis};
 
 mod edges;
+mod prune;
 mod schedules;
 
 /// Schema migrations, applied in order: `MIGRATIONS[i]` takes a database from
@@ -260,7 +261,7 @@ macro_rules! ended_condition {
 }
 
 /// [`ended_condition!`] as a term over the unaliased `jobs` table.
-pub(super) const ENDED: &str = ended_condition!();
+const ENDED: &str = ended_condition!();
 
 /// The live leases of this process: a `TEMP` table, kept in memory by
 /// `temp_store=MEMORY` and never written to the database file or its WAL.
@@ -290,15 +291,18 @@ const JOB_COLUMNS: &str = "j.id, j.queue, j.tenant, j.idempotency_key, \
 /// A job's state as readers see it: `leased` while this process holds a lease.
 const EFFECTIVE_STATE: &str = "CASE WHEN l.id IS NULL THEN j.state ELSE 'leased' END";
 
-/// The unfinished stored jobs, in the columns of [`JOB_COLUMNS`] without the
-/// lease's (laid over from `temp.leases` in memory by
+/// The unfinished stored jobs ([`UNFINISHED`]), in the columns of [`JOB_COLUMNS`]
+/// without the lease's (laid over from `temp.leases` in memory by
 /// [`Backend::load_unfinished_chunks`]), as [`stored_job`] reads them; completed by
-/// a [`Range`]. The states are spelled as `OR` terms: an `IN` list probes a
-/// temporary index per row.
-const LOAD_UNFINISHED: &str = "SELECT id, queue, tenant, idempotency_key, state, attempts, \
-     budget_start, max_attempts, lease_seq, created_at, ready_at, updated_at, last_error, \
-     priority_ms FROM jobs WHERE (state = 'ready' OR state = 'delayed' OR state = 'dead' \
-     OR state = 'waiting' OR state = 'blocked')";
+/// a [`Range`].
+static LOAD_UNFINISHED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT id, queue, tenant, idempotency_key, state, attempts, budget_start, \
+         max_attempts, lease_seq, created_at, ready_at, updated_at, last_error, priority_ms \
+         FROM jobs WHERE {}",
+        contract::any_of("state", UNFINISHED)
+    )
+});
 
 /// Which ids a start-up read covers: all, those below a key, or those from it on.
 #[derive(Clone, Copy)]
@@ -321,7 +325,7 @@ fn read_range(
         Range::Below(key) => (" AND id < ?1", Some(key)),
         Range::From(key) => (" AND id >= ?1", Some(key)),
     };
-    let mut stmt = conn.prepare_cached(&format!("{LOAD_UNFINISHED}{bound} ORDER BY id"))?;
+    let mut stmt = conn.prepare_cached(&format!("{}{bound} ORDER BY id", *LOAD_UNFINISHED))?;
     let mut rows = match key {
         Some(key) => stmt.query([key])?,
         None => stmt.query([])?,
@@ -359,19 +363,59 @@ const DIALECT: Dialect = Dialect {
     ended: Some(concat!("j.", ended_condition!())),
 };
 
-/// The `UPDATE jobs` statement of [`SqliteBackend::change_each`] under `$condition`
-/// (SQL over the stored row; `?5` is the transition's token), built at compile time
-/// so the statement cache is hit without formatting a string per job.
-macro_rules! change_sql {
-    ($condition:literal) => {
-        concat!(
-            "UPDATE jobs SET state = ?2, attempts = ?3, budget_start = ?4, lease_seq = ?5, ",
-            "ready_at = ?6, updated_at = ?7, last_error = ?8 WHERE id = ?1 AND ",
-            $condition,
-            " AND id NOT IN (SELECT id FROM temp.leases)"
-        )
-    };
+/// The `UPDATE jobs` statement of [`SqliteBackend::change_each`] under `condition`
+/// (SQL over the stored row; `?5` is the transition's token).
+fn change_sql(condition: &str) -> String {
+    format!(
+        "UPDATE jobs SET state = ?2, attempts = ?3, budget_start = ?4, lease_seq = ?5, \
+         ready_at = ?6, updated_at = ?7, last_error = ?8 WHERE id = ?1 AND {condition} \
+         AND id NOT IN (SELECT id FROM temp.leases)"
+    )
 }
+
+// The statements of the intents, their conditions taken from the contract and
+// spelled once per process, so the statement cache is hit without formatting a
+// string per job.
+
+/// [`Backend::complete`]: over a claimable row with an older token and no other
+/// lease recorded.
+static COMPLETE: LazyLock<String> = LazyLock::new(|| {
+    change_sql(&format!(
+        "{} AND lease_seq < ?5",
+        Intent::Complete.sql("state")
+    ))
+});
+
+/// [`Backend::redrive`].
+static REDRIVE: LazyLock<String> = LazyLock::new(|| change_sql(&Intent::Redrive.sql("state")));
+
+/// [`Backend::cancel`].
+static CANCEL: LazyLock<String> = LazyLock::new(|| change_sql(&Intent::Cancel.sql("state")));
+
+/// [`Backend::purge`] of job `?1`.
+static PURGE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DELETE FROM jobs WHERE id = ?1 AND {}",
+        Intent::Purge.sql("state")
+    )
+});
+
+/// [`Backend::prune_finished`] of job `?1`, picked by [`prune::finished_ids`].
+static PRUNE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DELETE FROM jobs WHERE id = ?1 AND {}",
+        Intent::Prune.sql("state")
+    )
+});
+
+/// [`SqliteBackend::settle_held`]: child `?1` takes state `?2`, ready at `?3`,
+/// updated at `?4`.
+static SETTLE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE jobs SET state = ?2, ready_at = ?3, updated_at = ?4 WHERE id = ?1 AND {}",
+        Intent::Settle.sql("state")
+    )
+});
 
 /// The production [`Backend`]: one SQLite connection in WAL mode with `synchronous=FULL`,
 /// owned by the writer thread.
@@ -776,18 +820,12 @@ impl SqliteBackend {
         let Some(next) = deps::settle_child(&job, counts, now) else {
             return Ok(None);
         };
-        let applied = self
-            .conn
-            .prepare_cached(
-                "UPDATE jobs SET state = ?2, ready_at = ?3, updated_at = ?4 WHERE id = ?1 \
-                 AND (state = 'waiting' OR state = 'blocked')",
-            )?
-            .execute(params![
-                id_bytes(child),
-                next.state.as_str(),
-                next.ready_at,
-                next.updated_at
-            ])?;
+        let applied = self.conn.prepare_cached(&SETTLE)?.execute(params![
+            id_bytes(child),
+            next.state.as_str(),
+            next.ready_at,
+            next.updated_at
+        ])?;
         if applied != 1 {
             return Ok(None);
         }
@@ -968,7 +1006,7 @@ impl SqliteBackend {
     /// Records each lease in `temp.leases` if its stored job is claimable and not
     /// leased; answers whether it did, per lease.
     fn record_each(&self, leased: &[Job]) -> rusqlite::Result<Vec<bool>> {
-        let mut record = self.conn.prepare_cached(RECORD_LEASE)?;
+        let mut record = self.conn.prepare_cached(&RECORD_LEASE)?;
         leased
             .iter()
             .map(|job| record_lease(&mut record, job))
@@ -977,7 +1015,7 @@ impl SqliteBackend {
 
     /// [`record_lease`] for each job, then its payload if the lease was recorded.
     fn claim_each(&self, leased: &[Job]) -> rusqlite::Result<Vec<Option<Vec<u8>>>> {
-        let mut record = self.conn.prepare_cached(RECORD_LEASE)?;
+        let mut record = self.conn.prepare_cached(&RECORD_LEASE)?;
         let mut payload = self
             .conn
             .prepare_cached("SELECT body FROM payloads WHERE job_id = ?1")?;
@@ -995,7 +1033,7 @@ impl SqliteBackend {
     }
 
     /// Writes each transition's mutable columns and its history line with `update`,
-    /// one of the `UPDATE jobs` statements made by [`change_sql!`] (each conditions
+    /// one of the `UPDATE jobs` statements made by [`change_sql`] (each conditions
     /// the change on the stored row and on no lease being recorded for the job).
     /// With `end_leases`, first ends the lease each transition's token names. The
     /// statements are taken from the cache once for the whole batch.
@@ -1082,14 +1120,13 @@ impl SqliteBackend {
         ])?;
         let kept = i64::from(self.history.keep_first) + i64::from(self.history.keep_last.max(1));
         if seq > kept {
-            history::cap_history(&self.conn, &id, &self.history)?;
+            cap_history(&self.conn, &id, &self.history)?;
         }
         Ok(())
     }
 
     /// Deletes one job with its payload and history; `delete` is the `DELETE FROM jobs`
-    /// statement that conditions it on the stored state (a literal, so the statement
-    /// cache is hit without formatting a string per job).
+    /// statement that conditions it on the stored state ([`PURGE`], [`PRUNE`]).
     fn delete_one(&self, id: JobId, delete: &str) -> rusqlite::Result<bool> {
         let deleted = self.conn.prepare_cached(delete)?.execute([id_bytes(id)])?;
         if deleted == 0 {
@@ -1117,6 +1154,30 @@ impl SqliteBackend {
             .map(|item| one(self, item).map_err(|e| self.err(e)))
             .collect()
     }
+}
+
+/// Deletes the entries of `job_id` the cap no longer keeps ([`history::doomed`]); call right after each
+/// history insert (in the same transaction). Returns how many were deleted.
+fn cap_history(
+    conn: &Connection,
+    job_id: &[u8; 16],
+    limits: &HistoryLimits,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "DELETE FROM history WHERE job_id = ?1 AND seq > ?2 \
+         AND seq <= (SELECT MAX(seq) FROM history WHERE job_id = ?1) - ?3",
+    )?
+    .execute(params![job_id, limits.keep_first, limits.keep_last.max(1)])
+}
+
+/// [`history::elided`] for the stored history of `job_id`.
+fn elided_of(conn: &Connection, job_id: &[u8; 16]) -> rusqlite::Result<(u64, usize)> {
+    let seqs = conn
+        .prepare_cached("SELECT seq FROM history WHERE job_id = ?1 ORDER BY seq")?
+        .query_map([job_id], |r| r.get::<_, i64>(0))?
+        .map(|seq| seq.map(|s| u64::try_from(s).unwrap_or(0)))
+        .collect::<rusqlite::Result<Vec<u64>>>()?;
+    Ok(history::elided(&seqs))
 }
 
 /// Maps a SQLite error to a [`StoreError`] whose message names the database path.
@@ -1256,9 +1317,13 @@ fn stored_seq(seq: Token) -> i64 {
 
 /// Records a lease in `temp.leases` if the stored job (`?1`) is claimable and
 /// not leased: token `?2`, worker `?3`, leased at `?4`.
-const RECORD_LEASE: &str = "INSERT INTO temp.leases (id, token, worker, leased_at) \
-     SELECT id, ?2, ?3, ?4 FROM jobs WHERE id = ?1 AND state IN ('ready', 'delayed') \
-     ON CONFLICT DO NOTHING";
+static RECORD_LEASE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO temp.leases (id, token, worker, leased_at) \
+         SELECT id, ?2, ?3, ?4 FROM jobs WHERE id = ?1 AND {} ON CONFLICT DO NOTHING",
+        Intent::Claim.sql("state")
+    )
+});
 
 /// The `seq` of job `?1`'s next history line.
 const NEXT_HISTORY_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) + 1 FROM history WHERE job_id = ?1";
@@ -1490,17 +1555,13 @@ impl Backend for SqliteBackend {
     /// is ready or delayed with an older token and no other lease is recorded for it
     /// (the lease itself may not be recorded yet: see [`Backend::leases_are_local`]).
     fn complete(&mut self, ends: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        self.change_each(
-            ends,
-            change_sql!("state IN ('ready', 'delayed') AND lease_seq < ?5"),
-            true,
-        )
-        .map_err(|e| self.err(e))
+        self.change_each(ends, &COMPLETE, true)
+            .map_err(|e| self.err(e))
     }
 
     fn redrive(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
         let run = || {
-            let applied = self.change_each(changes, change_sql!("state = 'dead'"), false)?;
+            let applied = self.change_each(changes, &REDRIVE, false)?;
             self.clear_results(changes, &applied)?;
             Ok(applied)
         };
@@ -1516,20 +1577,12 @@ impl Backend for SqliteBackend {
     }
 
     fn cancel(&mut self, changes: &[Transition]) -> Result<Vec<bool>, StoreError> {
-        self.change_each(
-            changes,
-            // Ready, delayed or dead, spelled as the two states left out: an `IN`
-            // list of three would build a temporary index at every run.
-            change_sql!("state NOT IN ('succeeded', 'cancelled')"),
-            false,
-        )
-        .map_err(|e| self.err(e))
+        self.change_each(changes, &CANCEL, false)
+            .map_err(|e| self.err(e))
     }
 
     fn purge(&mut self, ids: &[JobId]) -> Result<Vec<bool>, StoreError> {
-        self.each(ids, |b, id| {
-            b.delete_one(*id, "DELETE FROM jobs WHERE id = ?1 AND state = 'dead'")
-        })
+        self.each(ids, |b, id| b.delete_one(*id, &PURGE))
     }
 
     fn prune_finished(
@@ -1540,12 +1593,7 @@ impl Backend for SqliteBackend {
     ) -> Result<u64, StoreError> {
         let doomed = prune::finished_ids(&self.conn, scope, finished_before, limit)
             .map_err(|e| self.err(e))?;
-        let deleted = self.each(&doomed, |b, id| {
-            b.delete_one(
-                *id,
-                "DELETE FROM jobs WHERE id = ?1 AND state IN ('succeeded', 'cancelled')",
-            )
-        })?;
+        let deleted = self.each(&doomed, |b, id| b.delete_one(*id, &PRUNE))?;
         Ok(deleted.into_iter().filter(|d| *d).count() as u64)
     }
 
@@ -1670,8 +1718,7 @@ impl Backend for SqliteBackend {
                 .query_row([id_bytes(id)], |r| r.get(0))
                 .optional()?;
             let history = self.history_of(id)?;
-            let (history_elided, history_elided_at) =
-                history::elided_of(&self.conn, &id_bytes(id))?;
+            let (history_elided, history_elided_at) = elided_of(&self.conn, &id_bytes(id))?;
             Ok(Some(JobDetail {
                 job,
                 payload,
@@ -1914,6 +1961,20 @@ mod tests {
         }
     }
 
+    /// The column contract: the row's `CHECK` allows exactly the contract's stored
+    /// states.
+    #[test]
+    fn the_schema_stores_exactly_the_contracts_states() {
+        let check = &DEPENDENCIES[DEPENDENCIES.find("CHECK (").expect("check")..];
+        let check = &check[..check.find(");").expect("end")];
+        let states: Vec<&str> = check
+            .split("state = '")
+            .skip(1)
+            .map(|rest| &rest[..rest.find('\'').expect("quoted")])
+            .collect();
+        assert_eq!(states, contract::STORED.map(State::as_str));
+    }
+
     #[test]
     fn a_jobs_writes_build_no_temporary_index_and_one_index_by_state_holds_ended_jobs() {
         assert!(
@@ -1924,9 +1985,13 @@ mod tests {
         // Temporary indexes SQLite builds per run of a statement: neither the
         // index's condition nor the table's CHECKs may make a job's writes build one.
         for statement in [
-            change_sql!("state IN ('ready', 'delayed') AND lease_seq < ?5"),
-            change_sql!("state NOT IN ('succeeded', 'cancelled')"),
-            RECORD_LEASE,
+            &*COMPLETE,
+            &*REDRIVE,
+            &*CANCEL,
+            &*PURGE,
+            &*PRUNE,
+            &*SETTLE,
+            &*RECORD_LEASE,
             "INSERT INTO jobs (id, queue, tenant, state, attempts, budget_start, \
              max_attempts, lease_seq, created_at, ready_at, updated_at) \
              VALUES (?1, 'q', 't', 'ready', 0, 0, 1, 0, 0, 0, 0)",

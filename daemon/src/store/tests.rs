@@ -1,5 +1,6 @@
 //! Tests of the store: group commit and durability, error mapping on open, disk full,
-//! panics and closing. The model test (SQLite against memory) is in `tests/model.rs`.
+//! panics and closing. The model test (SQLite against memory) is in `tests/model.rs`;
+//! what every engine shares, in the conformance suite (`tests/conformance.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::mpsc;
@@ -11,6 +12,7 @@ use uuid::Uuid;
 use super::*;
 use crate::job::{Outcome, Token};
 
+mod conformance;
 mod dependencies_pg;
 mod edges;
 mod model;
@@ -776,138 +778,6 @@ fn a_full_disk_while_lease_records_are_written_is_what_the_batch_answers() {
 }
 
 #[test]
-fn every_change_is_conditioned_on_the_stored_state_and_answered_per_item() {
-    let (_dir, path) = temp_db();
-    conditioned_per_item(&open(&path));
-}
-
-/// Every change of an existing job applies only over the stored state it expects,
-/// answered per item; `store` is empty. Shared by the engines' tests.
-fn conditioned_per_item(store: &Store) {
-    let (a, b_job) = (job(1, "q", None), job(2, "q", None));
-    let batch = vec![
-        NewRecord {
-            job: a.clone(),
-            payload: b"a".to_vec(),
-        },
-        NewRecord {
-            job: b_job.clone(),
-            payload: b"b".to_vec(),
-        },
-    ];
-    assert_eq!(
-        block(store, move |b| b.enqueue(&batch)),
-        Ok(vec![Inserted::New, Inserted::New])
-    );
-    let (first, second) = (leased(&a, 1), leased(&a, 2));
-    let claims = block(store, move |b| b.claim(&[first, second])).expect("claim");
-    assert_eq!(
-        claims,
-        vec![Some(b"a".to_vec()), None],
-        "one lease at a time"
-    );
-    let cancel = |job: &Job| Transition {
-        job: Job {
-            state: State::Cancelled,
-            ..job.clone()
-        },
-        entry: None,
-        result: None,
-    };
-    let (cancel_a, cancel_b) = (cancel(&a), cancel(&b_job));
-    let cancelled = block(store, move |b| b.cancel(&[cancel_a, cancel_b])).expect("cancel");
-    assert_eq!(
-        cancelled,
-        vec![false, true],
-        "a leased job is not cancelled"
-    );
-    let done = |token| Transition {
-        job: Job {
-            state: State::Succeeded,
-            attempts: 1,
-            lease_seq: token,
-            ..a.clone()
-        },
-        entry: None,
-        result: None,
-    };
-    let (stale, current) = (done(7), done(1));
-    let ends = block(store, move |b| b.complete(&[stale, current])).expect("complete");
-    assert_eq!(ends, vec![false, true], "a stale token changes nothing");
-    let redrive = Transition {
-        job: Job {
-            state: State::Ready,
-            ..a.clone()
-        },
-        entry: None,
-        result: None,
-    };
-    assert_eq!(
-        block(store, move |b| b.redrive(&[redrive])),
-        Ok(vec![false])
-    );
-    let ids = [a.id, b_job.id];
-    assert_eq!(block(store, move |b| b.purge(&ids)), Ok(vec![false, false]));
-    let counts = block(store, |b| b.counts()).expect("counts");
-    assert_eq!(
-        counts,
-        vec![
-            ("q".to_owned(), State::Succeeded, 1),
-            ("q".to_owned(), State::Cancelled, 1)
-        ]
-    );
-}
-
-/// Local leases ([`Backend::leases_are_local`]): the Broker may end a lease whose
-/// claim the store has not recorded; the store still refuses a token that is not
-/// newer than the stored one, and one that is not the recorded lease's.
-#[test]
-fn an_unrecorded_local_lease_ends_only_with_a_newer_token() {
-    let (_dir, backends) = backends();
-    for mut b in backends {
-        assert!(b.leases_are_local());
-        let stored = job(1, "q", None);
-        insert(b.as_mut(), &stored, b"p").expect("insert");
-        let end = |token| Transition {
-            job: Job {
-                state: State::Ready,
-                attempts: 1,
-                lease_seq: token,
-                ..stored.clone()
-            },
-            entry: None,
-            result: None,
-        };
-        assert_eq!(
-            b.complete(&[end(1)]),
-            Ok(vec![true]),
-            "never recorded, newer"
-        );
-        assert_eq!(b.complete(&[end(1)]), Ok(vec![false]), "same token again");
-        assert_eq!(b.complete(&[end(0)]), Ok(vec![false]), "older token");
-        assert_eq!(b.claim(&[leased(&stored, 3)]).map(|p| p.len()), Ok(1));
-        assert_eq!(
-            b.complete(&[end(2)]),
-            Ok(vec![false]),
-            "another lease is recorded"
-        );
-        assert_eq!(
-            b.complete(&[end(3)]),
-            Ok(vec![true]),
-            "the recorded lease's own"
-        );
-    }
-}
-
-/// One SQLite backend on a temp file and the memory model, for contract tests.
-fn backends() -> (tempfile::TempDir, Vec<Box<dyn Backend>>) {
-    let (dir, path) = temp_db();
-    let sqlite = sqlite::SqliteBackend::open(&path, &SqliteOptions::default()).expect("open");
-    let model = memory::MemoryBackend::new(HistoryLimits::default());
-    (dir, vec![Box::new(sqlite), Box::new(model)])
-}
-
-#[test]
 fn a_lease_is_not_durable_and_its_job_is_ready_after_reopen() {
     let (_dir, path) = temp_db();
     let store = open(&path);
@@ -980,63 +850,6 @@ fn lease_records_ride_on_the_next_batch_before_its_ops() {
     let seen = block(&store, |s| s.load_unfinished()).expect("load");
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert_eq!(seen[2], fresh);
-}
-
-#[test]
-fn enqueue_dedupes_by_key_inside_one_batch_and_across_batches() {
-    let (_dir, path) = temp_db();
-    for store in [Store::open_memory(), open(&path)] {
-        dedupes_by_key(&store);
-    }
-}
-
-/// Idempotency keys dedupe inside one batch and across batches, per queue; `store`
-/// is empty. Shared by the engines' tests.
-fn dedupes_by_key(store: &Store) {
-    {
-        let batch = vec![
-            NewRecord {
-                job: job(1, "q", Some("k")),
-                payload: b"p".to_vec(),
-            },
-            NewRecord {
-                job: job(2, "q", Some("k")),
-                payload: b"p".to_vec(),
-            },
-            NewRecord {
-                job: job(3, "q", Some("k")),
-                payload: b"other".to_vec(),
-            },
-            NewRecord {
-                job: job(4, "r", Some("k")),
-                payload: b"p".to_vec(),
-            },
-        ];
-        let again = batch[1..2].to_vec();
-        let holder = JobId(Uuid::from_u128(1));
-        assert_eq!(
-            block(store, move |b| b.enqueue(&batch)),
-            Ok(vec![
-                Inserted::New,
-                Inserted::Duplicate {
-                    id: holder,
-                    same_payload: true
-                },
-                Inserted::Duplicate {
-                    id: holder,
-                    same_payload: false
-                },
-                Inserted::New,
-            ])
-        );
-        assert_eq!(
-            block(store, move |b| b.enqueue(&again)),
-            Ok(vec![Inserted::Duplicate {
-                id: holder,
-                same_payload: true
-            }])
-        );
-    }
 }
 
 #[test]
@@ -1169,66 +982,6 @@ fn a_version_2_database_is_migrated_keeping_every_job_and_the_rules_on_its_rows(
         [],
     );
     assert!(refused.is_err(), "the state CHECK holds: {refused:?}");
-}
-
-#[test]
-fn redrive_with_payload_replaces_the_payload_only_of_a_dead_job_and_notes_both_digests() {
-    let (_dir, path) = temp_db();
-    let store = open(&path);
-    let dead = Job {
-        state: State::Dead,
-        ..job(1, "q", Some("k"))
-    };
-    let ready = job(2, "q", None);
-    for stored in [dead.clone(), ready.clone()] {
-        block(&store, move |b| insert(b, &stored, b"old")).expect("insert");
-    }
-    let redrive = |j: &Job| Transition {
-        job: Job {
-            state: State::Ready,
-            ..j.clone()
-        },
-        entry: Some(HistoryEntry {
-            attempt: 0,
-            outcome: Outcome::Redriven,
-            worker: None,
-            started_at: None,
-            ended_at: 5,
-            error: Some("redriven by uid 7".into()),
-        }),
-        result: None,
-    };
-    let (fix_dead, fix_ready) = (redrive(&dead), redrive(&ready));
-    let applied = block(&store, move |b| {
-        Ok((
-            b.redrive_with_payload(&fix_dead, b"new")?,
-            b.redrive_with_payload(&fix_ready, b"new")?,
-        ))
-    });
-    assert_eq!(applied, Ok((true, false)));
-
-    let (dead_id, ready_id) = (dead.id, ready.id);
-    let fixed = block(&store, move |b| b.job(dead_id))
-        .expect("read")
-        .expect("kept");
-    assert_eq!(fixed.payload, b"new");
-    assert_eq!(fixed.job.state, State::Ready);
-    assert_eq!(fixed.job.idempotency_key.as_deref(), Some("k"));
-    let note = fixed.history.last().and_then(|e| e.error.clone());
-    let expected = format!("redriven by uid 7; {}", payload_change(b"old", b"new"));
-    assert_eq!(note.as_deref(), Some(expected.as_str()));
-    assert!(expected.contains(
-        "3 bytes (sha256 11507a0e2f5e69d5dfa40a62a1bd7b6ee57e6bcd85c67c9b8431b36fff21c437)"
-    ));
-
-    let untouched = block(&store, move |b| b.job(ready_id))
-        .expect("read")
-        .expect("kept");
-    assert_eq!(
-        untouched.payload, b"old",
-        "nothing written for a job that is not dead"
-    );
-    assert!(untouched.history.is_empty());
 }
 
 #[test]

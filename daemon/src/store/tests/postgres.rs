@@ -1,10 +1,11 @@
 //! The PostgreSQL engine's own tests, each on a fresh database of the test run's
-//! throw-away cluster (`pg.rs`): the engine-generic checks shared with SQLite, the
-//! schema's migration lock and version check, and what only a shared database
+//! throw-away cluster (`pg.rs`): the schema's migration lock and version check,
+//! and what only a shared database
 //! has: leases stored with a deadline by the database clock, fenced tokens across
 //! two stores (two nodes) on one database (a token sequence no stale copy takes
 //! back), `claim_next`'s `SKIP LOCKED`, and tenants' concurrency caps held across
-//! two nodes claiming at once.
+//! two nodes claiming at once. The checks every engine shares are the
+//! conformance suite's (`conformance.rs`).
 
 use std::str::FromStr;
 
@@ -36,18 +37,6 @@ fn config(url: &str) -> tokio_postgres::Config {
 fn postgres_schedules_advance_once_per_tick() {
     let Some(db) = database() else { return };
     super::schedules::schedules_advance_once_per_tick(&open_pg(&db.url, &PgOptions::default()));
-}
-
-#[test]
-fn postgres_changes_are_conditioned_per_item() {
-    let Some(db) = database() else { return };
-    conditioned_per_item(&open_pg(&db.url, &PgOptions::default()));
-}
-
-#[test]
-fn postgres_dedupes_by_key_inside_one_batch_and_across_batches() {
-    let Some(db) = database() else { return };
-    dedupes_by_key(&open_pg(&db.url, &PgOptions::default()));
 }
 
 #[test]
