@@ -180,10 +180,26 @@ impl DeadLeases {
     }
 }
 
+/// The SQS-created queues whose redrive policy names `queue` as their dead-letter
+/// queue, in name order.
+pub fn dead_letter_sources(ctx: &Ctx, queue: &str) -> Vec<String> {
+    let arn = ctx.arn(queue);
+    ctx.config
+        .sqs
+        .created
+        .iter()
+        .filter(|(_, q)| {
+            q.redrive_policy()
+                .is_some_and(|p| p.dead_letter_target_arn == arn)
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
 /// The queues whose redrive policy names `dlq` and whose dead jobs the caller may
 /// work (`work` on the source queue).
 pub fn sources(ctx: &Ctx, dlq: &str) -> Vec<String> {
-    super::queues::dead_letter_sources(ctx, &ctx.config, dlq)
+    dead_letter_sources(ctx, dlq)
         .into_iter()
         .filter(|s| s != dlq && ctx.allow(Some(Role::Work), s).is_ok())
         .collect()

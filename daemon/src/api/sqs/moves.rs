@@ -18,10 +18,9 @@ use ractor::ActorRef;
 use serde_json::{Map, Value, json};
 use tracing::info;
 
-use super::dead::{DeadLeases, dead_ids};
+use super::dead::{DeadLeases, dead_ids, dead_letter_sources};
 use super::error::{ErrorKind, SqsError};
 use super::params::{opt_int, opt_str, req_str};
-use super::queues::dead_letter_sources;
 use super::{BROKER_TIMEOUT, Ctx};
 use crate::api::auth::Role;
 use crate::broker::{self, BrokerMsg};
@@ -81,7 +80,7 @@ pub async fn start(ctx: &Ctx) -> Result<Value, SqsError> {
             )
         })?;
     ctx.allow(Some(Role::Work), &dlq_name)?;
-    let sources = dead_letter_sources(ctx, &ctx.config, &dlq_name);
+    let sources = dead_letter_sources(ctx, &dlq_name);
     if sources.is_empty() {
         return Err(SqsError::invalid(format!(
             "Source queue {dlq_name} must be configured as a dead-letter queue: no queue's RedrivePolicy names {source_arn}."

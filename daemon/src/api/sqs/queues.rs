@@ -427,22 +427,6 @@ pub fn list_queue_tags(ctx: &Ctx) -> Result<Value, SqsError> {
     Ok(json!({ "Tags": tags }))
 }
 
-/// The SQS-created queues whose redrive policy names `queue` as their dead-letter
-/// queue, in name order.
-pub fn dead_letter_sources(ctx: &Ctx, config: &Config, queue: &str) -> Vec<String> {
-    let arn = ctx.arn(queue);
-    config
-        .sqs
-        .created
-        .iter()
-        .filter(|(_, q)| {
-            q.redrive_policy()
-                .is_some_and(|p| p.dead_letter_target_arn == arn)
-        })
-        .map(|(name, _)| name.clone())
-        .collect()
-}
-
 /// ListDeadLetterSourceQueues: the queues whose redrive policy targets this one,
 /// in pages of `MaxResults` (1 to 1,000) continued with `NextToken`.
 pub fn list_dead_letter_source_queues(ctx: &Ctx) -> Result<Value, SqsError> {
@@ -450,7 +434,7 @@ pub fn list_dead_letter_source_queues(ctx: &Ctx) -> Result<Value, SqsError> {
     ctx.allow(None, &name)?;
     let max = opt_int(&ctx.params, "MaxResults", 1, 1000)?;
     let after = next_token(ctx)?;
-    let names: Vec<String> = dead_letter_sources(ctx, &ctx.config, &name)
+    let names: Vec<String> = super::dead::dead_letter_sources(ctx, &name)
         .into_iter()
         .filter(|n| after.as_ref().is_none_or(|a| n > a))
         .filter(|n| ctx.caller.allow_queue(n).is_ok())
