@@ -252,8 +252,10 @@ pub trait Backend: Send {
 
     /// The unfinished direct children `parent` holds back: those whose edge from it
     /// is not met (a dead parent's broken edges), in id order. A purge of `parent`
-    /// would leave them waiting for a job that no longer exists. The default reads
-    /// [`Backend::edges`] and each child's state.
+    /// would leave them waiting for a job that no longer exists. A store shared by
+    /// several nodes locks `parent`'s row first, so the answer holds until the
+    /// transaction ends (callers check several parents in id order). The default
+    /// reads [`Backend::edges`] and each child's state.
     fn blocked_by(&mut self, parent: JobId) -> Result<Vec<JobId>, StoreError> {
         let edges = self.edges(parent)?;
         let mut held = Vec::new();
@@ -743,6 +745,11 @@ pub trait SharedStore {
     /// `now` (Unix ms): a lease counts as leased, a delayed job whose `ready_at` has
     /// come as ready; only non-zero counts. The leader's cluster gauges.
     fn depths(&mut self, now: UnixMillis) -> Result<Vec<(String, State, u64)>, StoreError>;
+
+    /// Jobs per (queue, state) held back by their parents (waiting, blocked)
+    /// across the cluster; only non-zero counts. What `qctl queues` and `top`
+    /// show for them, since no node's memory holds such jobs on a shared store.
+    fn held_depths(&mut self) -> Result<Vec<(String, State, u64)>, StoreError>;
 
     /// Every node that joined, by name, with its last heartbeat and whether it is
     /// the leader.

@@ -1,5 +1,6 @@
 //! The operator's side of job dependencies through the real `qd` and `qctl`
-//! binaries on SQLite: `jobs release` makes a blocked child run, `dlq purge`
+//! binaries, on SQLite and (`dependencies_ops_postgres.rs`) on PostgreSQL:
+//! `jobs release` makes a blocked child run, `dlq purge`
 //! refuses a dead job that blocks others (naming them) unless `--cascade` or
 //! `--release`, the blocked counts of `dlq list` / `dlq show`, parents and
 //! dependents in `jobs show`, `jobs tree`, the waiting and blocked counts `top`

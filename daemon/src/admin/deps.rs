@@ -170,18 +170,24 @@ impl Handler {
             .iter()
             .map(|j| parse_id(&j.id))
             .collect::<Result<Vec<_>, _>>()?;
-        let counts: Vec<u64> = self
+        // In id order: on PostgreSQL each check locks its job's row (see
+        // `Backend::blocked_by`), and every transaction locks parents by id.
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let counts: std::collections::HashMap<JobId, u64> = self
             .daemon
             .store
             .run(move |b| {
-                ids.iter()
-                    .map(|id| Ok(b.blocked_by(*id)?.len() as u64))
+                sorted
+                    .into_iter()
+                    .map(|id| Ok((id, b.blocked_by(id)?.len() as u64)))
                     .collect()
             })
             .await
             .map_err(BrokerError::from)?;
-        for (job, n) in jobs.iter_mut().zip(counts) {
-            job.blocks = Some(n);
+        for (job, id) in jobs.iter_mut().zip(&ids) {
+            job.blocks = counts.get(id).copied();
         }
         Ok(jobs)
     }
@@ -303,7 +309,9 @@ impl Handler {
         self.queue_filter(selection.queue.as_deref())?;
         let sel = selection_of(selection)?;
         let resolved = super::dlq_call(|tx| DlqMsg::Purge(sel, true, tx)).await?;
-        let ids = resolved.moved.clone();
+        let mut ids = resolved.moved.clone();
+        // In id order, as every transaction locks parents (`Backend::blocked_by`).
+        ids.sort_unstable();
         let blocking: Vec<(JobId, Vec<JobId>)> = self
             .daemon
             .store

@@ -1522,6 +1522,10 @@ impl BrokerState {
                     match failed {
                         None => {
                             state.dependents_moved(moved, now);
+                            // Read into memory for this change on a shared store;
+                            // still held (not blocked any more, or waiting on
+                            // another parent), it stays the database's alone.
+                            state.forget_held(id);
                             state.store_accepted(now, mono);
                         }
                         Some(err) => state.store_refused(&err),

@@ -522,6 +522,18 @@ impl BrokerState {
         true
     }
 
+    /// On a shared store, drops memory's copy of `id` if it is waiting or blocked:
+    /// such a job is the database's alone (any node may release it), so a copy an
+    /// operator's change read in ([`Self::reload_then`]) would go stale.
+    pub(in crate::broker) fn forget_held(&mut self, id: JobId) {
+        if !self.shared() {
+            return;
+        }
+        if let Some(job) = self.jobs.get(id).filter(|j| j.state.is_held()) {
+            self.drop_stale(&job);
+        }
+    }
+
     /// Drops a job memory held in a state the store no longer has (another node
     /// changed it): the Scheduler forgets it or, if it was leased here, frees its slot.
     pub(in crate::broker) fn drop_stale(&mut self, job: &Job) {
