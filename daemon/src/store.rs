@@ -975,6 +975,55 @@ pub struct Edges {
     pub children: Vec<(JobId, crate::deps::Edge)>,
 }
 
+/// One end of a job's edge with the record of the job there (`None` once purged
+/// or pruned): the job's id, the edge's state, the record.
+pub type EdgeRecord = (JobId, crate::deps::Edge, Option<Job>);
+
+/// A job's edges with the records at their far ends ([`edge_records`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EdgeRecords {
+    /// Its parents, in id order.
+    pub parents: Vec<EdgeRecord>,
+    /// Its first direct dependents, in id order.
+    pub dependents: Vec<EdgeRecord>,
+    /// How many direct dependents it has in all.
+    pub dependents_total: u64,
+}
+
+/// The edges of `id` with the records of its parents and of its first
+/// `max_dependents` direct dependents: what `qctl jobs show`, the console's job
+/// page and `GET /v1/jobs/{id}` list. Three reads: the edges, then each side's
+/// records.
+pub fn edge_records(
+    b: &mut dyn Backend,
+    id: JobId,
+    max_dependents: usize,
+) -> Result<EdgeRecords, StoreError> {
+    let edges = b.edges(id)?;
+    let dependents_total = edges.children.len() as u64;
+    let mut records = |list: &[(JobId, crate::deps::Edge)]| -> Result<Vec<EdgeRecord>, StoreError> {
+        let ids: Vec<JobId> = list.iter().map(|(i, _)| *i).collect();
+        let jobs = if ids.is_empty() {
+            Vec::new()
+        } else {
+            b.job_records(&ids)?
+        };
+        Ok(list
+            .iter()
+            .zip(jobs)
+            .map(|((i, e), j)| (*i, *e, j))
+            .collect())
+    };
+    let parents = records(&edges.parents)?;
+    let shown = edges.children.len().min(max_dependents);
+    let dependents = records(&edges.children[..shown])?;
+    Ok(EdgeRecords {
+        parents,
+        dependents,
+        dependents_total,
+    })
+}
+
 /// Whether a local store (SQLite) of this process ever held a dependency edge:
 /// set when one opens with edges stored or stores one (before that commit, so
 /// before any lease of the child), never cleared. Until then no job has parents

@@ -36,26 +36,22 @@ fn edge_info(id: JobId, edge: Edge, job: Option<&Job>) -> EdgeInfo {
 }
 
 /// A job's parents and its first [`MAX_DEPENDENTS_SHOWN`] dependents with their
-/// records, and how many dependents it has.
+/// records ([`crate::store::edge_records`]), and how many dependents it has.
 fn edges_of(
     b: &mut dyn Backend,
     id: JobId,
 ) -> Result<(Vec<EdgeInfo>, Vec<EdgeInfo>, u64), StoreError> {
-    let edges = b.edges(id)?;
-    let total = edges.children.len() as u64;
-    let mut infos = |list: &[(JobId, Edge)]| -> Result<Vec<EdgeInfo>, StoreError> {
-        let ids: Vec<JobId> = list.iter().map(|(i, _)| *i).collect();
-        let jobs = b.job_records(&ids)?;
-        Ok(list
-            .iter()
-            .zip(&jobs)
-            .map(|((i, e), j)| edge_info(*i, *e, j.as_ref()))
-            .collect())
+    let found = crate::store::edge_records(b, id, MAX_DEPENDENTS_SHOWN)?;
+    let infos = |list: &[crate::store::EdgeRecord]| -> Vec<EdgeInfo> {
+        list.iter()
+            .map(|(i, e, j)| edge_info(*i, *e, j.as_ref()))
+            .collect()
     };
-    let parents = infos(&edges.parents)?;
-    let shown = edges.children.len().min(MAX_DEPENDENTS_SHOWN);
-    let dependents = infos(&edges.children[..shown])?;
-    Ok((parents, dependents, total))
+    Ok((
+        infos(&found.parents),
+        infos(&found.dependents),
+        found.dependents_total,
+    ))
 }
 
 /// Walks a dependency tree depth first, within its bounds.
