@@ -69,8 +69,8 @@ fn queue(name: &str, oldest: Option<f64>) -> QueueInfo {
         workers_min: 1,
         workers_max: 16,
         paused: false,
-        waiting: 0,
-        blocked: 0,
+        waiting: 7,
+        blocked: 5,
     }
 }
 
@@ -155,6 +155,15 @@ fn queues_prints_an_aligned_table() {
     );
     let ready = |l: &str| l.find("12").expect("ready count");
     assert_eq!(ready(lines[1]), ready(lines[2]), "columns align:\n{text}");
+    // The jobs held by dependencies, under their own headers.
+    for (header, count) in [("WAITING", "7"), ("BLOCKED", "5")] {
+        let col = lines[0]
+            .find(header)
+            .unwrap_or_else(|| panic!("{header}:\n{text}"));
+        for row in &lines[1..] {
+            assert!(row[col..].starts_with(count), "{header} {count}:\n{text}");
+        }
+    }
 }
 
 #[test]

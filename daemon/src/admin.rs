@@ -739,6 +739,7 @@ impl Handler {
         let counts = broker::request(BrokerMsg::Counts, CALL)
             .await
             .unwrap_or_default();
+        let held = self.held_depths().await;
         let mut out = Vec::new();
         for (name, qcfg) in &self.daemon.config().queues {
             let sched = match ActorRef::<SchedulerMsg>::where_is(scheduler::name(name)) {
@@ -750,7 +751,17 @@ impl Handler {
                 None => Default::default(),
             };
             let (min, max) = self.daemon.limits.workers(name, &qcfg.workers);
-            let c = counts.get(name.as_str()).copied().unwrap_or_default();
+            let mut c = counts.get(name.as_str()).copied().unwrap_or_default();
+            if let Some(held) = &held {
+                let of = |state: State| {
+                    held.iter()
+                        .filter(|(q, s, _)| q == name && *s == state)
+                        .map(|(_, _, n)| n)
+                        .sum()
+                };
+                c.held_waiting = of(State::Waiting);
+                c.held_blocked = of(State::Blocked);
+            }
             out.push(views::queue(
                 name,
                 &sched,
@@ -761,6 +772,26 @@ impl Handler {
             ));
         }
         out
+    }
+
+    /// On a shared store, the cluster's waiting and blocked jobs per queue, which
+    /// no node's memory holds (`SharedStore::held_depths`); `None` on a local
+    /// store, whose Broker counts them, or when the read fails (memory's counts
+    /// are shown then).
+    async fn held_depths(&self) -> Option<Vec<(String, State, u64)>> {
+        if self.daemon.store.leases_are_local() {
+            return None;
+        }
+        let read = self
+            .daemon
+            .store
+            .run(|b| match b.shared() {
+                Some(shared) => shared.held_depths(),
+                None => Ok(Vec::new()),
+            })
+            .await;
+        read.inspect_err(|e| tracing::warn!(error = %e, "Reading the cluster's held jobs failed."))
+            .ok()
     }
 
     fn limits(&self) -> Response {

@@ -273,8 +273,10 @@ pub trait Backend: Send {
 
     /// The unfinished direct children `parent` holds back: those whose edge from it
     /// is not met (a dead parent's broken edges), in id order. A purge of `parent`
-    /// would leave them waiting for a job that no longer exists. The default reads
-    /// [`Backend::edges`] and each child's state.
+    /// would leave them waiting for a job that no longer exists. A store shared by
+    /// several nodes locks `parent`'s row first, so the answer holds until the
+    /// transaction ends (callers check several parents in id order). The default
+    /// reads [`Backend::edges`] and each child's state.
     fn blocked_by(&mut self, parent: JobId) -> Result<Vec<JobId>, StoreError> {
         let edges = self.edges(parent)?;
         let mut held = Vec::new();
@@ -765,6 +767,11 @@ pub trait SharedStore {
     /// come as ready; only non-zero counts. The leader's cluster gauges.
     fn depths(&mut self, now: UnixMillis) -> Result<Vec<(String, State, u64)>, StoreError>;
 
+    /// Jobs per (queue, state) held back by their parents (waiting, blocked)
+    /// across the cluster; only non-zero counts. What `qctl queues` and `top`
+    /// show for them, since no node's memory holds such jobs on a shared store.
+    fn held_depths(&mut self) -> Result<Vec<(String, State, u64)>, StoreError>;
+
     /// Every node that joined, by name, with its last heartbeat and whether it is
     /// the leader.
     fn nodes(&mut self) -> Result<Vec<NodeInfo>, StoreError>;
@@ -987,6 +994,55 @@ pub struct Edges {
     pub parents: Vec<(JobId, crate::deps::Edge)>,
     /// Its direct children, with the edge's state.
     pub children: Vec<(JobId, crate::deps::Edge)>,
+}
+
+/// One end of a job's edge with the record of the job there (`None` once purged
+/// or pruned): the job's id, the edge's state, the record.
+pub type EdgeRecord = (JobId, crate::deps::Edge, Option<Job>);
+
+/// A job's edges with the records at their far ends ([`edge_records`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EdgeRecords {
+    /// Its parents, in id order.
+    pub parents: Vec<EdgeRecord>,
+    /// Its first direct dependents, in id order.
+    pub dependents: Vec<EdgeRecord>,
+    /// How many direct dependents it has in all.
+    pub dependents_total: u64,
+}
+
+/// The edges of `id` with the records of its parents and of its first
+/// `max_dependents` direct dependents: what `qctl jobs show`, the console's job
+/// page and `GET /v1/jobs/{id}` list. Three reads: the edges, then each side's
+/// records.
+pub fn edge_records(
+    b: &mut dyn Backend,
+    id: JobId,
+    max_dependents: usize,
+) -> Result<EdgeRecords, StoreError> {
+    let edges = b.edges(id)?;
+    let dependents_total = edges.children.len() as u64;
+    let mut records = |list: &[(JobId, crate::deps::Edge)]| -> Result<Vec<EdgeRecord>, StoreError> {
+        let ids: Vec<JobId> = list.iter().map(|(i, _)| *i).collect();
+        let jobs = if ids.is_empty() {
+            Vec::new()
+        } else {
+            b.job_records(&ids)?
+        };
+        Ok(list
+            .iter()
+            .zip(jobs)
+            .map(|((i, e), j)| (*i, *e, j))
+            .collect())
+    };
+    let parents = records(&edges.parents)?;
+    let shown = edges.children.len().min(max_dependents);
+    let dependents = records(&edges.children[..shown])?;
+    Ok(EdgeRecords {
+        parents,
+        dependents,
+        dependents_total,
+    })
 }
 
 /// Whether a local store (SQLite) of this process ever held a dependency edge:

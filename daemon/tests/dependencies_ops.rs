@@ -1,5 +1,6 @@
 //! The operator's side of job dependencies through the real `qd` and `qctl`
-//! binaries on SQLite: `jobs release` makes a blocked child run, `dlq purge`
+//! binaries, on SQLite and (`dependencies_ops_postgres.rs`) on PostgreSQL:
+//! `jobs release` makes a blocked child run, `dlq purge`
 //! refuses a dead job that blocks others (naming them) unless `--cascade` or
 //! `--release`, the blocked counts of `dlq list` / `dlq show`, parents and
 //! dependents in `jobs show`, `jobs tree`, the waiting and blocked counts `top`
@@ -234,6 +235,11 @@ fn purge_with_release_counts_the_edges_as_met_and_the_child_runs() {
     assert_eq!(shown["parents"][0]["id"], a.as_str(), "{shown}");
     assert_eq!(shown["parents"][0]["edge"], "met", "{shown}");
     assert_eq!(shown["parents"][0]["state"], Value::Null, "purged: {shown}");
+    assert_eq!(
+        qd.job(&b)["parents"],
+        json!([{ "id": a, "edge": "met", "state": null, "queue": null }]),
+        "GET /v1/jobs/{{id}} shows the purged parent too"
+    );
     lease_expecting(&qd, "b");
 }
 
@@ -334,6 +340,25 @@ fn jobs_show_lists_parents_and_dependents_and_jobs_tree_draws_them_bounded() {
     assert!(
         text.contains("dependents (2):") && text.contains(&b) && text.contains(&c),
         "{text}"
+    );
+    // GET /v1/jobs/{id} lists the same.
+    let (status, got) = qd.get(&format!("/v1/jobs/{d}"));
+    assert_eq!(status, 200, "{got}");
+    let edge = |id: &str, edge: &str, state: &str| json!({ "id": id, "edge": edge, "state": state, "queue": "ext" });
+    assert_eq!(
+        got["parents"],
+        json!([edge(&b, "open", "ready"), edge(&c, "open", "ready")]),
+        "{got}"
+    );
+    assert_eq!(got["dependents"], json!([]), "{got}");
+    assert_eq!(got["dependents_total"], 0, "{got}");
+    let (_, got) = qd.get(&format!("/v1/jobs/{a}"));
+    assert_eq!(got["parents"], json!([]), "{got}");
+    assert_eq!(got["dependents_total"], 2, "{got}");
+    assert_eq!(
+        got["dependents"],
+        json!([edge(&b, "met", "ready"), edge(&c, "met", "ready")]),
+        "{got}"
     );
 
     let tree = ok(&qd, &["jobs", "tree", &a]);

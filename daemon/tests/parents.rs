@@ -256,14 +256,16 @@ fn retention_keeps_a_parent_and_its_result_until_its_ready_child_has_read_it() {
 
 const PRODUCER_A: &str = "producer-a-0123456789abcdef";
 const ANY: &str = "any-queue-0123456789abcdefgh";
+const READER_B: &str = "reader-b-0123456789abcdefgh";
 
-/// A daemon with queues `a` and `b` and two tokens: `PRODUCER_A` may produce on
-/// `a` only, `ANY` may produce and work on every queue.
+/// A daemon with queues `a` and `b` (`max_depth` 2) and three tokens:
+/// `PRODUCER_A` may produce on `a` only, `READER_B` may read `b` only, `ANY` may
+/// produce, work and read on every queue.
 fn with_tokens() -> Qd {
     let mut qd = Qd::configure(
         tempfile::tempdir().expect("tempdir"),
         "api_tokens_file = \"tokens.toml\"\n\n[queues.a]\nexecutor = { kind = \"external\" }\n\n\
-         [queues.b]\nexecutor = { kind = \"external\" }\n",
+         [queues.b]\nexecutor = { kind = \"external\" }\nmax_depth = 2\n",
         "5s",
     );
     let tokens = qd.dir.path().join("tokens.toml");
@@ -271,7 +273,8 @@ fn with_tokens() -> Qd {
         &tokens,
         format!(
             "[[tokens]]\nname = \"pa\"\ntoken = \"{PRODUCER_A}\"\nroles = [\"produce\"]\nqueues = [\"a\"]\n\n\
-             [[tokens]]\nname = \"any\"\ntoken = \"{ANY}\"\nroles = [\"produce\", \"work\", \"read\"]\nqueues = [\"*\"]\n"
+             [[tokens]]\nname = \"any\"\ntoken = \"{ANY}\"\nroles = [\"produce\", \"work\", \"read\"]\nqueues = [\"*\"]\n\n\
+             [[tokens]]\nname = \"rb\"\ntoken = \"{READER_B}\"\nroles = [\"read\"]\nqueues = [\"b\"]\n"
         ),
     )
     .expect("write tokens");
@@ -559,20 +562,50 @@ fn post_v1_jobs_batch_takes_a_queue_per_job_for_a_flow_across_queues() {
             .contains("queue is required")
     );
 
+    // Each queue's max_depth holds for the batch (on PostgreSQL too, under
+    // every queue's depth lock): three jobs for b (max_depth 2) refuse the
+    // whole batch, naming b's first item past the limit; nothing is written.
+    let (status, resp) = post(
+        json!([
+            { "queue": "a", "payload": "not written" },
+            { "queue": "b", "payload": "b1" },
+            { "queue": "b", "payload": "b2" },
+            { "queue": "b", "payload": "b3" },
+        ]),
+        ANY,
+    );
+    assert_eq!(status, 429, "{resp}");
+    assert_eq!(resp["error"]["code"], "queue_full", "{resp}");
+    let message = resp["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("jobs[3]") && message.contains("queue \"b\""),
+        "{resp}"
+    );
+
     let (status, resp) = post(flow, ANY);
-    if common::on_postgres() {
-        // Documented: a shared store checks max_depth for one queue per batch.
-        assert_eq!(status, 400, "{resp}");
-        assert!(
-            resp["error"]["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("across queues")),
-            "{resp}"
-        );
-        return;
-    }
     assert_eq!(status, 202, "{resp}");
     let got = ids(&resp);
+    // The child lists its parent; a token that may not read the parent's queue
+    // sees its id and edge only.
+    let (status, load) = qd.get_as(&format!("/v1/jobs/{}", got[1]), Some(ANY));
+    assert_eq!(status, 200, "{load}");
+    assert_eq!(
+        load["parents"],
+        json!([{ "id": got[0], "edge": "open", "state": "ready", "queue": "a" }]),
+        "{load}"
+    );
+    let (status, load) = qd.get_as(&format!("/v1/jobs/{}", got[1]), Some(READER_B));
+    assert_eq!(status, 200, "{load}");
+    assert_eq!(
+        load["parents"],
+        json!([{ "id": got[0], "edge": "open", "state": null, "queue": null }]),
+        "{load}"
+    );
+    let (status, extract) = qd.get_as(&format!("/v1/jobs/{}", got[0]), Some(READER_B));
+    assert_eq!(status, 403, "{extract}");
+    let (_, extract) = qd.get_as(&format!("/v1/jobs/{}", got[0]), Some(ANY));
+    assert_eq!(extract["dependents_total"], 1, "{extract}");
+    assert_eq!(extract["dependents"][0]["id"], got[1].as_str(), "{extract}");
     let (status, _, load) = qd.post_as(
         "/v1/queues/b/leases",
         &json!({ "worker_id": "w", "wait": "1s" }),

@@ -36,26 +36,22 @@ fn edge_info(id: JobId, edge: Edge, job: Option<&Job>) -> EdgeInfo {
 }
 
 /// A job's parents and its first [`MAX_DEPENDENTS_SHOWN`] dependents with their
-/// records, and how many dependents it has.
+/// records ([`crate::store::edge_records`]), and how many dependents it has.
 fn edges_of(
     b: &mut dyn Backend,
     id: JobId,
 ) -> Result<(Vec<EdgeInfo>, Vec<EdgeInfo>, u64), StoreError> {
-    let edges = b.edges(id)?;
-    let total = edges.children.len() as u64;
-    let mut infos = |list: &[(JobId, Edge)]| -> Result<Vec<EdgeInfo>, StoreError> {
-        let ids: Vec<JobId> = list.iter().map(|(i, _)| *i).collect();
-        let jobs = b.job_records(&ids)?;
-        Ok(list
-            .iter()
-            .zip(&jobs)
-            .map(|((i, e), j)| edge_info(*i, *e, j.as_ref()))
-            .collect())
+    let found = crate::store::edge_records(b, id, MAX_DEPENDENTS_SHOWN)?;
+    let infos = |list: &[crate::store::EdgeRecord]| -> Vec<EdgeInfo> {
+        list.iter()
+            .map(|(i, e, j)| edge_info(*i, *e, j.as_ref()))
+            .collect()
     };
-    let parents = infos(&edges.parents)?;
-    let shown = edges.children.len().min(MAX_DEPENDENTS_SHOWN);
-    let dependents = infos(&edges.children[..shown])?;
-    Ok((parents, dependents, total))
+    Ok((
+        infos(&found.parents),
+        infos(&found.dependents),
+        found.dependents_total,
+    ))
 }
 
 /// Walks a dependency tree depth first, within its bounds.
@@ -170,18 +166,24 @@ impl Handler {
             .iter()
             .map(|j| parse_id(&j.id))
             .collect::<Result<Vec<_>, _>>()?;
-        let counts: Vec<u64> = self
+        // In id order: on PostgreSQL each check locks its job's row (see
+        // `Backend::blocked_by`), and every transaction locks parents by id.
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let counts: std::collections::HashMap<JobId, u64> = self
             .daemon
             .store
             .run(move |b| {
-                ids.iter()
-                    .map(|id| Ok(b.blocked_by(*id)?.len() as u64))
+                sorted
+                    .into_iter()
+                    .map(|id| Ok((id, b.blocked_by(id)?.len() as u64)))
                     .collect()
             })
             .await
             .map_err(BrokerError::from)?;
-        for (job, n) in jobs.iter_mut().zip(counts) {
-            job.blocks = Some(n);
+        for (job, id) in jobs.iter_mut().zip(&ids) {
+            job.blocks = counts.get(id).copied();
         }
         Ok(jobs)
     }
@@ -303,7 +305,9 @@ impl Handler {
         self.queue_filter(selection.queue.as_deref())?;
         let sel = selection_of(selection)?;
         let resolved = super::dlq_call(|tx| DlqMsg::Purge(sel, true, tx)).await?;
-        let ids = resolved.moved.clone();
+        let mut ids = resolved.moved.clone();
+        // In id order, as every transaction locks parents (`Backend::blocked_by`).
+        ids.sort_unstable();
         let blocking: Vec<(JobId, Vec<JobId>)> = self
             .daemon
             .store

@@ -649,10 +649,49 @@ pub async fn job(
 ) -> Result<Json<Value>, ApiError> {
     caller.require(Role::Read)?;
     let id = parse_id(&id)?;
-    let detail = args.store.run(move |b| b.job(id)).await?;
-    let detail = detail.ok_or_else(|| ApiError::from(broker::BrokerError::UnknownJob(id)))?;
+    let found = args
+        .store
+        .run(move |b| {
+            let Some(detail) = b.job(id)? else {
+                return Ok(None);
+            };
+            let edges = crate::store::edge_records(b, id, qd_proto::MAX_DEPENDENTS_SHOWN)?;
+            Ok(Some((detail, edges)))
+        })
+        .await?;
+    let (detail, edges) =
+        found.ok_or_else(|| ApiError::from(broker::BrokerError::UnknownJob(id)))?;
     caller.allow_queue(&detail.job.queue)?;
-    Ok(Json(job_json(&detail, wall_ms())))
+    let now = wall_ms();
+    let mut json = job_json(&detail, now);
+    if let Some(fields) = json.as_object_mut() {
+        fields.insert("parents".into(), edges_json(&edges.parents, &caller, now));
+        fields.insert(
+            "dependents".into(),
+            edges_json(&edges.dependents, &caller, now),
+        );
+        fields.insert("dependents_total".into(), edges.dependents_total.into());
+    }
+    Ok(Json(json))
+}
+
+/// A job's parents or dependents as `GET /v1/jobs/{id}` lists them: each one's
+/// id and edge, and its state and queue unless it was purged or pruned, or is in
+/// a queue the caller may not use (then both are `null`).
+fn edges_json(list: &[crate::store::EdgeRecord], caller: &Caller, now: i64) -> Value {
+    list.iter()
+        .map(|(id, edge, job)| {
+            let shown = job
+                .as_ref()
+                .filter(|j| caller.allow_queue(&j.queue).is_ok());
+            json!({
+                "id": id,
+                "edge": edge.as_str(),
+                "state": shown.map(|j| j.shown_state(now)),
+                "queue": shown.map(|j| &*j.queue),
+            })
+        })
+        .collect()
 }
 
 /// A job's public JSON form. A delayed job whose time has come shows as `ready`.

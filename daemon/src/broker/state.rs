@@ -565,14 +565,14 @@ impl BrokerState {
             Ok(new) => {
                 let record = self.reserve(new, req.payload, now);
                 let job = record.job.clone();
-                let depth = self.depth_check(&job.queue, [&job]);
+                let depth = self.depth_check([&job]);
                 let check = depth.clone();
                 let after = req.after;
                 self.write_enqueue(
                     check.as_ref(),
                     move |b| {
                         if let Some(depth) = &depth {
-                            depth.check(b, 1)?;
+                            depth.check(b)?;
                         }
                         let (inserted, state) = b
                             .enqueue_after(std::slice::from_ref(&record), &[after], false)
@@ -768,19 +768,6 @@ impl BrokerState {
         now: UnixMillis,
     ) {
         let queue = reqs.first().map(|r| r.queue.clone()).unwrap_or_default();
-        if self.shared() && reqs.iter().any(|r| r.queue != queue) {
-            // The depth of one queue is checked and locked in the enqueue's own
-            // transaction on a shared store (`shared::within_depth`); a batch
-            // across queues would need every queue's.
-            let error = BrokerError::Invalid(
-                "a batch across queues is not supported on a shared (PostgreSQL) store yet; \
-                 send one batch per queue"
-                    .into(),
-            );
-            metrics::enqueue_rejected(None, reject_reason(&error));
-            self.answer(reply, Err(BatchError::whole(error)));
-            return;
-        }
         let mut afters: Vec<crate::deps::After> = reqs.iter().map(|r| r.after.clone()).collect();
         match self.admit_all(reqs, now) {
             Ok(records) => {
@@ -794,13 +781,13 @@ impl BrokerState {
                     after.parents.extend(named);
                 }
                 let jobs: Vec<Job> = records.iter().map(|r| r.job.clone()).collect();
-                let depth = jobs.first().and_then(|j| self.depth_check(&j.queue, &jobs));
+                let depth = self.depth_check(&jobs);
                 let check = depth.clone();
                 self.write_enqueue(
                     check.as_ref(),
                     move |b| {
                         if let Some(depth) = &depth {
-                            depth.check(b, records.len() as u64)?;
+                            depth.check(b)?;
                         }
                         let answers = b.enqueue_after(&records, &afters, true)?;
                         let payloads = records.into_iter().map(|r| r.payload);
@@ -907,7 +894,7 @@ impl BrokerState {
             }
             Err(StoreError::QueueFull { queue, depth, max }) => {
                 self.store_accepted(now, mono);
-                batch_past_depth(queue, depth, max, jobs.len())
+                batch_past_depth(&jobs, queue, depth, max)
             }
             Err(StoreError::TenantFull {
                 queue,
@@ -1522,6 +1509,10 @@ impl BrokerState {
                     match failed {
                         None => {
                             state.dependents_moved(moved, now);
+                            // Read into memory for this change on a shared store;
+                            // still held (not blocked any more, or waiting on
+                            // another parent), it stays the database's alone.
+                            state.forget_held(id);
                             state.store_accepted(now, mono);
                         }
                         Some(err) => state.store_refused(&err),
@@ -1669,10 +1660,6 @@ fn refusal(err: StoreError) -> BrokerError {
     }
 }
 
-/// The refusal of a batch of `len` jobs the shared store found would take `queue`
-/// (at `depth` across the cluster) past `max`: it names the first item past the
-/// limit, with the depth counting the items before it, as a batch refused by
-/// memory's count does.
 /// The Broker's error for an `after` the store refused.
 fn after_refused(error: crate::deps::AfterError) -> BrokerError {
     match error {
@@ -1706,14 +1693,21 @@ fn batch_past_tenant_depth(
     }
 }
 
-fn batch_past_depth(queue: String, depth: u64, max: u64, len: usize) -> BatchError {
+/// The refusal of a batch the shared store found would take `queue` (at `depth`
+/// across the cluster) past `max`: it names the first item of `queue` past the
+/// limit, with the depth counting the queue's items before it, as a batch
+/// refused by memory's count does (a batch may span queues).
+fn batch_past_depth(jobs: &[Job], queue: String, depth: u64, max: u64) -> BatchError {
     let room = usize::try_from(max.saturating_sub(depth)).unwrap_or(usize::MAX);
-    let index = room.min(len.saturating_sub(1));
+    let mine: Vec<usize> = (0..jobs.len())
+        .filter(|&i| *jobs[i].queue == *queue)
+        .collect();
+    let nth = room.min(mine.len().saturating_sub(1));
     BatchError {
-        index: Some(index),
+        index: mine.get(nth).copied(),
         error: BrokerError::QueueFull {
             queue,
-            depth: depth.saturating_add(index as u64),
+            depth: depth.saturating_add(nth as u64),
             max,
         },
     }

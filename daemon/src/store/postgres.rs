@@ -665,7 +665,37 @@ impl Backend for PgBackend {
         child: JobId,
         now: UnixMillis,
     ) -> Result<Option<super::Released>, StoreError> {
-        self.release_edges_of(child, now)
+        self.release_edges_of(child, "operator", now)
+    }
+
+    fn release_edges_by(
+        &mut self,
+        child: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Option<super::Released>, StoreError> {
+        self.release_edges_of(child, by, now)
+    }
+
+    fn job_records(&mut self, ids: &[JobId]) -> Result<Vec<Option<Job>>, StoreError> {
+        self.job_records_of(ids)
+    }
+
+    fn blocked_by(&mut self, parent: JobId) -> Result<Vec<JobId>, StoreError> {
+        self.blocked_by_of(parent)
+    }
+
+    fn blocked_counts(&mut self, parent: JobId) -> Result<super::BlockedCounts, StoreError> {
+        self.blocked_counts_of(parent)
+    }
+
+    fn release_parent(
+        &mut self,
+        parent: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Vec<Job>, StoreError> {
+        self.release_parent_of(parent, by, now)
     }
 
     fn edges(&mut self, id: JobId) -> Result<super::Edges, StoreError> {
@@ -981,6 +1011,10 @@ impl SharedStore for PgBackend {
 
     fn limiter_pauses(&mut self) -> Result<Vec<(String, Duration)>, StoreError> {
         limiter_pause::pauses(self)
+    }
+
+    fn held_depths(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
+        self.held_depths_of()
     }
 
     fn depths(&mut self, now: UnixMillis) -> Result<Vec<(String, State, u64)>, StoreError> {

@@ -439,11 +439,17 @@ impl Qd {
 
     /// GET; returns (status, body).
     pub fn get(&self, path: &str) -> (u16, Value) {
-        let mut resp = self
-            .agent
-            .get(format!("{}{path}", self.api))
-            .call()
-            .expect("GET");
+        self.get_as(path, None)
+    }
+
+    /// GET with a bearer `token` (none: no `Authorization` header); returns
+    /// (status, body).
+    pub fn get_as(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        let mut req = self.agent.get(format!("{}{path}", self.api));
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let mut resp = req.call().expect("GET");
         let status = resp.status().as_u16();
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         (

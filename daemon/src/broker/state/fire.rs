@@ -56,7 +56,7 @@ impl BrokerState {
         };
         let record = self.reserve(new, req.payload, now);
         let job = record.job.clone();
-        let depth = self.depth_check(&job.queue, [&job]);
+        let depth = self.depth_check([&job]);
         let check = depth.clone();
         self.write_enqueue(
             check.as_ref(),
@@ -76,7 +76,7 @@ impl BrokerState {
                     return Ok((FireWrite::SkippedOverlap, record.payload));
                 }
                 if let Some(depth) = &depth {
-                    depth.check(b, 1)?;
+                    depth.check(b)?;
                 }
                 let inserted = b.enqueue(std::slice::from_ref(&record)).map(first)?;
                 let id = match &inserted {

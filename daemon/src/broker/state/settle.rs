@@ -271,7 +271,7 @@ impl BrokerState {
     /// a released one goes to its Scheduler, a blocked one is counted. On a shared
     /// store a released child this node did not hold is offered like one of its
     /// own enqueues (other nodes find it through their refresh, as another node's
-    /// enqueue), and a held one stays the database's alone.
+    /// enqueue), and a held one stays (or becomes again) the database's alone.
     pub(super) fn dependents_moved(&mut self, children: Vec<Job>, now: UnixMillis) {
         for child in children {
             let old = self.jobs.get(child.id);
@@ -285,6 +285,9 @@ impl BrokerState {
             }
             debug!(queue = %child.queue, job = %child.id, to = %child.state, "Dependencies moved a job.");
             match old {
+                // An operator's change read it into memory (`reload_then`); held
+                // now, it is the database's alone again.
+                Some(old) if self.shared() && child.state.is_held() => self.drop_stale(&old),
                 Some(old) => {
                     self.replace(child.clone());
                     events::changed(&mut self.out, &old, &child, now);
@@ -318,7 +321,10 @@ impl BrokerState {
             return;
         }
         self.writing.extend(ids.iter().copied());
-        let asked = ids.clone();
+        // In id order: on a shared store each check locks its parent's row, and
+        // every transaction locks parents by id.
+        let mut asked = ids.clone();
+        asked.sort_unstable();
         self.write(
             move |b| {
                 let mut free = Vec::new();

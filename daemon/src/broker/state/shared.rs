@@ -245,40 +245,44 @@ pub(in crate::broker) fn within_depth(
 
 /// The `max_depth` checks of one enqueue (single, batch or a schedule's tick) on
 /// a shared store, made in the enqueue's own transaction under the depth locks
-/// ([`Self::locks`]) the writer takes up front: the queue's, then each tenant's
-/// that has a `max_depth`, counted across every node.
+/// ([`Self::locks`]) the writer takes up front: each queue's among the jobs (a
+/// batch may span queues), then each tenant's that has a `max_depth`, in each of
+/// its queues, counted across every node.
 #[derive(Clone, Debug)]
 pub(in crate::broker) struct DepthChecks {
-    queue: String,
-    max: u64,
-    /// Each tenant among the jobs that has a `max_depth`: (tenant, its jobs in
-    /// this enqueue, its `max_depth`), in the order of first appearance.
-    tenants: Vec<(String, u64, u64)>,
+    /// Each queue among the jobs: (queue, its jobs in this enqueue, its
+    /// `max_depth`), in the order of first appearance.
+    queues: Vec<(String, u64, u64)>,
+    /// Each tenant among the jobs that has a `max_depth`, per queue: (queue,
+    /// tenant, its jobs in that queue in this enqueue, its `max_depth`), in the
+    /// order of first appearance.
+    tenants: Vec<(String, String, u64, u64)>,
 }
 
 impl DepthChecks {
-    /// The depth locks the checks take, for the writer to take first.
+    /// The depth locks the checks take, for the writer to take first (it sorts
+    /// every lock of its batch, so several queues are locked in one order too).
     pub(in crate::broker) fn locks(&self) -> Vec<DepthLock> {
+        let queues = self
+            .queues
+            .iter()
+            .map(|(queue, _, _)| DepthLock::Queue(queue.clone()));
         let tenants = self
             .tenants
             .iter()
-            .map(|(tenant, _, _)| DepthLock::Tenant(self.queue.clone(), tenant.clone()));
-        std::iter::once(DepthLock::Queue(self.queue.clone()))
-            .chain(tenants)
-            .collect()
+            .map(|(queue, tenant, _, _)| DepthLock::Tenant(queue.clone(), tenant.clone()));
+        queues.chain(tenants).collect()
     }
 
-    /// Refuses, inside the enqueue's transaction, `adding` jobs past the queue's
+    /// Refuses, inside the enqueue's transaction, jobs past any of their queues'
     /// `max_depth` or any tenant's jobs past the tenant's ([`within_depth`],
     /// [`within_tenant_depth`]). Runs on the writer thread.
-    pub(in crate::broker) fn check(
-        &self,
-        b: &mut dyn Backend,
-        adding: u64,
-    ) -> Result<(), StoreError> {
-        within_depth(b, &self.queue, adding, self.max)?;
-        for (tenant, adding, max) in &self.tenants {
-            within_tenant_depth(b, &self.queue, tenant, *adding, *max)?;
+    pub(in crate::broker) fn check(&self, b: &mut dyn Backend) -> Result<(), StoreError> {
+        for (queue, adding, max) in &self.queues {
+            within_depth(b, queue, *adding, *max)?;
+        }
+        for (queue, tenant, adding, max) in &self.tenants {
+            within_tenant_depth(b, queue, tenant, *adding, *max)?;
         }
         Ok(())
     }
@@ -323,31 +327,37 @@ impl BrokerState {
         !self.leases_are_local
     }
 
-    /// On a shared store, what an enqueue of `jobs` to `queue` is checked against
-    /// in the store ([`DepthChecks`]): the queue's `max_depth` and that of each
-    /// tenant among the jobs that has one.
+    /// On a shared store, what an enqueue of `jobs` is checked against in the
+    /// store ([`DepthChecks`]): the `max_depth` of each of their queues and that of
+    /// each tenant among them that has one. `None` elsewhere, or when no job's
+    /// queue is configured (its enqueue is refused before it is written).
     pub(in crate::broker) fn depth_check<'a>(
         &self,
-        queue: &str,
         jobs: impl IntoIterator<Item = &'a Job>,
     ) -> Option<DepthChecks> {
-        let max = self.config.queues.get(queue)?.max_depth;
         if !self.shared() {
             return None;
         }
-        let mut tenants: Vec<(String, u64, u64)> = Vec::new();
+        let mut queues: Vec<(String, u64, u64)> = Vec::new();
+        let mut tenants: Vec<(String, String, u64, u64)> = Vec::new();
         for job in jobs {
-            if let Some(seen) = tenants.iter_mut().find(|(t, _, _)| **t == *job.tenant) {
-                seen.1 += 1;
+            let Some(config) = self.config.queues.get(&*job.queue) else {
+                continue;
+            };
+            match queues.iter_mut().find(|(q, _, _)| **q == *job.queue) {
+                Some(seen) => seen.1 += 1,
+                None => queues.push((job.queue.to_string(), 1, config.max_depth)),
+            }
+            let seen = tenants
+                .iter_mut()
+                .find(|(q, t, _, _)| **q == *job.queue && **t == *job.tenant);
+            if let Some(seen) = seen {
+                seen.2 += 1;
             } else if let Some(max) = self.limits.tenant(&job.tenant).max_depth {
-                tenants.push((job.tenant.to_string(), 1, max));
+                tenants.push((job.queue.to_string(), job.tenant.to_string(), 1, max));
             }
         }
-        Some(DepthChecks {
-            queue: queue.to_owned(),
-            max,
-            tenants,
-        })
+        (!queues.is_empty()).then_some(DepthChecks { queues, tenants })
     }
 
     /// The `max_concurrency` in `queue` of each capped tenant among `jobs`, as the
@@ -520,6 +530,18 @@ impl BrokerState {
             None => {}
         }
         true
+    }
+
+    /// On a shared store, drops memory's copy of `id` if it is waiting or blocked:
+    /// such a job is the database's alone (any node may release it), so a copy an
+    /// operator's change read in ([`Self::reload_then`]) would go stale.
+    pub(in crate::broker) fn forget_held(&mut self, id: JobId) {
+        if !self.shared() {
+            return;
+        }
+        if let Some(job) = self.jobs.get(id).filter(|j| j.state.is_held()) {
+            self.drop_stale(&job);
+        }
     }
 
     /// Drops a job memory held in a state the store no longer has (another node

@@ -799,7 +799,8 @@ async fn a_throttled_nack_pauses_the_limiter_before_its_write_is_answered() {
 #[test]
 fn a_batch_past_the_clusters_depth_names_its_first_item_past_the_limit() {
     let index = |depth, max, len| {
-        let refused = super::batch_past_depth("q".into(), depth, max, len);
+        let jobs: Vec<Job> = (0..len).map(|_| ready_job("q")).collect();
+        let refused = super::batch_past_depth(&jobs, "q".into(), depth, max);
         match refused.error {
             BrokerError::QueueFull { depth, .. } => (refused.index, depth),
             other => panic!("{other}"),
@@ -813,4 +814,13 @@ fn a_batch_past_the_clusters_depth_names_its_first_item_past_the_limit() {
     assert_eq!(index(120, 100, 3), (Some(0), 120));
     // A store that counted room for all of them is answered at the last item.
     assert_eq!(index(10, 100, 3), (Some(2), 12));
+    // A batch across queues counts only the full queue's items: with room for
+    // one more in p, its second item (jobs[3]) is the first past the limit.
+    let jobs: Vec<Job> = ["q", "p", "q", "p", "p"].map(ready_job).into();
+    let refused = super::batch_past_depth(&jobs, "p".into(), 9, 10);
+    assert_eq!(refused.index, Some(3), "{refused}");
+    assert!(
+        matches!(refused.error, BrokerError::QueueFull { depth: 10, .. }),
+        "{refused}"
+    );
 }

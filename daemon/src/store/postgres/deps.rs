@@ -1,7 +1,9 @@
 //! Job dependencies (`deps.rs`) on PostgreSQL, shared by several nodes: the SQL of
-//! [`crate::store::Backend::enqueue_after`], `move_edges`, `release_edges`, `edges`
-//! and `dependents`. Takes no messages: the writer thread calls it through
-//! [`PgBackend`].
+//! [`crate::store::Backend::enqueue_after`], `move_edges`, `edges`, `dependents`,
+//! `parents_of`, and the operator's side: `blocked_by` and `blocked_counts` (what a
+//! dead job holds back), `release_edges_by` (`qctl jobs release`) and
+//! `release_parent` (`qctl dlq purge --release`). Takes no messages: the writer
+//! thread calls it through [`PgBackend`].
 //!
 //! Exactness rests on row locks, taken in one order everywhere (parents by id,
 //! then children by id), so two nodes' transactions never wait on each other in a
@@ -29,7 +31,14 @@ use uuid::Uuid;
 use super::{JOB_COLUMNS, PgBackend, job_from_row_offset};
 use crate::deps::{self, After, AfterError, AfterPolicy, Counts, Edge};
 use crate::job::{HistoryEntry, Job, JobId, Outcome, State, UnixMillis};
-use crate::store::{Backend, Edges, Inserted, NewRecord, ParentView, Released, StoreError};
+use crate::store::{
+    Backend, BlockedCounts, Edges, Inserted, NewRecord, ParentView, Released, StoreError,
+};
+
+/// The unfinished children of `$1` whose edge from it is not met.
+const HELD_CHILDREN: &str = "SELECT e.child FROM qd_job_edges e JOIN qd_jobs c ON c.id = e.child \
+     WHERE e.parent = $1 AND e.state <> 'met' \
+     AND c.state NOT IN ('succeeded', 'cancelled', 'dead')";
 
 /// One edge whose parent changed, read after its child's lock, with the child's
 /// record, policy and counters.
@@ -39,6 +48,31 @@ struct Held {
     edge: Edge,
     policy: AfterPolicy,
     counts: Counts,
+}
+
+/// Edges to write, and the children they move: each child's record, its
+/// counters once every move applied, and the parent that broke an edge, if any.
+#[derive(Default)]
+struct Moves {
+    edges: Vec<(Uuid, Uuid, &'static str)>,
+    children: BTreeMap<JobId, (Job, Counts, Option<JobId>)>,
+}
+
+impl Moves {
+    /// Moves `held`'s edge to `new` (nothing when it is there already).
+    fn add(&mut self, held: Held, new: Edge, blamed: Option<JobId>) {
+        if new == held.edge {
+            return;
+        }
+        self.edges
+            .push((held.parent.0, held.child.id.0, new.as_str()));
+        let (_, counts, blame) = self
+            .children
+            .entry(held.child.id)
+            .or_insert_with(|| (held.child, held.counts, None));
+        *counts = counts.moved(held.edge, new);
+        *blame = blame.or(blamed);
+    }
 }
 
 impl PgBackend {
@@ -283,30 +317,159 @@ impl PgBackend {
             parents.insert(*id, *state);
         }
         let ids: Vec<Uuid> = parents.keys().map(|id| id.0).collect();
+        let held = self.held_edges(
+            "SELECT id FROM qd_jobs WHERE id IN (SELECT child FROM qd_job_edges \
+               WHERE parent = ANY($1::uuid[]) AND state <> 'met') \
+             ORDER BY id FOR UPDATE",
+            "e.parent = ANY($1::uuid[]) AND e.state <> 'met'",
+            &ids,
+        )?;
+        let mut moves = Moves::default();
+        for h in held {
+            let Some(&state) = parents.get(&h.parent) else {
+                continue;
+            };
+            let new = deps::edge_after(h.policy, h.edge, state);
+            let blamed = (new == Edge::Broken).then_some(h.parent);
+            moves.add(h, new, blamed);
+        }
+        self.write_moves(moves, now, None)
+    }
+
+    /// [`crate::store::Backend::blocked_by`]. The parent's row is locked first
+    /// (`FOR UPDATE`, the file's order: parents, then children), so the answer
+    /// holds until this transaction ends: an enqueue naming the parent locks it
+    /// `FOR SHARE` and waits, and a purge's check and delete in one transaction
+    /// never strand a child enqueued in between (it then finds no parent:
+    /// `unknown_dependency`).
+    pub(super) fn blocked_by_of(&mut self, parent: JobId) -> Result<Vec<JobId>, StoreError> {
+        let read = format!("{HELD_CHILDREN} ORDER BY e.child");
+        let (_, rows) = self.block(async |c| {
+            let lock = c
+                .prepare_cached("SELECT id FROM qd_jobs WHERE id = $1 FOR UPDATE")
+                .await?;
+            let read = c.prepare_cached(&read).await?;
+            let args: [&(dyn ToSql + Sync); 1] = [&parent.0];
+            tokio::try_join!(c.query(&lock, &args), c.query(&read, &args))
+        })?;
+        Ok(rows.iter().map(|r| JobId(r.get(0))).collect())
+    }
+
+    /// [`crate::store::Backend::blocked_counts`]: the direct count, and a recursive
+    /// walk over edges that are not met to unfinished jobs (`UNION` keeps each job
+    /// once). A read: it locks nothing.
+    pub(super) fn blocked_counts_of(&mut self, parent: JobId) -> Result<BlockedCounts, StoreError> {
+        let direct = format!("SELECT count(*) FROM ({HELD_CHILDREN}) d");
+        let (direct, transitive) = self.block(async |c| {
+            let direct = c.prepare_cached(&direct).await?;
+            let transitive = c
+                .prepare_cached(
+                    "WITH RECURSIVE down(id) AS ( \
+                       SELECT e.child FROM qd_job_edges e JOIN qd_jobs c ON c.id = e.child \
+                       WHERE e.parent = $1 AND e.state <> 'met' \
+                         AND c.state NOT IN ('succeeded', 'cancelled', 'dead') \
+                       UNION \
+                       SELECT e.child FROM down d JOIN qd_job_edges e ON e.parent = d.id \
+                       JOIN qd_jobs c ON c.id = e.child \
+                       WHERE e.state <> 'met' \
+                         AND c.state NOT IN ('succeeded', 'cancelled', 'dead')) \
+                     SELECT count(*) FROM down",
+                )
+                .await?;
+            let args: [&(dyn ToSql + Sync); 1] = [&parent.0];
+            tokio::try_join!(c.query_one(&direct, &args), c.query_one(&transitive, &args))
+        })?;
+        let n = |r: &tokio_postgres::Row| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0);
+        Ok(BlockedCounts {
+            direct: n(&direct),
+            transitive: n(&transitive),
+        })
+    }
+
+    /// [`crate::store::Backend::release_parent`]: under the parent's row lock, then
+    /// its children's (by id), every edge from `parent` that is not met, to a
+    /// waiting or blocked child, becomes met; the child's counters follow and it
+    /// settles, with the history line `released by BY (purge of parent ID)`.
+    pub(super) fn release_parent_of(
+        &mut self,
+        parent: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Vec<Job>, StoreError> {
+        self.block(async |c| {
+            let lock = c
+                .prepare_cached("SELECT id FROM qd_jobs WHERE id = $1 FOR UPDATE")
+                .await?;
+            c.query(&lock, &[&parent.0]).await
+        })?;
+        let held = self.held_edges(
+            "SELECT id FROM qd_jobs WHERE id IN (SELECT child FROM qd_job_edges \
+               WHERE parent = $1 AND state <> 'met') \
+             ORDER BY id FOR UPDATE",
+            "e.parent = $1 AND e.state <> 'met'",
+            &parent.0,
+        )?;
+        let mut moves = Moves::default();
+        for h in held.into_iter().filter(|h| h.child.state.is_held()) {
+            moves.add(h, Edge::Met, None);
+        }
+        let by = format!("{by} (purge of parent {parent})");
+        self.write_moves(moves, now, Some(&by))
+    }
+
+    /// [`crate::store::Backend::release_edges_by`]: under the child's row lock, a
+    /// blocked child's broken edges count as met and it settles at `now`, with the
+    /// history line `released by BY (parents ...)`. Any other state, or an unknown
+    /// job, answers `None` and writes nothing.
+    pub(super) fn release_edges_of(
+        &mut self,
+        child: JobId,
+        by: &str,
+        now: UnixMillis,
+    ) -> Result<Option<Released>, StoreError> {
+        let held = self.held_edges(
+            "SELECT id FROM qd_jobs WHERE id = $1 FOR UPDATE",
+            "e.child = $1 AND e.state = 'broken'",
+            &child.0,
+        )?;
+        if held.first().is_none_or(|h| h.child.state != State::Blocked) {
+            return Ok(None);
+        }
+        let mut moves = Moves::default();
+        let mut released = Vec::with_capacity(held.len());
+        for h in held {
+            released.push(h.parent);
+            moves.add(h, Edge::Met, None);
+        }
+        released.sort_unstable();
+        let by = format!("{by} (parents {})", display_ids(&released));
+        let next = self.write_moves(moves, now, Some(&by))?.pop();
+        Ok(Some((next, released)))
+    }
+
+    /// The edges that `filter` picks (over `qd_job_edges e`), with their children's
+    /// records, policies and counters, read after `lock` (taking the children's
+    /// row locks by id) finished: pipelined in one round trip, the read's snapshot
+    /// shows every change committed before the locks were granted. In child, then
+    /// parent id order.
+    fn held_edges(
+        &mut self,
+        lock: &str,
+        filter: &str,
+        arg: &(dyn ToSql + Sync),
+    ) -> Result<Vec<Held>, StoreError> {
         let read = format!(
             "SELECT e.parent, e.state, j.after_policy, j.deps_unmet, j.deps_broken, \
                {JOB_COLUMNS} \
              FROM qd_job_edges e JOIN qd_jobs j ON j.id = e.child \
-             WHERE e.parent = ANY($1::uuid[]) AND e.state <> 'met' ORDER BY e.child, e.parent"
+             WHERE {filter} ORDER BY e.child, e.parent"
         );
-        // Pipelined, one round trip: the read runs after the lock statement
-        // finished, so its snapshot shows every change committed before the
-        // children's locks were granted.
         let (_, rows) = self.block(async |c| {
-            let lock = c
-                .prepare_cached(
-                    "SELECT id FROM qd_jobs WHERE id IN (SELECT child FROM qd_job_edges \
-                       WHERE parent = ANY($1::uuid[]) AND state <> 'met') \
-                     ORDER BY id FOR UPDATE",
-                )
-                .await?;
+            let lock = c.prepare_cached(lock).await?;
             let read = c.prepare_cached(&read).await?;
-            let args: [&(dyn ToSql + Sync); 1] = [&ids];
+            let args: [&(dyn ToSql + Sync); 1] = [arg];
             tokio::try_join!(c.query(&lock, &args), c.query(&read, &args))
         })?;
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
         let mut held = Vec::with_capacity(rows.len());
         for r in &rows {
             let edge: String = r.get(1);
@@ -322,33 +485,28 @@ impl PgBackend {
                 child: job_from_row_offset(r, 5, &self.target)?,
             });
         }
-        // Per child (id order), its edges moved in parent id order.
-        let mut moved_edges: Vec<(Uuid, Uuid, &'static str)> = Vec::new();
-        let mut settled: BTreeMap<JobId, (Job, Counts, Option<JobId>)> = BTreeMap::new();
-        for h in held {
-            let Some(&state) = parents.get(&h.parent) else {
-                continue;
-            };
-            let new = deps::edge_after(h.policy, h.edge, state);
-            if new == h.edge {
-                continue;
-            }
-            moved_edges.push((h.parent.0, h.child.id.0, new.as_str()));
-            let blamed = (new == Edge::Broken).then_some(h.parent);
-            let entry = settled
-                .entry(h.child.id)
-                .or_insert_with(|| (h.child.clone(), h.counts, None));
-            entry.1 = entry.1.moved(h.edge, new);
-            entry.2 = entry.2.or(blamed);
-        }
-        if moved_edges.is_empty() {
+        Ok(held)
+    }
+
+    /// Writes `moves` (its children locked already): the edges, each child's
+    /// counters, and the state of each child whose counters call for it, with a
+    /// history line when it becomes blocked (naming the parent) or is released by
+    /// `released_by`, as SQLite's `settle_held` writes them. Answers the children
+    /// that changed state, in id order; idle nodes are told of the released ones.
+    fn write_moves(
+        &mut self,
+        moves: Moves,
+        now: UnixMillis,
+        released_by: Option<&str>,
+    ) -> Result<Vec<Job>, StoreError> {
+        if moves.edges.is_empty() {
             return Ok(Vec::new());
         }
         let mut out = Vec::new();
         let mut history = Vec::new();
         let (mut ids, mut unmet, mut broken) = (Vec::new(), Vec::new(), Vec::new());
         let (mut states, mut ready, mut updated) = (Vec::new(), Vec::new(), Vec::new());
-        for (id, (child, counts, blamed)) in settled {
+        for (id, (child, counts, blamed)) in moves.children {
             ids.push(id.0);
             unmet.push(count(counts.unmet));
             broken.push(count(counts.broken));
@@ -357,25 +515,31 @@ impl PgBackend {
             ready.push(next.as_ref().map(|n| n.ready_at));
             updated.push(next.as_ref().map(|n| n.updated_at));
             let Some(next) = next else { continue };
-            if let (State::Blocked, Some(parent)) = (next.state, blamed) {
+            let detail = match (next.state, blamed, released_by) {
+                (State::Blocked, Some(parent), _) => Some((
+                    Outcome::Blocked,
+                    format!("blocked: parent job {parent} died or was cancelled"),
+                )),
+                (_, _, Some(by)) => Some((Outcome::Released, format!("released by {by}"))),
+                _ => None,
+            };
+            if let Some((outcome, detail)) = detail {
                 history.push((
                     id.0,
                     HistoryEntry {
                         attempt: child.attempts,
-                        outcome: Outcome::Blocked,
+                        outcome,
                         worker: None,
                         started_at: None,
                         ended_at: now,
-                        error: Some(format!(
-                            "blocked: parent job {parent} died or was cancelled"
-                        )),
+                        error: Some(detail),
                     },
                 ));
             }
             out.push(next);
         }
         let (parents, children, edge_states): (Vec<Uuid>, Vec<Uuid>, Vec<&str>) =
-            moved_edges.into_iter().fold(
+            moves.edges.into_iter().fold(
                 (Vec::new(), Vec::new(), Vec::new()),
                 |(mut p, mut c, mut s), (parent, child, state)| {
                     p.push(parent);
@@ -434,74 +598,26 @@ impl PgBackend {
         Ok(out)
     }
 
-    /// [`crate::store::Backend::release_edges`]: under the child's row lock, its
-    /// broken edges count as met and it settles at `now`.
-    pub(super) fn release_edges_of(
-        &mut self,
-        child: JobId,
-        now: UnixMillis,
-    ) -> Result<Option<Released>, StoreError> {
-        let lock =
-            format!("SELECT j.deps_unmet, {JOB_COLUMNS} FROM qd_jobs j WHERE j.id = $1 FOR UPDATE");
-        let found = self.block(async |c| {
-            let stmt = c.prepare_cached(&lock).await?;
-            c.query_opt(&stmt, &[&child.0]).await
-        })?;
-        let Some(found) = found else { return Ok(None) };
-        let unmet = stored_count(found.get(0));
-        let job = job_from_row_offset(&found, 1, &self.target)?;
-        let rows = self.block(async |c| {
-            let stmt = c
-                .prepare_cached(
-                    "UPDATE qd_job_edges SET state = 'met' WHERE child = $1 AND state = 'broken' \
-                     RETURNING parent",
-                )
-                .await?;
-            c.query(&stmt, &[&child.0]).await
-        })?;
-        let mut released: Vec<JobId> = rows.iter().map(|r| JobId(r.get(0))).collect();
-        if released.is_empty() {
-            return Ok(None);
-        }
-        released.sort_unstable();
-        let counts = Counts { unmet, broken: 0 };
-        let next = deps::settle_child(&job, counts, now);
-        let (state, ready, updated) = match &next {
-            Some(n) => (n.state.as_str(), n.ready_at, n.updated_at),
-            None => (job.state.as_str(), job.ready_at, job.updated_at),
-        };
-        let raw_state = if next.is_some() { Some(state) } else { None };
-        self.block(async |c| {
-            let stmt = c
-                .prepare_cached(
-                    "UPDATE qd_jobs SET deps_broken = 0, state = COALESCE($2, state), \
-                       ready_at = $3, updated_at = $4 WHERE id = $1",
-                )
-                .await?;
-            c.execute(&stmt, &[&child.0, &raw_state, &ready, &updated])
-                .await
-        })?;
-        if let Some(next) = &next {
-            let by = released
-                .iter()
-                .map(JobId::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
-            let entry = HistoryEntry {
-                attempt: job.attempts,
-                outcome: Outcome::Released,
-                worker: None,
-                started_at: None,
-                ended_at: now,
-                error: Some(format!("released by operator (parents {by})")),
-            };
-            self.append_history(&[(child.0, entry)])?;
-            if !next.state.is_held() {
-                let queue = next.queue.to_string();
-                self.notify([queue.as_str()])?;
-            }
-        }
-        Ok(Some((next, released)))
+    /// [`crate::store::Backend::job_records`]: one read of every id.
+    pub(super) fn job_records_of(&mut self, ids: &[JobId]) -> Result<Vec<Option<Job>>, StoreError> {
+        let wanted: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
+        let sql = format!("SELECT {JOB_COLUMNS} FROM qd_jobs j WHERE j.id = ANY($1::uuid[])");
+        let found: HashMap<JobId, Job> = self
+            .query_jobs(&sql, &[&wanted])?
+            .into_iter()
+            .map(|j| (j.id, j))
+            .collect();
+        Ok(ids.iter().map(|id| found.get(id).cloned()).collect())
+    }
+
+    /// [`crate::store::SharedStore::held_depths`]: one read over the index by
+    /// queue and state.
+    pub(super) fn held_depths_of(&mut self) -> Result<Vec<(String, State, u64)>, StoreError> {
+        self.count_rows(
+            "SELECT queue, state, count(*) FROM qd_jobs \
+             WHERE state IN ('waiting', 'blocked') GROUP BY queue, state",
+            &[],
+        )
     }
 
     /// [`crate::store::Backend::edges`].
@@ -592,6 +708,14 @@ impl PgBackend {
         })?;
         Ok(rows.iter().map(|r| JobId(r.get(0))).collect())
     }
+}
+
+/// Ids for a history line, comma-separated.
+fn display_ids(ids: &[JobId]) -> String {
+    ids.iter()
+        .map(JobId::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A counter as stored (`integer`; at most [`deps::MAX_PARENTS`]).

@@ -672,7 +672,7 @@ pub(super) fn tenant_counts(
 ) -> Result<Vec<(String, State, u64)>, StoreError> {
     let sql = format!(
         "SELECT j.tenant, {EFFECTIVE_STATE} AS s, COUNT(*) FROM qd_jobs j \
-         WHERE j.queue = $1 AND j.state IN ('delayed', 'ready', 'dead') \
+         WHERE j.queue = $1 AND j.state IN ('delayed', 'ready', 'dead', 'waiting', 'blocked') \
          GROUP BY j.tenant, s"
     );
     pg.count_rows(&sql, &[&queue])

@@ -300,3 +300,84 @@ fn dead_of(job: &Job) -> Job {
         ..job.clone()
     }
 }
+
+/// A child enqueued on one node while another purges its dead parent is never
+/// stranded: the purge's check (`blocked_by`) locks the parent, which the
+/// enqueue locks `FOR SHARE`. Purge first: the enqueue waits, then finds no
+/// parent. Enqueue first: the check waits, then sees the child and holds the
+/// parent back.
+#[test]
+fn a_child_enqueued_while_its_dead_parent_is_purged_on_another_node_is_never_stranded() {
+    let Some(db) = database() else { return };
+    let (a, b) = (open_pg(&db.url, &node("a")), open_pg(&db.url, &node("b")));
+    for purge_first in [true, false] {
+        let base = if purge_first { 300 } else { 400 };
+        let (parent, child) = (
+            Job {
+                state: State::Dead,
+                ..job(base + 1, "q", None)
+            },
+            job(base + 2, "q", None),
+        );
+        let p = parent.clone();
+        block(&a, move |s| insert(s, &p, b"p")).expect("insert the dead parent");
+        let barrier = Arc::new(Barrier::new(2));
+        // The first writer holds its transaction open past the barrier, so the
+        // second one's statements meet its locks.
+        let (bar, id, node_a) = (barrier.clone(), parent.id, a.clone());
+        let purge = thread::spawn(move || {
+            block(&node_a, move |s| {
+                if !purge_first {
+                    bar.wait();
+                }
+                let held = s.blocked_by(id)?;
+                if purge_first {
+                    bar.wait();
+                    thread::sleep(LET_THE_OTHER_GO);
+                }
+                let purged = if held.is_empty() {
+                    s.purge(&[id])?
+                } else {
+                    vec![false]
+                };
+                Ok((held, purged))
+            })
+        });
+        let (bar, c, p, node_b) = (barrier.clone(), child.clone(), parent.clone(), b.clone());
+        let enqueue = thread::spawn(move || {
+            block(&node_b, move |s| {
+                if purge_first {
+                    bar.wait();
+                    return enqueue_child(s, &c, &[&p]);
+                }
+                let state = enqueue_child(s, &c, &[&p])?;
+                bar.wait();
+                thread::sleep(LET_THE_OTHER_GO);
+                Ok(state)
+            })
+        });
+        let (held, purged) = purge.join().expect("purge").expect("purged");
+        let enqueued = enqueue.join().expect("enqueue");
+        if purge_first {
+            assert!(held.is_empty(), "{held:?}");
+            assert_eq!(purged, vec![true]);
+            assert!(
+                matches!(enqueued, Err(StoreError::After { .. })),
+                "the enqueue found no parent: {enqueued:?}"
+            );
+        } else {
+            assert_eq!(enqueued, Ok(State::Blocked));
+            assert_eq!(held, vec![child.id], "the check saw the committed child");
+            assert_eq!(purged, vec![false]);
+        }
+        assert_eq!(
+            db.psql(&format!(
+                "SELECT count(*) FROM qd_job_edges e WHERE NOT EXISTS \
+                 (SELECT 1 FROM qd_jobs p WHERE p.id = e.parent) AND e.child = '{}'",
+                child.id.0
+            )),
+            "0",
+            "purge first: {purge_first}: no edge names a purged parent"
+        );
+    }
+}

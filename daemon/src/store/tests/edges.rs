@@ -1,10 +1,32 @@
-//! The operator's dependency operations on SQLite (`sqlite/edges.rs`): which
+//! The operator's dependency operations on SQLite (`sqlite/edges.rs`) and, the
+//! same scenarios in one transaction, on PostgreSQL (`postgres/deps.rs`): which
 //! unfinished jobs a dead parent holds back, how many transitively, a release of
 //! a purged parent's edges, and `release_edges_by` leaving a job that is not
 //! blocked alone.
 
+use super::pg::database;
+use super::postgres::{node, open_pg};
 use super::*;
 use crate::deps::{After, AfterPolicy};
+
+/// Runs `scenario` on a fresh SQLite store.
+fn on_sqlite(scenario: fn(&mut dyn Backend)) {
+    let (_dir, path) = temp_db();
+    let mut b = sqlite::SqliteBackend::open(&path, &SqliteOptions::default()).expect("open");
+    scenario(&mut b);
+}
+
+/// Runs `scenario` on a fresh PostgreSQL database, as one store operation (a
+/// failed assertion there is that operation's error).
+fn on_postgres(scenario: fn(&mut dyn Backend)) {
+    let Some(db) = database() else { return };
+    let store = open_pg(&db.url, &node("a"));
+    block(&store, move |b| {
+        scenario(b);
+        Ok(())
+    })
+    .expect("the scenario passes on PostgreSQL");
+}
 
 fn id(n: u128) -> JobId {
     JobId(Uuid::from_u128(n))
@@ -26,9 +48,15 @@ fn child(b: &mut dyn Backend, n: u128, parents: &[u128], policy: AfterPolicy) ->
 
 #[test]
 fn a_dead_parent_holds_back_its_unfinished_children_and_a_release_lets_them_go() {
-    let (_dir, path) = temp_db();
-    let mut b = sqlite::SqliteBackend::open(&path, &SqliteOptions::default()).expect("open");
-    let b: &mut dyn Backend = &mut b;
+    on_sqlite(holds_back_and_releases);
+}
+
+#[test]
+fn postgres_a_dead_parent_holds_back_its_unfinished_children_and_a_release_lets_them_go() {
+    on_postgres(holds_back_and_releases);
+}
+
+fn holds_back_and_releases(b: &mut dyn Backend) {
     let dead = Job {
         state: State::Dead,
         ..job(1, "q", None)
@@ -88,9 +116,15 @@ fn a_dead_parent_holds_back_its_unfinished_children_and_a_release_lets_them_go()
 
 #[test]
 fn release_edges_by_meets_every_broken_edge_of_a_blocked_job_and_names_who() {
-    let (_dir, path) = temp_db();
-    let mut b = sqlite::SqliteBackend::open(&path, &SqliteOptions::default()).expect("open");
-    let b: &mut dyn Backend = &mut b;
+    on_sqlite(releases_a_blocked_job);
+}
+
+#[test]
+fn postgres_release_edges_by_meets_every_broken_edge_of_a_blocked_job_and_names_who() {
+    on_postgres(releases_a_blocked_job);
+}
+
+fn releases_a_blocked_job(b: &mut dyn Backend) {
     for n in [1, 2] {
         let dead = Job {
             state: State::Dead,
