@@ -28,7 +28,6 @@ use crate::config::MAX_WORKERS;
 use crate::daemon::Daemon;
 use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::{JobId, State};
-use crate::scheduler::{self, SchedulerMsg};
 use crate::store::{self, JobDetail as StoredJob};
 use crate::supervisor::SupervisorMsg;
 use crate::worker_pool::{self, PoolMsg};
@@ -742,10 +741,9 @@ impl Handler {
             .unwrap_or_default();
         let mut out = Vec::new();
         for (name, qcfg) in &self.daemon.config().queues {
-            let sched = match ActorRef::<SchedulerMsg>::where_is(scheduler::name(name)) {
-                Some(s) => ractor::call_t!(s, SchedulerMsg::Stats, 5000).unwrap_or_default(),
-                None => Default::default(),
-            };
+            let sched = broker::dispatch_stats(name, Duration::from_secs(5))
+                .await
+                .unwrap_or_default();
             let pool = match ActorRef::<PoolMsg>::where_is(worker_pool::name(name)) {
                 Some(p) => ractor::call_t!(p, PoolMsg::Stats, 5000).unwrap_or_default(),
                 None => Default::default(),

@@ -28,6 +28,7 @@ mod deadlines;
 mod effects;
 mod events;
 mod hot;
+mod lease;
 mod state;
 mod table;
 
@@ -46,6 +47,7 @@ use crate::limits::Limits;
 use crate::store::{Inserted, Store, StoreError};
 
 use effects::Effects;
+pub use lease::{DispatchStats, LeaseRequest, MAX_WAIT, dispatch_stats, lease};
 use state::BrokerState;
 pub(crate) use state::MAX_EXTEND;
 pub use state::{DlqStats, FireWrite, QueueCounts, Settle};

@@ -22,7 +22,6 @@ use crate::config::Config;
 use crate::job::UnixMillis;
 use crate::limits::Limits;
 use crate::metrics::{self, DepthState};
-use crate::scheduler::{self, SchedulerMsg};
 use crate::worker_pool::{self, PoolMsg};
 
 /// The registered name of the gauges actor.
@@ -108,7 +107,7 @@ async fn refresh(config: &Config) -> bool {
         .unwrap_or_default();
     let mut healthy = counts.is_some();
     for queue in config.queues.keys() {
-        let sched = ask(scheduler::name(queue), SchedulerMsg::Stats).await;
+        let sched = broker::dispatch_stats(queue, ASK).await.ok();
         healthy &= sched.is_some();
         let sched = sched.unwrap_or_default();
         let c = counts

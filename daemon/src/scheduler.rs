@@ -27,7 +27,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::broker::{self, BrokerMsg, LeasedJob, Resync};
+use crate::broker::{self, BrokerMsg, DispatchStats, LeaseRequest, LeasedJob, MAX_WAIT, Resync};
 use crate::clock::{until, wall_ms};
 use crate::job::{JobId, UnixMillis};
 use crate::limits::Limits;
@@ -38,32 +38,6 @@ use fair::{FairQueue, Fairness, TenantLimits};
 /// The registered name of the scheduler of `queue`.
 pub fn name(queue: &str) -> String {
     format!("scheduler:{queue}")
-}
-
-/// A lessee's request: up to `max_jobs`, waiting up to `wait` for the first one.
-#[derive(Clone, Debug)]
-pub struct LeaseRequest {
-    /// The lessee's id (`"email/3"`, or an external worker's id).
-    pub worker: String,
-    /// At most this many jobs (>= 1).
-    pub max_jobs: u32,
-    /// Long-poll time; zero answers at once.
-    pub wait: Duration,
-}
-
-/// A snapshot of a queue's dispatch state.
-#[derive(Clone, Debug, Default)]
-pub struct SchedulerStats {
-    /// Jobs ready to run.
-    pub ready: u64,
-    /// Jobs waiting for their due time.
-    pub delayed: u64,
-    /// When the oldest ready job became ready (Unix ms).
-    pub oldest_ready_at: Option<UnixMillis>,
-    /// Lessees waiting in a long poll.
-    pub waiting_lessees: usize,
-    /// Whether an operator paused the queue.
-    pub paused: bool,
 }
 
 /// Messages the scheduler takes.
@@ -105,7 +79,7 @@ pub enum SchedulerMsg {
     /// Shutdown: hand out nothing more, answer waiting lessees empty.
     Drain,
     /// Snapshot for metrics, qctl and the autoscaler.
-    Stats(RpcReplyPort<SchedulerStats>),
+    Stats(RpcReplyPort<DispatchStats>),
     /// Several of the Broker's messages at once (the changes of one Broker message,
     /// in order), applied before one dispatch.
     Batch(Vec<SchedulerMsg>),
@@ -359,8 +333,8 @@ impl SchedulerState {
         });
     }
 
-    fn stats(&self) -> SchedulerStats {
-        SchedulerStats {
+    fn stats(&self) -> DispatchStats {
+        DispatchStats {
             ready: self.fair.len() as u64,
             delayed: self.delayed.len() as u64,
             oldest_ready_at: self.fair.oldest_ready_at(),
@@ -474,15 +448,12 @@ impl SchedulerState {
     }
 }
 
-/// The longest long poll a lessee may ask for.
-pub const MAX_WAIT: Duration = Duration::from_secs(30);
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Config;
 
-    async fn stats(actor: &ActorRef<SchedulerMsg>) -> SchedulerStats {
+    async fn stats(actor: &ActorRef<SchedulerMsg>) -> DispatchStats {
         match actor
             .call(SchedulerMsg::Stats, Some(Duration::from_secs(10)))
             .await

@@ -39,7 +39,6 @@ use crate::executor::Executors;
 use crate::job::JobId;
 use crate::limits::Limits;
 use crate::metrics;
-use crate::scheduler::{self, SchedulerMsg};
 use autoscale::{Observation, Policy};
 use worker::{Worker, WorkerArgs, WorkerMsg};
 
@@ -255,9 +254,9 @@ impl PoolState {
         if self.draining.is_cancelled() {
             return Ok(());
         }
-        let stats = match ActorRef::<SchedulerMsg>::where_is(scheduler::name(&self.args.queue)) {
-            Some(s) => ractor::call_t!(s, SchedulerMsg::Stats, 1000).unwrap_or_default(),
-            None => return Ok(()),
+        let Ok(stats) = broker::dispatch_stats(&self.args.queue, Duration::from_secs(1)).await
+        else {
+            return Ok(());
         };
         let now = Instant::now();
         let wall = crate::clock::wall_ms();

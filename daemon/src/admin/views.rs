@@ -7,12 +7,11 @@ use qd_proto::{
     QueueLimits, RedriveResult, Refusal, StatusInfo, TenantCounts, TenantLimits, Valued,
 };
 
-use crate::broker::{BatchOutcome, QueueCounts};
+use crate::broker::{BatchOutcome, DispatchStats, QueueCounts};
 use crate::clock::wall_ms;
 use crate::daemon::Daemon;
 use crate::job::{Job, State};
 use crate::limits::Source;
-use crate::scheduler::SchedulerStats;
 use crate::store::JobDetail as StoredJob;
 use crate::worker_pool::PoolStats;
 
@@ -176,7 +175,7 @@ pub fn tenant_counts(counts: &[(String, State, u64)]) -> Vec<TenantCounts> {
 /// One row of `qctl queues`.
 pub fn queue(
     name: &str,
-    sched: &SchedulerStats,
+    sched: &DispatchStats,
     counts: &QueueCounts,
     pool: &PoolStats,
     (min, max): (u32, u32),

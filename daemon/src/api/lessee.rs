@@ -18,7 +18,6 @@ use axum::Json;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use base64::Engine;
-use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -27,13 +26,12 @@ use super::body::JsonBody;
 use super::params::ApiPath;
 use super::producer::{parse_id, parse_seconds_or_duration};
 use super::{ApiArgs, ApiError};
-use crate::broker::{self, BrokerError, BrokerMsg, LeasedJob};
+use crate::broker::{self, BrokerError, BrokerMsg, LeaseRequest, LeasedJob, MAX_WAIT};
 use crate::executor::ExecutorSpec;
 use crate::executor::OUTPUT_LIMIT;
 use crate::executor::http::MAX_RETRY_AFTER;
 use crate::job::{Failure, JobId, Token};
 use crate::results::ParentBody;
-use crate::scheduler::{self, LeaseRequest, MAX_WAIT, SchedulerMsg};
 
 /// The most jobs one lease request may take.
 pub const MAX_JOBS: u32 = 1000;
@@ -86,27 +84,12 @@ pub async fn lease(
         )));
     }
     let wait = parse_wait(body.wait)?;
-    let scheduler =
-        ActorRef::<SchedulerMsg>::where_is(scheduler::name(&queue)).ok_or_else(|| {
-            ApiError::from(broker::BrokerError::Unavailable(
-                "scheduler restarting".into(),
-            ))
-        })?;
     let request = LeaseRequest {
         worker: body.worker_id,
         max_jobs: body.max_jobs,
         wait,
     };
-    let jobs = match scheduler
-        .call(
-            |tx| SchedulerMsg::Lease(request, tx),
-            Some(wait + REPORT_TIMEOUT),
-        )
-        .await
-    {
-        Ok(ractor::rpc::CallResult::Success(jobs)) => jobs,
-        _ => Vec::new(),
-    };
+    let jobs = broker::lease(&queue, request).await?;
     let parents = parents_of(&args, &jobs).await?;
     Ok(Json(LeaseAnswer {
         jobs: jobs
