@@ -25,6 +25,7 @@
 //! comes back as a message, so one slow fsync never stalls the mailbox.
 
 mod deadlines;
+pub(crate) mod dispatch;
 mod effects;
 mod events;
 mod hot;

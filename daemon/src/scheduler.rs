@@ -19,7 +19,7 @@
 pub mod delayed;
 pub mod fair;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,13 +27,13 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::broker::{self, BrokerMsg, DispatchStats, LeaseRequest, LeasedJob, MAX_WAIT, Resync};
-use crate::clock::{until, wall_ms};
+use crate::broker::dispatch::Dispatch;
+use crate::broker::{self, BrokerMsg, DispatchStats, LeaseRequest, LeasedJob, Resync};
+use crate::clock::wall_ms;
 use crate::job::{JobId, UnixMillis};
 use crate::limits::Limits;
 use crate::rate_limit::RateLimiter;
-use delayed::DelayedJobs;
-use fair::{FairQueue, Fairness, TenantLimits};
+use fair::Fairness;
 
 /// The registered name of the scheduler of `queue`.
 pub fn name(queue: &str) -> String {
@@ -116,31 +116,14 @@ pub struct SchedulerArgs {
     pub limiter: Option<Arc<RateLimiter>>,
 }
 
-struct Waiter {
-    request: LeaseRequest,
-    reply: RpcReplyPort<Vec<LeasedJob>>,
-    deadline: Instant,
-}
-
 /// The pending `Tick` of the armed timer.
 type Timer = JoinHandle<Result<(), ractor::MessagingErr<SchedulerMsg>>>;
 
-/// The scheduler's state.
+/// The scheduler's state: the queue's [`Dispatch`] and the timer armed for it.
 pub struct SchedulerState {
     queue: Arc<str>,
-    fair: FairQueue,
-    delayed: DelayedJobs<Instant>,
-    /// The priorities of the delayed jobs that have one, until they are due.
-    delayed_priorities: HashMap<JobId, i64>,
-    waiters: VecDeque<Waiter>,
+    dispatch: Dispatch,
     limits: Arc<Limits>,
-    limiter: Option<Arc<RateLimiter>>,
-    /// A rate-limiter token taken when every backlogged tenant was capped, spent on
-    /// the next pick (once a pause of the limiter ended).
-    prepaid: bool,
-    limiter_retry: Option<Instant>,
-    paused: bool,
-    draining: bool,
     timer: Option<(Instant, Timer)>,
     myself: ActorRef<SchedulerMsg>,
 }
@@ -158,22 +141,15 @@ impl Actor for Scheduler {
         myself: ActorRef<SchedulerMsg>,
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
-        let mut state = SchedulerState {
-            paused: args.limits.paused(&args.queue),
+        let mut dispatch = Dispatch::new(args.fairness, args.limiter);
+        dispatch.configure(&args.queue, &args.limits);
+        let state = SchedulerState {
             queue: args.queue,
-            fair: FairQueue::new(args.fairness),
-            delayed: DelayedJobs::new(),
-            delayed_priorities: HashMap::new(),
-            waiters: VecDeque::new(),
+            dispatch,
             limits: args.limits,
-            limiter: args.limiter,
-            prepaid: false,
-            limiter_retry: None,
-            draining: false,
             timer: None,
             myself,
         };
-        state.apply_limits();
         broker::cast(BrokerMsg::Resync(Resync::Scheduler(state.queue.clone())));
         Ok(state)
     }
@@ -193,247 +169,57 @@ impl Actor for Scheduler {
 impl SchedulerState {
     /// Applies one message to the state (dispatch follows once per actor message).
     fn take(&mut self, msg: SchedulerMsg, now: Instant) {
+        let d = &mut self.dispatch;
         match msg {
             SchedulerMsg::Batch(msgs) => {
                 for msg in msgs {
                     self.take(msg, now);
                 }
             }
-            SchedulerMsg::Ready(tenant, id, ready_at) => self.ready(tenant, id, ready_at, 0, now),
+            SchedulerMsg::Ready(tenant, id, ready_at) => {
+                d.ready(tenant, id, ready_at, 0, wall_ms(), now)
+            }
             SchedulerMsg::ReadyPrioritized(tenant, id, ready_at, priority) => {
-                self.ready(tenant, id, ready_at, priority, now)
+                d.ready(tenant, id, ready_at, priority, wall_ms(), now)
             }
-            SchedulerMsg::Remove(tenant, id, ready_at) => {
-                if self.delayed.remove(id) {
-                    self.delayed_priorities.remove(&id);
-                } else {
-                    self.fair.remove(&tenant, id, ready_at);
-                }
-            }
-            SchedulerMsg::Finished(tenant, run) => self.fair.finish(&tenant, run),
-            SchedulerMsg::AtCap(tenant, id, ready_at) => self.fair.at_cap(tenant, id, ready_at),
+            SchedulerMsg::Remove(tenant, id, ready_at) => d.remove(&tenant, id, ready_at),
+            SchedulerMsg::Finished(tenant, run) => d.finish(&tenant, run),
+            SchedulerMsg::AtCap(tenant, id, ready_at) => d.at_cap(tenant, id, ready_at, 0),
             SchedulerMsg::AtCapPrioritized(tenant, id, ready_at, priority) => {
-                self.fair.at_cap_prioritized(tenant, id, ready_at, priority)
+                d.at_cap(tenant, id, ready_at, priority)
             }
-            SchedulerMsg::Reopen => self.fair.reopen(),
-            SchedulerMsg::Restore(snapshot) => self.restore(*snapshot, now),
-            SchedulerMsg::Throttled(pause) => {
-                if let Some(limiter) = &self.limiter {
-                    limiter.pause(pause);
-                }
-            }
-            SchedulerMsg::Lease(request, reply) => self.enlist(request, reply, now),
-            SchedulerMsg::LimitsChanged => {
-                self.paused = self.limits.paused(&self.queue);
-                self.apply_limits();
-            }
-            SchedulerMsg::Pause(paused) => self.paused = paused,
-            SchedulerMsg::Drain => {
-                self.draining = true;
-                for w in self.waiters.drain(..) {
-                    let _ = w.reply.send(Vec::new());
-                }
-            }
+            SchedulerMsg::Reopen => d.reopen(),
+            SchedulerMsg::Restore(snapshot) => d.restore(*snapshot, wall_ms(), now),
+            SchedulerMsg::Throttled(pause) => d.throttled(pause),
+            SchedulerMsg::Lease(request, reply) => d.enlist(request, reply, now),
+            SchedulerMsg::LimitsChanged => d.configure(&self.queue, &self.limits),
+            SchedulerMsg::Pause(paused) => d.pause(paused),
+            SchedulerMsg::Drain => d.drain(),
             SchedulerMsg::Stats(reply) => {
-                let _ = reply.send(self.stats());
+                let _ = reply.send(d.stats());
             }
             SchedulerMsg::Tick => self.timer = None,
         }
     }
 
-    fn apply_limits(&mut self) {
-        let default = self.limits.tenant("default");
-        self.fair.set_default_limits(TenantLimits {
-            weight: default.weight,
-            max_concurrency: self.limits.tenant_cap(&self.queue, "default"),
-        });
-        let names = self.limits.tenant_names();
-        // A tenant no longer named (its override reset) falls back to the default.
-        self.fair
-            .retain_limits(|tenant| names.binary_search_by(|n| n.as_str().cmp(tenant)).is_ok());
-        for tenant in names {
-            let t = self.limits.tenant(&tenant);
-            let cap = self.limits.tenant_cap(&self.queue, &tenant);
-            self.fair.set_limits(
-                &tenant,
-                TenantLimits {
-                    weight: t.weight,
-                    max_concurrency: cap,
-                },
-            );
-        }
-    }
-
-    fn ready(
-        &mut self,
-        tenant: Arc<str>,
-        id: JobId,
-        ready_at: UnixMillis,
-        priority: i64,
-        now: Instant,
-    ) {
-        let wall = wall_ms();
-        if ready_at > wall {
-            self.delayed
-                .push(now + until(ready_at, wall), tenant, id, ready_at);
-            if priority == 0 {
-                self.delayed_priorities.remove(&id);
-            } else {
-                self.delayed_priorities.insert(id, priority);
-            }
-        } else {
-            self.fair.push_prioritized(tenant, id, ready_at, priority);
-        }
-    }
-
-    /// Forgets every job and running count, then takes the Broker's: ready jobs in
-    /// bulk ([`FairQueue::extend`], which keeps each tenant's list as its backlog),
-    /// delayed ones by due time.
-    fn restore(&mut self, snapshot: Snapshot, now: Instant) {
-        self.fair.clear();
-        self.delayed.clear();
-        self.delayed_priorities.clear();
-        let wall = wall_ms();
-        let priorities = snapshot.priorities;
-        for (tenant, mut jobs) in snapshot.jobs {
-            let due = jobs.partition_point(|&(_, ready_at)| ready_at <= wall);
-            for (id, ready_at) in jobs.split_off(due) {
-                let priority = priorities.get(&id).copied().unwrap_or(0);
-                self.ready(tenant.clone(), id, ready_at, priority, now);
-            }
-            if !priorities.is_empty() {
-                let (boosted, plain): (Vec<Waiting>, Vec<Waiting>) = jobs
-                    .into_iter()
-                    .partition(|(id, _)| priorities.contains_key(id));
-                jobs = plain;
-                for (id, ready_at) in boosted {
-                    self.fair
-                        .push_prioritized(tenant.clone(), id, ready_at, priorities[&id]);
-                }
-            }
-            self.fair.extend(tenant, jobs);
-        }
-        for (tenant, n) in snapshot.running {
-            for _ in 0..n {
-                self.fair.start_running(&tenant);
-            }
-        }
-    }
-
-    fn enlist(&mut self, request: LeaseRequest, reply: RpcReplyPort<Vec<LeasedJob>>, now: Instant) {
-        if self.draining {
-            let _ = reply.send(Vec::new());
-            return;
-        }
-        let deadline = now + request.wait.min(MAX_WAIT);
-        self.waiters.push_back(Waiter {
-            request,
-            reply,
-            deadline,
-        });
-    }
-
-    fn stats(&self) -> DispatchStats {
-        DispatchStats {
-            ready: self.fair.len() as u64,
-            delayed: self.delayed.len() as u64,
-            oldest_ready_at: self.fair.oldest_ready_at(),
-            waiting_lessees: self.waiters.len(),
-            paused: self.paused,
-        }
-    }
-
-    /// Hands ready jobs to waiting lessees, then re-arms the timer.
+    /// Hands ready jobs to waiting lessees (through the Broker's `Lease`), then
+    /// re-arms the timer.
     fn dispatch(&mut self, now: Instant) {
-        for (tenant, id, ready_at) in self.delayed.pop_due(now) {
-            let priority = self.delayed_priorities.remove(&id).unwrap_or(0);
-            self.fair.push_prioritized(tenant, id, ready_at, priority);
+        for grant in self.dispatch.grants(now) {
+            broker::cast(BrokerMsg::Lease {
+                queue: self.queue.clone(),
+                picks: grant.picks,
+                worker: grant.worker,
+                reply: grant.reply,
+            });
         }
-        self.waiters.retain(|w| !w.reply.is_closed());
-        if !self.paused && !self.draining {
-            while let Some(picks) = self.pick(now) {
-                let Some(waiter) = self.waiters.pop_front() else {
-                    break;
-                };
-                let lease = BrokerMsg::Lease {
-                    queue: self.queue.clone(),
-                    picks,
-                    worker: waiter.request.worker,
-                    reply: waiter.reply,
-                };
-                broker::cast(lease);
-            }
-        }
-        self.expire_waiters(now);
+        self.dispatch.expire(now);
         self.arm(now);
-    }
-
-    /// Pops up to the front waiter's `max_jobs` jobs (with their tenants), one
-    /// rate-limiter token each.
-    fn pick(&mut self, now: Instant) -> Option<Vec<(Arc<str>, JobId)>> {
-        let max = self.waiters.front()?.request.max_jobs.max(1) as usize;
-        let mut picks = Vec::new();
-        while picks.len() < max && !self.fair.is_empty() {
-            if !self.take_token(now) {
-                break;
-            }
-            match self.fair.pop() {
-                Some(pick) => {
-                    self.prepaid = false;
-                    picks.push(pick);
-                }
-                None => break,
-            }
-        }
-        (!picks.is_empty()).then_some(picks)
-    }
-
-    fn take_token(&mut self, now: Instant) -> bool {
-        let Some(limiter) = &self.limiter else {
-            return true;
-        };
-        if self.prepaid {
-            // A token taken before a pause waits for its end: the downstream said
-            // "slow down" since.
-            if let Some(until) = limiter.paused_until(now) {
-                self.limiter_retry = Some(until);
-                return false;
-            }
-            return true;
-        }
-        match limiter.try_acquire(now) {
-            Ok(()) => {
-                self.prepaid = true;
-                self.limiter_retry = None;
-                true
-            }
-            Err(retry_at) => {
-                self.limiter_retry = Some(retry_at);
-                false
-            }
-        }
-    }
-
-    fn expire_waiters(&mut self, now: Instant) {
-        while let Some(pos) = self.waiters.iter().position(|w| w.deadline <= now) {
-            if let Some(w) = self.waiters.remove(pos) {
-                let _ = w.reply.send(Vec::new());
-            }
-        }
     }
 
     /// Arms one timer for the soonest deadline (delayed job, waiter, limiter).
     fn arm(&mut self, now: Instant) {
-        let limiter = self.limiter_retry.filter(|_| !self.fair.is_empty());
-        let soonest = [
-            self.delayed.next_due(),
-            self.waiters.iter().map(|w| w.deadline).min(),
-            limiter,
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        match (soonest, &self.timer) {
+        match (self.dispatch.soonest(), &self.timer) {
             (Some(at), Some((armed, _))) if *armed <= at => {}
             (Some(at), _) => {
                 if let Some((_, old)) = self.timer.take() {
