@@ -2,7 +2,7 @@
 //!
 //! [`crate::admin_server`] owns the socket, framing and peer checks; this module
 //! implements its [`AdminHandler`] by sending one message to the Broker, Dlq,
-//! Schedulers or WorkerPools, or by reading the store, and mapping the answer to
+//! WorkerPools, or by reading the store, and mapping the answer to
 //! the protocol's types (`admin/views.rs`). Runtime overrides (`limits set`,
 //! `workers set`, `queue pause`) are written to the store first, then applied to
 //! the live [`crate::limits::Limits`] and announced to the actors that enforce them.

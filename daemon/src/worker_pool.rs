@@ -5,7 +5,7 @@
 //! A Worker that panics is restarted after a backoff (100 ms doubling to 10 s per
 //! consecutive crash of that slot), and the Broker is told to fail the job it held
 //! (charged as `worker_crashed`, then retried or dead-lettered by the normal policy)
-//! — never lost. Every second the pool asks its Scheduler for the oldest ready age,
+//! — never lost. Every second the pool asks the Broker for its queue's oldest ready age,
 //! decides, logs each change with its reason, and exports `qd_workers` and
 //! `qd_workers_desired`.
 //!

@@ -16,10 +16,9 @@ use crate::store::JobDetail as StoredJob;
 use crate::worker_pool::PoolStats;
 
 /// The actor kinds `qctl status` reports, in tree order.
-const ACTORS: [&str; 10] = [
+const ACTORS: [&str; 9] = [
     "broker",
     "cluster",
-    "scheduler",
     "dlq",
     "worker_pool",
     "worker",
@@ -184,12 +183,12 @@ pub fn queue(
     let now = wall_ms();
     QueueInfo {
         name: name.to_string(),
-        ready: sched.ready + counts.parked,
+        ready: sched.ready,
         delayed: sched.delayed,
         leased: counts.leased,
         dead: counts.dead,
-        oldest_ready_age_secs: counts
-            .oldest_ready_at(sched.oldest_ready_at)
+        oldest_ready_age_secs: sched
+            .oldest_ready_at
             .map(|at| (now - at).max(0) as f64 / 1000.0),
         workers_busy: pool.busy,
         workers_total: pool.total,

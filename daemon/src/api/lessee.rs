@@ -1,7 +1,7 @@
 //! External worker endpoints: lease (long poll), heartbeat, ack, nack, batch acks.
 //!
 //! Only queues with `executor = { kind = "external" }` are leased over HTTP; their
-//! jobs go through the same Scheduler (fairness, caps, rate limits), Broker
+//! jobs go through the same dispatch (fairness, caps, rate limits) and Broker
 //! (fencing tokens, lease deadlines, retries, DLQ) as in-process workers' jobs. A
 //! stale or unknown token gets 409 `stale_token` with the job's current state (also
 //! for a job that has finished and left the Broker's memory, or whose lease another

@@ -37,7 +37,23 @@ use crate::limits::Limits;
 use crate::rate_limit::RateLimiter;
 use crate::scheduler::delayed::DelayedJobs;
 use crate::scheduler::fair::{FairQueue, Fairness, TenantLimits};
-use crate::scheduler::{Snapshot, Waiting};
+
+/// A ready or delayed job in a [`Snapshot`]: its id and `ready_at` (Unix ms).
+pub(crate) type Waiting = (JobId, UnixMillis);
+
+/// A queue's jobs as the Broker holds them, for [`Dispatch::restore`]: what a
+/// queue's dispatch is built from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    /// Per tenant (each named once), its ready and delayed jobs as `(id, ready_at)`
+    /// (Unix ms), sorted by `(ready_at, id)`: oldest first, so they queue in that
+    /// order. A job due later than now waits as delayed.
+    pub(crate) jobs: Vec<(Arc<str>, Vec<Waiting>)>,
+    /// Per tenant (each named once), how many of its jobs are leased (running).
+    pub(crate) running: Vec<(Arc<str>, u32)>,
+    /// The priorities (milliseconds) of the jobs of `jobs` that have one.
+    pub(crate) priorities: HashMap<JobId, i64>,
+}
 
 /// A lessee waiting in a long poll.
 struct Waiter {
@@ -85,6 +101,18 @@ impl Dispatch {
             limiter_retry: None,
             paused: false,
             draining: false,
+        }
+    }
+
+    /// Orders by `fairness` and draws tokens from `limiter` from now on (a reload
+    /// that changed the queue's config); a token already taken from another
+    /// limiter is forgotten.
+    pub(crate) fn set_policy(&mut self, fairness: Fairness, limiter: Option<Arc<RateLimiter>>) {
+        self.fair.set_fairness(fairness);
+        if !same_limiter(&self.limiter, &limiter) {
+            self.limiter = limiter;
+            self.prepaid = false;
+            self.limiter_retry = None;
         }
     }
 
@@ -232,11 +260,6 @@ impl Dispatch {
         });
     }
 
-    /// Stops (true) or resumes (false) handing out jobs.
-    pub(crate) fn pause(&mut self, paused: bool) {
-        self.paused = paused;
-    }
-
     /// Shutdown: hands out nothing more and answers every waiting lessee empty.
     pub(crate) fn drain(&mut self) {
         self.draining = true;
@@ -347,9 +370,12 @@ impl Dispatch {
     }
 
     /// When something here is next due: a delayed job, a waiter's deadline, or the
-    /// limiter's next token while jobs are ready.
+    /// limiter's next token while jobs are ready and a lessee waits (with nobody
+    /// waiting a passed retry time would only wake the Broker again and again).
     pub(crate) fn soonest(&self) -> Option<Instant> {
-        let limiter = self.limiter_retry.filter(|_| !self.fair.is_empty());
+        let limiter = self
+            .limiter_retry
+            .filter(|_| !self.fair.is_empty() && !self.waiters.is_empty());
         [
             self.delayed.next_due(),
             self.waiters.iter().map(|w| w.deadline).min(),
@@ -358,6 +384,109 @@ impl Dispatch {
         .into_iter()
         .flatten()
         .min()
+    }
+}
+
+fn same_limiter(a: &Option<Arc<RateLimiter>>, b: &Option<Arc<RateLimiter>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// Every configured queue's [`Dispatch`], and the wall and monotonic time of the
+/// Broker message being handled (a job's due time is placed on the monotonic
+/// clock when it is handed over).
+pub(crate) struct Dispatches {
+    queues: HashMap<Arc<str>, Dispatch>,
+    wall: UnixMillis,
+    mono: Instant,
+}
+
+impl Default for Dispatches {
+    fn default() -> Self {
+        Dispatches {
+            queues: HashMap::new(),
+            wall: 0,
+            mono: Instant::now(),
+        }
+    }
+}
+
+impl Dispatches {
+    /// Sets the time of the message being handled.
+    pub(crate) fn at(&mut self, wall: UnixMillis, mono: Instant) {
+        self.wall = wall;
+        self.mono = mono;
+    }
+
+    /// The time set by [`Self::at`].
+    pub(crate) fn now(&self) -> (UnixMillis, Instant) {
+        (self.wall, self.mono)
+    }
+
+    /// The Dispatch of `queue`, if it is configured.
+    pub(crate) fn get(&self, queue: &str) -> Option<&Dispatch> {
+        self.queues.get(queue)
+    }
+
+    /// The Dispatch of `queue`, if it is configured.
+    pub(crate) fn get_mut(&mut self, queue: &str) -> Option<&mut Dispatch> {
+        self.queues.get_mut(queue)
+    }
+
+    /// Whether `queue` has a Dispatch.
+    pub(crate) fn contains(&self, queue: &str) -> bool {
+        self.queues.contains_key(queue)
+    }
+
+    /// Adds the Dispatch of a queue that became configured.
+    pub(crate) fn insert(&mut self, queue: Arc<str>, dispatch: Dispatch) {
+        self.queues.insert(queue, dispatch);
+    }
+
+    /// Drops the Dispatch of every queue `keep` refuses (no longer configured),
+    /// answering its waiting lessees empty.
+    pub(crate) fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.queues.retain(|queue, d| {
+            let kept = keep(queue);
+            if !kept {
+                d.drain();
+            }
+            kept
+        });
+    }
+
+    /// Every queue's Dispatch, in no order.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&Arc<str>, &mut Dispatch)> {
+        self.queues.iter_mut()
+    }
+
+    /// The names of the queues with a Dispatch.
+    pub(crate) fn names(&self) -> Vec<Arc<str>> {
+        self.queues.keys().cloned().collect()
+    }
+
+    /// The soonest time any queue's Dispatch is due.
+    pub(crate) fn soonest(&self) -> Option<Instant> {
+        self.queues.values().filter_map(Dispatch::soonest).min()
+    }
+
+    /// A job of `queue` is ready or delayed (see [`Dispatch::ready`]); dropped for
+    /// a queue that is not configured (it is handed over when it is again).
+    pub(crate) fn ready(
+        &mut self,
+        queue: &str,
+        tenant: Arc<str>,
+        id: JobId,
+        ready_at: UnixMillis,
+        priority: i64,
+    ) {
+        let (wall, mono) = (self.wall, self.mono);
+        if let Some(d) = self.queues.get_mut(queue) {
+            d.ready(tenant, id, ready_at, priority, wall, mono);
+        }
     }
 }
 

@@ -2,17 +2,14 @@
 //! one entry point for in-process Workers, the HTTP lease API and the SQS receive,
 //! and for `qctl queues`, the gauges, the autoscaler and SQS queue attributes.
 //!
-//! It owns no state; [`lease`] and [`dispatch_stats`] send the queue's dispatcher
-//! its `Lease` and `Stats` messages and wait for the answer, so callers do not
-//! depend on which actor orders a queue's ready jobs.
+//! It owns no state: [`lease`] and [`dispatch_stats`] send the Broker, which owns
+//! each queue's ready order ([`super::dispatch`]), its `Lease` and `DispatchStats`
+//! messages and wait for the answer.
 
 use std::time::Duration;
 
-use ractor::ActorRef;
-
-use super::{BrokerError, LeasedJob};
+use super::{BrokerError, BrokerMsg, LeasedJob};
 use crate::job::UnixMillis;
-use crate::scheduler::{self, SchedulerMsg};
 
 /// A lessee's request: up to `max_jobs`, waiting up to `wait` for the first one.
 #[derive(Clone, Debug)]
@@ -48,40 +45,23 @@ pub const MAX_WAIT: Duration = Duration::from_secs(30);
 const ANSWER_GRACE: Duration = Duration::from_secs(30);
 
 /// Leases up to `request.max_jobs` jobs of `queue`, waiting up to `request.wait`
-/// (at most [`MAX_WAIT`]) for the first; empty when none came in time or the queue
-/// is draining.
+/// (at most [`MAX_WAIT`]) for the first; empty when none came in time, the queue
+/// is not configured, or qd is shutting down.
 ///
-/// Errors: [`BrokerError::Unavailable`] when the queue's dispatcher is not running
-/// (restarting, or the queue is not configured) or did not answer.
+/// Errors: [`BrokerError::Unavailable`] when the Broker is not running
+/// (restarting) or did not answer.
 pub async fn lease(queue: &str, request: LeaseRequest) -> Result<Vec<LeasedJob>, BrokerError> {
     let timeout = request.wait.min(MAX_WAIT) + ANSWER_GRACE;
-    call(queue, |tx| SchedulerMsg::Lease(request, tx), timeout).await
+    let queue = queue.to_owned();
+    super::request(|tx| BrokerMsg::Lease(queue, request, tx), timeout).await
 }
 
-/// The dispatch state of `queue`, waiting up to `timeout` for it.
+/// The dispatch counts of `queue`, waiting up to `timeout` for them.
 ///
-/// Errors: [`BrokerError::Unavailable`] when the queue's dispatcher is not running
-/// or does not answer within `timeout`.
+/// Errors: [`BrokerError::UnknownQueue`] for a queue that is not configured;
+/// [`BrokerError::Unavailable`] when the Broker is not running or does not answer
+/// within `timeout`.
 pub async fn dispatch_stats(queue: &str, timeout: Duration) -> Result<DispatchStats, BrokerError> {
-    call(queue, SchedulerMsg::Stats, timeout).await
-}
-
-async fn call<T: Send + 'static>(
-    queue: &str,
-    build: impl FnOnce(ractor::RpcReplyPort<T>) -> SchedulerMsg,
-    timeout: Duration,
-) -> Result<T, BrokerError> {
-    let actor = ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)).ok_or_else(|| {
-        BrokerError::Unavailable(format!("queue {queue:?} has no dispatcher running"))
-    })?;
-    match actor.call(build, Some(timeout)).await {
-        Ok(ractor::rpc::CallResult::Success(v)) => Ok(v),
-        Ok(ractor::rpc::CallResult::Timeout) => Err(BrokerError::Unavailable(format!(
-            "queue {queue:?}: no answer within {}",
-            humantime::format_duration(timeout)
-        ))),
-        Ok(ractor::rpc::CallResult::SenderError) | Err(_) => Err(BrokerError::Unavailable(
-            format!("queue {queue:?}: its dispatcher stopped while answering"),
-        )),
-    }
+    let queue = queue.to_owned();
+    super::request(|tx| BrokerMsg::DispatchStats(queue, tx), timeout).await?
 }

@@ -1,6 +1,6 @@
 //! A Worker actor: lease → run the executor (heartbeating) → ack or nack, repeat.
 //!
-//! It asks its queue's Scheduler for one job with a long poll, runs it with the
+//! It asks for one job of its queue with a long poll ([`broker::lease`]), runs it with the
 //! queue's executor while renewing the lease every `heartbeat`, and reports the
 //! result to the Broker only after the executor finished — ack after the effect.
 //! If a heartbeat is refused (the lease was lost to expiry), the attempt is cut
@@ -48,7 +48,7 @@ const REPORT_RETRY: Duration = Duration::from_secs(1);
 pub struct WorkerArgs {
     /// Its id, `"QUEUE/N"`; recorded as the lease holder.
     pub id: String,
-    /// The queue whose Scheduler it leases from.
+    /// The queue it leases from.
     pub queue: Arc<str>,
     /// Every queue's executor; this worker looks its queue's up for each attempt, so
     /// a reload applies to the next attempt.

@@ -3,7 +3,7 @@
 //! ListQueueTags, ListDeadLetterSourceQueues. SQS queues are qd's queues: those of
 //! the config file (read-only over SQS) and those created through SQS (stored in
 //! the store, `created.rs`; changed here, put in force by the Supervisor). Counts
-//! come from the Broker and the queue's Scheduler; a dead-letter queue's include
+//! come from the Broker (the queue's counts and dispatch); a dead-letter queue's include
 //! its sources' dead jobs (`dead.rs`).
 
 use std::time::Duration;

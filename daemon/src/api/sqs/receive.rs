@@ -1,4 +1,4 @@
-//! ReceiveMessage: leases 1 to 10 jobs from the queue's Scheduler (a long poll of
+//! ReceiveMessage: leases 1 to 10 jobs through [`crate::broker::lease`] (a long poll of
 //! `WaitTimeSeconds`, 0 to 20), with `VisibilityTimeout` as the lease (the queue's
 //! `lease` when not given), and answers each as an SQS message with the system and
 //! message attributes asked for. A dead-letter queue (one a `RedrivePolicy`

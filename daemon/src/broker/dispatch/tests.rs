@@ -137,10 +137,13 @@ fn paused_hands_out_nothing_and_draining_answers_everyone_empty() {
     let t: Arc<str> = Arc::from("t");
     d.ready(t, JobId::new(), WALL, 0, WALL, now);
     let mut first = enlist(&mut d, 1, Duration::from_secs(5), now);
-    d.pause(true);
+    let l = limits("[queues.q]\nexecutor = { kind = \"external\" }\n");
+    l.set("queue", "q", "paused", Some("true".into()));
+    d.configure("q", &l);
     assert!(d.grants(now).is_empty());
     assert!(d.stats().paused);
-    d.pause(false);
+    l.set("queue", "q", "paused", None);
+    d.configure("q", &l);
     assert_eq!(d.grants(now).len(), 1);
     let mut second = enlist(&mut d, 1, Duration::from_secs(5), now);
     d.drain();
