@@ -359,6 +359,10 @@ impl Dispatch {
 
     /// Answers empty every waiter whose long poll ended by `now`.
     pub(crate) fn expire(&mut self, now: Instant) {
+        // Called after every Broker message: rebuild the list only when one is due.
+        if !self.waiters.iter().any(|w| w.deadline <= now) {
+            return;
+        }
         let (expired, kept): (VecDeque<Waiter>, VecDeque<Waiter>) =
             std::mem::take(&mut self.waiters)
                 .into_iter()
