@@ -2,7 +2,7 @@
 //!
 //! [`crate::admin_server`] owns the socket, framing and peer checks; this module
 //! implements its [`AdminHandler`] by sending one message to the Broker, Dlq,
-//! Schedulers or WorkerPools, or by reading the store, and mapping the answer to
+//! WorkerPools, or by reading the store, and mapping the answer to
 //! the protocol's types (`admin/views.rs`). Runtime overrides (`limits set`,
 //! `workers set`, `queue pause`) are written to the store first, then applied to
 //! the live [`crate::limits::Limits`] and announced to the actors that enforce them.
@@ -28,7 +28,6 @@ use crate::config::MAX_WORKERS;
 use crate::daemon::Daemon;
 use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::{JobId, State};
-use crate::scheduler::{self, SchedulerMsg};
 use crate::store::{self, JobDetail as StoredJob};
 use crate::worker_pool::{self, PoolMsg};
 
@@ -742,10 +741,9 @@ impl Handler {
         let held = self.held_depths().await;
         let mut out = Vec::new();
         for (name, qcfg) in &self.daemon.config().queues {
-            let sched = match ActorRef::<SchedulerMsg>::where_is(scheduler::name(name)) {
-                Some(s) => ractor::call_t!(s, SchedulerMsg::Stats, 5000).unwrap_or_default(),
-                None => Default::default(),
-            };
+            let sched = broker::dispatch_stats(name, Duration::from_secs(5))
+                .await
+                .unwrap_or_default();
             let pool = match ActorRef::<PoolMsg>::where_is(worker_pool::name(name)) {
                 Some(p) => ractor::call_t!(p, PoolMsg::Stats, 5000).unwrap_or_default(),
                 None => Default::default(),

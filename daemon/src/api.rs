@@ -3,7 +3,7 @@
 //! Producers enqueue (one job or a batch) and read job status (`api/producer.rs`); external workers
 //! lease, heartbeat, ack and nack (`api/lessee.rs`). Handlers hold no business
 //! logic: they check the caller's role and queue (`api/auth.rs`), validate input,
-//! send one message to the Broker or a Scheduler, and map the answer to a status
+//! send one message to the Broker, and map the answer to a status
 //! code. The endpoints are specified in `daemon/docs/http-api.md`.
 //!
 //! Before any route, [`browser_guard`] refuses what a web page could make a browser

@@ -9,15 +9,26 @@
 //! Callers are answered only after their write is durable (group commit): a producer
 //! hears "accepted" only once its job survives `kill -9`.
 //!
+//! It also owns each configured queue's dispatch ([`dispatch::Dispatch`]): the ready
+//! jobs in weighted fair order per tenant, the delayed jobs, the lessees waiting in a
+//! long poll, the rate limiter's tokens, pause and drain. A job's state and its place
+//! in the dispatch change in the same step, so no other actor keeps a copy in step
+//! by messages; after every message the waiting lessees are served from it. One
+//! timer serves both: the soonest lease deadline, delayed job, poll end or limiter
+//! token. An external worker's job (HTTP enqueue, lease, ack) costs five Broker
+//! messages: `Enqueue`, `Inserted`, `Lease`, `Ack`, `Settle` (eight when a
+//! per-queue Scheduler actor held a copy of the ready jobs).
+//!
 //! Messages: [`BrokerMsg`] — enqueue and batch enqueue (from the API and the admin
-//! socket), lease (from a Scheduler, on behalf of a worker), heartbeat/ack/nack
-//! (from workers), its lease timer's tick, worker-lost (from a WorkerPool), redrive,
-//! cancel and purge (from the Dlq and admin), resync (from derived actors that restarted),
-//! stats, stop-intake, release-leases and flush (from the Supervisor's shutdown), and
-//! its own settle/probe messages. Supervised by the Supervisor; on
+//! socket), lease (from Workers, the HTTP lease API and SQS receive, through
+//! [`lease`]), heartbeat/ack/nack (from workers), its timer's tick, worker-lost (from
+//! a WorkerPool), redrive, cancel and purge (from the Dlq and admin), counts and
+//! dispatch stats (Gauges, admin, pools, SQS), limits-changed (admin, reload),
+//! reopen (Cluster), stop-intake, release-leases and flush (from the Supervisor's
+//! shutdown), and its own settle/probe messages. Supervised by the Supervisor; on
 //! (re)start it reloads from the store (after a daemon start no job is leased: the
-//! leases of an earlier run died with it) and pushes its view to the Schedulers,
-//! which are rebuilt from it ([`SchedulerMsg::Restore`](crate::scheduler::SchedulerMsg::Restore)).
+//! leases of an earlier run died with it) and builds each queue's dispatch from the
+//! jobs it loaded.
 //!
 //! The broker never awaits the store inside `handle`: its state ([`BrokerState`])
 //! returns each message's store operations, with their completions, as effects
@@ -25,9 +36,11 @@
 //! comes back as a message, so one slow fsync never stalls the mailbox.
 
 mod deadlines;
+pub(crate) mod dispatch;
 mod effects;
 mod events;
 mod hot;
+mod lease;
 mod state;
 mod table;
 
@@ -46,6 +59,7 @@ use crate::limits::Limits;
 use crate::store::{Inserted, Store, StoreError};
 
 use effects::Effects;
+pub use lease::{DispatchStats, LeaseRequest, MAX_WAIT, dispatch_stats, lease};
 use state::BrokerState;
 pub(crate) use state::MAX_EXTEND;
 pub use state::{DlqStats, FireWrite, QueueCounts, Settle};
@@ -275,13 +289,6 @@ pub struct BatchOutcome {
     pub refused: Vec<(JobId, String)>,
 }
 
-/// Which derived actor asks to be rebuilt from the broker's state.
-#[derive(Clone, Debug)]
-pub enum Resync {
-    /// A queue's Scheduler: gets every ready/delayed job and the running counts.
-    Scheduler(Arc<str>),
-}
-
 /// Messages the broker takes.
 pub enum BrokerMsg {
     /// Add a job; answered after it is durable.
@@ -318,22 +325,22 @@ pub enum BrokerMsg {
         Result<(FireWrite, Vec<u8>), StoreError>,
         RpcReplyPort<Result<Fired, BrokerError>>,
     ),
-    /// Lease these jobs (chosen by the queue's Scheduler) to `worker`; the reply goes
-    /// straight to the worker once the store recorded the claims and read the
-    /// payloads (nothing is written to disk; while the store refuses writes the
-    /// request waits).
-    Lease {
-        /// The queue of the Scheduler that picked.
-        queue: Arc<str>,
-        /// Jobs picked by the scheduler, with the tenant it counted each one against
-        /// (released back to it if the job turns out not to be leasable, e.g. it was
-        /// cancelled in between).
-        picks: Vec<(Arc<str>, JobId)>,
-        /// The lessee, recorded as the lease holder (`QUEUE/N` or an external worker's id).
-        worker: String,
-        /// Where the leased jobs go.
-        reply: RpcReplyPort<Vec<LeasedJob>>,
-    },
+    /// A lessee asks for up to `max_jobs` jobs of the queue, waiting up to its long
+    /// poll ([`lease`]). Its queue's [`Dispatch`](dispatch::Dispatch) picks them at
+    /// once or when they become ready; the reply goes straight to the lessee once
+    /// the store recorded the claims and read the payloads (nothing is written to
+    /// disk), or empty when its long poll ends first. While the store refuses
+    /// writes nothing is picked.
+    Lease(String, LeaseRequest, RpcReplyPort<Vec<LeasedJob>>),
+    /// A queue's dispatch counts ([`dispatch_stats`]); `UnknownQueue` for a queue
+    /// that is not configured.
+    DispatchStats(String, RpcReplyPort<Result<DispatchStats, BrokerError>>),
+    /// Weights, caps, pauses or rate limiters changed (an operator's override or a
+    /// reload): every queue's dispatch rereads them from [`Limits`].
+    LimitsChanged,
+    /// Other nodes may have ended leases (the cluster's poll or heartbeat): tenants
+    /// held at their cap across the cluster are tried again.
+    Reopen,
     /// Internal: the store did not record these leases (a failed or refused claim);
     /// each is given as the job's record before the lease and the lease planned, and
     /// returns to the first uncharged.
@@ -341,7 +348,8 @@ pub enum BrokerMsg {
     /// Internal (shared store): the store refused these leases because their
     /// tenant is at its `max_concurrency` across the cluster; each is given as the
     /// job's record before the lease and the lease planned, returns to the first
-    /// uncharged and goes back to its Scheduler, which holds the tenant at its cap.
+    /// uncharged and goes back to its queue's dispatch, which holds the tenant at
+    /// its cap.
     AtCap(Vec<(Job, Job)>),
     /// Internal (shared store): a lease request got the second list's jobs in place
     /// of the first list's picks (each the record before the lease and the lease
@@ -429,8 +437,6 @@ pub enum BrokerMsg {
     /// another node runs is cancelled in the store, and that node stops its worker
     /// at its next heartbeat). Answers the state it was cancelled from.
     Cancel(JobId, String, RpcReplyPort<Result<State, BrokerError>>),
-    /// A derived actor (re)started and needs the current state.
-    Resync(Resync),
     /// Per-queue counts of unfinished jobs.
     Counts(RpcReplyPort<HashMap<Arc<str>, QueueCounts>>),
     /// One queue's unfinished jobs this Broker holds, counted per tenant and state
@@ -440,7 +446,8 @@ pub enum BrokerMsg {
     TenantCounts(String, RpcReplyPort<Vec<(String, State, u64)>>),
     /// Per-queue DLQ depth and oldest death (queues with no dead job are absent).
     DlqStats(RpcReplyPort<HashMap<Arc<str>, DlqStats>>),
-    /// Stop taking enqueues (graceful shutdown).
+    /// Stop taking enqueues and stop handing out jobs: waiting lessees are
+    /// answered empty, later ones at once (graceful shutdown).
     StopIntake,
     /// Graceful shutdown, once the pools drained: on a shared store, end every lease
     /// this node still holds (external workers'), uncharged.
@@ -479,6 +486,9 @@ pub struct BrokerArgs {
     pub store: Store,
     /// Live limits (tenant max_depth) and the owner of the config in force.
     pub limits: Arc<Limits>,
+    /// The shared rate limiters, by name; a queue's dispatch takes a token of its
+    /// queue's limiter per job it picks.
+    pub limiters: Arc<crate::rate_limit::Limiters>,
     /// True when the supervisor restarts the Broker inside a running daemon: leases
     /// in the store may still be held by live workers, so they are kept (with a
     /// fresh deadline) instead of being expired as an earlier run's.
@@ -649,7 +659,7 @@ impl Actor for Broker {
         done_rx.await.unwrap_or(Err(StoreError::Closed))?;
         state.recovered(kept);
         crate::metrics::store_writable(true);
-        state.push_all();
+        state.sync_dispatches(wall_ms(), Instant::now());
         myself.send_interval(state::PROBE_EVERY, || BrokerMsg::Probe);
         let back: effects::Back = Arc::new(move |msg| {
             let _ = myself.cast(msg);
@@ -685,19 +695,21 @@ impl BrokerState {
     /// Handles one message at wall time `now` and monotonic `mono`, synchronously:
     /// what the actor does with each message, and what the property tests drive.
     /// Nothing is performed here: the store operations (whose completions answer
-    /// the writes' callers and come back as messages), lease records, replies, the
-    /// Scheduler notifications and the lease timer's new time are returned, for the
+    /// the writes' callers and come back as messages), lease records, replies and
+    /// the timer's new time are returned, for the
     /// caller to perform in order, before the next message ([`Effects::perform`]).
     pub(crate) fn take(&mut self, msg: BrokerMsg, now: UnixMillis, mono: Instant) -> Effects {
         debug_assert!(
             self.no_effects_pending(),
             "effects of an earlier call were not taken"
         );
+        self.dispatches.at(now, mono);
         self.follow_config();
         match operator_targets(&msg).or_else(|| self.report_targets(&msg)) {
             Some(ids) if self.shared() => self.reload_then(ids, msg),
             _ => self.dispatch(msg, now, mono),
         }
+        self.serve(now, mono);
         self.arm();
         self.effects()
     }
@@ -707,25 +719,34 @@ impl BrokerState {
         let state = self;
         match msg {
             BrokerMsg::Enqueue(req, reply) => state.enqueue(req, reply, now),
-            BrokerMsg::Inserted(job, result, reply) => {
-                state.inserted(*job, result, reply, now, mono)
-            }
+            BrokerMsg::Inserted(job, result, reply) => state.inserted(*job, result, reply, now),
             BrokerMsg::EnqueueBatch(reqs, reply) => state.enqueue_batch(reqs, reply, now),
             BrokerMsg::InsertedBatch(jobs, result, reply) => {
-                state.inserted_batch(jobs, result, reply, now, mono)
+                state.inserted_batch(jobs, result, reply, now)
             }
             BrokerMsg::Fire(fire, reply) => state.fire(*fire, reply, now),
             BrokerMsg::FireWritten(job, result, reply) => {
-                state.fire_written(*job, result, reply, now, mono)
+                state.fire_written(*job, result, reply, now)
             }
             BrokerMsg::Settle(settle) => settle.run(state, now, mono),
             BrokerMsg::Probe => state.probe(now),
-            BrokerMsg::Lease {
-                queue,
-                picks,
-                worker,
-                reply,
-            } => state.lease(&queue, picks, worker, reply, now, mono),
+            BrokerMsg::Lease(queue, request, reply) => match state.dispatches.get_mut(&queue) {
+                Some(d) => d.enlist(request, reply, mono),
+                None => state.answer(reply, Vec::new()),
+            },
+            BrokerMsg::DispatchStats(queue, reply) => {
+                let answer = match state.dispatches.get(&queue) {
+                    Some(d) => Ok(d.stats()),
+                    None => Err(BrokerError::UnknownQueue(queue)),
+                };
+                state.answer(reply, answer);
+            }
+            BrokerMsg::LimitsChanged => state.sync_dispatches(now, mono),
+            BrokerMsg::Reopen => {
+                for (_, d) in state.dispatches.iter_mut() {
+                    d.reopen();
+                }
+            }
             BrokerMsg::Unclaimed(before) => state.unclaimed(before, now),
             BrokerMsg::AtCap(refused) => state.at_cap(refused),
             BrokerMsg::Substituted(replaced, taken) => state.substituted(replaced, taken, mono),
@@ -762,7 +783,6 @@ impl BrokerState {
             }
             BrokerMsg::Release(id, by, reply) => state.release(id, by, reply, now),
             BrokerMsg::Cancel(id, by, reply) => state.cancel(id, &by, reply, now),
-            BrokerMsg::Resync(what) => state.resync(what),
             BrokerMsg::Counts(reply) => {
                 let answer = state.counts();
                 state.answer(reply, answer);
@@ -775,7 +795,7 @@ impl BrokerState {
                 let answer = state.dlq_stats();
                 state.answer(reply, answer);
             }
-            BrokerMsg::StopIntake => state.accepting = false,
+            BrokerMsg::StopIntake => state.stop_intake(),
             BrokerMsg::ReleaseLeases => state.release_leases(now),
             BrokerMsg::Flush(reply) => state.write(
                 |_| Ok(()),

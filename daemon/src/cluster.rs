@@ -29,10 +29,10 @@
 //!   Supervisor apply them ([`Control::SqsQueuesChanged`](crate::daemon::Control::SqsQueuesChanged)); each heartbeat
 //!   also compares the stored SQS queues with those in force, for announcements
 //!   it missed;
-//! - at each poll and heartbeat it tells every Scheduler to try again the tenants it
-//!   holds at their `max_concurrency` across the cluster
-//!   ([`crate::scheduler::SchedulerMsg::Reopen`]): a lease of theirs may have ended
-//!   on another node, which sends no notification for it.
+//! - at each poll and heartbeat it tells the Broker to try again the tenants its
+//!   queues' dispatches hold at their `max_concurrency` across the cluster
+//!   ([`BrokerMsg::Reopen`]): a lease of theirs may have ended on another node,
+//!   which sends no notification for it.
 //!
 //! - it keeps this node's fence (`fence.rs`): each successful heartbeat moves it,
 //!   and a task of its own looks every [`fence::CHECK_EVERY`] whether the last one
@@ -62,7 +62,6 @@ use crate::daemon::{ClusterView, Controls, Daemon};
 use crate::fence;
 use crate::metrics::DepthState;
 use crate::rate_limit::Limiters;
-use crate::scheduler::SchedulerMsg;
 use crate::store::StoreError;
 use crate::store::postgres::NOTIFY_CHANNEL;
 use crate::store::postgres::limiter_pause::{self, LIMITER_CHANNEL};
@@ -169,15 +168,10 @@ impl Actor for Cluster {
 }
 
 impl ClusterState {
-    /// Tells every queue's Scheduler to try again the tenants held at their cap
-    /// across the cluster (a no-op for a Scheduler holding none).
+    /// Tells the Broker to try again the tenants its queues' dispatches hold at
+    /// their cap across the cluster.
     fn reopen(&self) {
-        for queue in self.daemon.config().queues.keys() {
-            let name = crate::scheduler::name(queue);
-            if let Some(actor) = ActorRef::<SchedulerMsg>::where_is(name) {
-                let _ = actor.cast(SchedulerMsg::Reopen);
-            }
-        }
+        broker::cast(BrokerMsg::Reopen);
     }
 
     async fn beat(&mut self) {

@@ -21,7 +21,6 @@ use crate::limits::Limits;
 use crate::metrics;
 use crate::rate_limit::Limiters;
 use crate::reload::ReloadError;
-use crate::scheduler::{self, SchedulerMsg};
 use crate::store::Store;
 use crate::worker_pool::{self, PoolMsg};
 
@@ -178,18 +177,16 @@ impl Daemon {
     }
 
     /// Puts the limits in force (config plus overrides) into effect after they
-    /// changed: rate limiters take their settings, and every Scheduler and WorkerPool
-    /// rereads caps, weights, pauses and worker bounds.
+    /// changed: rate limiters take their settings, the Broker's queue dispatches
+    /// reread caps, weights and pauses, and every WorkerPool its worker bounds.
     pub fn limits_changed(&self) {
         for limiter in self.limiters.all() {
             if let Some(settings) = self.limits.limiter(limiter.name()) {
                 limiter.reconfigure(&settings);
             }
         }
+        crate::broker::cast(crate::broker::BrokerMsg::LimitsChanged);
         for queue in self.config().queues.keys() {
-            if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
-                let _ = s.cast(SchedulerMsg::LimitsChanged);
-            }
             if let Some(p) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
                 let _ = p.cast(PoolMsg::LimitsChanged);
             }

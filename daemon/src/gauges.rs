@@ -1,12 +1,12 @@
 //! The Gauges actor: keeps state gauges right and feeds the systemd watchdog.
 //!
 //! Every second (or half the watchdog timeout, if shorter) it asks the Broker (leased
-//! and dead counts, DLQ depth and oldest death), each Scheduler (ready, delayed,
+//! and dead counts, DLQ depth and oldest death), each queue's dispatch (ready, delayed,
 //! oldest ready job) and each WorkerPool
 //! (busy/idle/desired), and sets `qd_queue_depth`, `qd_queue_oldest_ready_age_seconds`,
 //! `qd_dlq_depth`, `qd_dlq_oldest_age_seconds` and `qd_workers*`. Because the values
 //! are derived from the actors' state, they are right after a restart and return to
-//! zero when a queue drains. When the Broker and every Scheduler answered, it sends
+//! zero when a queue drains. When the Broker answered every question, it sends
 //! `WATCHDOG=1`: a wedged tree stops the pings and systemd restarts qd.
 //!
 //! Messages: only its own `Tick`. Supervised by the Supervisor.
@@ -22,7 +22,6 @@ use crate::config::Config;
 use crate::job::UnixMillis;
 use crate::limits::Limits;
 use crate::metrics::{self, DepthState};
-use crate::scheduler::{self, SchedulerMsg};
 use crate::worker_pool::{self, PoolMsg};
 
 /// The registered name of the gauges actor.
@@ -99,7 +98,7 @@ fn age(at: Option<UnixMillis>, now: UnixMillis) -> Duration {
     at.map(|t| crate::clock::until(now, t)).unwrap_or_default()
 }
 
-/// Sets every state gauge; true when the Broker and all Schedulers answered.
+/// Sets every state gauge; true when the Broker answered every question.
 async fn refresh(config: &Config) -> bool {
     let now = wall_ms();
     let counts = ask(broker::NAME.into(), BrokerMsg::Counts).await;
@@ -108,20 +107,20 @@ async fn refresh(config: &Config) -> bool {
         .unwrap_or_default();
     let mut healthy = counts.is_some();
     for queue in config.queues.keys() {
-        let sched = ask(scheduler::name(queue), SchedulerMsg::Stats).await;
+        let sched = broker::dispatch_stats(queue, ASK).await.ok();
         healthy &= sched.is_some();
         let sched = sched.unwrap_or_default();
         let c = counts
             .as_ref()
             .and_then(|c| c.get(queue.as_str()).copied())
             .unwrap_or_default();
-        metrics::set_queue_depth(queue, DepthState::Ready, sched.ready + c.parked);
+        metrics::set_queue_depth(queue, DepthState::Ready, sched.ready);
         metrics::set_queue_depth(queue, DepthState::Delayed, sched.delayed);
         metrics::set_queue_depth(queue, DepthState::Leased, c.leased);
         metrics::set_queue_depth(queue, DepthState::Dead, c.dead);
         metrics::set_queue_depth(queue, DepthState::Waiting, c.held_waiting);
         metrics::set_queue_depth(queue, DepthState::Blocked, c.held_blocked);
-        let oldest = c.oldest_ready_at(sched.oldest_ready_at);
+        let oldest = sched.oldest_ready_at;
         metrics::set_oldest_ready_age(queue, age(oldest, now));
         let d = dead.get(queue.as_str()).copied().unwrap_or_default();
         metrics::set_dlq(queue, d.depth, age(d.oldest_died_at, now));

@@ -2,7 +2,7 @@
 //!
 //! The pure core ([`job`], [`backoff`], [`scheduler::fair`]) holds the job life
 //! cycle and the fair-share decision; the actors ([`supervisor`], [`broker`],
-//! [`scheduler`], [`dlq`], [`worker_pool`], [`pruner`]) translate between that
+//! [`dlq`], [`worker_pool`], [`pruner`]) translate between that
 //! core, the durable [`store`] and the outside world ([`api`], [`admin`]).
 
 pub mod admin;

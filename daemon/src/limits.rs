@@ -8,7 +8,7 @@
 //! Overrides are set by operators through qctl (`limits set`, `workers set`,
 //! `queue pause`), stored in the store's `overrides` table so they survive restarts
 //! until reset, and read here by the Broker (depth; on a shared store also caps,
-//! which the store keeps across nodes), Schedulers (weights, caps, pause) and
+//! which the store keeps across nodes), the Broker's queue dispatches (weights, caps, pause) and
 //! WorkerPools (bounds). Unconfigured tenants inherit `[tenants.default]`.
 //!
 //! Override keys: scope `tenant` with `weight`, `max_concurrency`, `max_depth`;
@@ -117,7 +117,7 @@ impl Limits {
     /// A tenant's effective limits: its own overrides, then its `[tenants.NAME]`
     /// table, or for a tenant without one the default tenant's effective limits
     /// (so an override of `default` reaches every unlisted tenant, as it does in the
-    /// schedulers). "0" as an override of a cap or depth means unlimited.
+    /// queue dispatches). "0" as an override of a cap or depth means unlimited.
     pub fn tenant(&self, tenant: &str) -> TenantLimits {
         let base = if self.inherits_default(tenant) {
             self.tenant(DEFAULT_TENANT)

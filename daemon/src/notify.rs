@@ -12,7 +12,7 @@
 //! admin socket bind in their actors' `pre_start`); the supervisor sends [`stopping`]
 //! when shutdown begins; the Gauges actor ([`crate::gauges`]) pings [`watchdog_ping`]
 //! on each tick (every 1 s, or half of [`watchdog_interval`] if shorter) but only when
-//! the Broker and every Scheduler answered, so a wedged tree stops the pings and
+//! the Broker answered every question, so a wedged tree stops the pings and
 //! systemd restarts qd. `daemon/tests/metrics.rs` checks all three through the binary.
 
 use std::io;

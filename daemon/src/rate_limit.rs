@@ -2,7 +2,7 @@
 //!
 //! One token bucket per name (the GCRA of the `governor` crate), shared by every
 //! queue that names it, so the limit holds across all of qd's workers rather than
-//! per worker. A Scheduler takes one token before it hands out a job. A
+//! per worker. A queue's dispatch takes one token before it hands out a job. A
 //! "throttled" result (HTTP 429, or 503 with Retry-After, a throttled exit code, or
 //! an external worker's `throttled` nack) pauses the limiter: nobody gets a token
 //! until the pause ends. The rate and burst can be changed at runtime
@@ -40,7 +40,7 @@ use crate::config::RateLimiterConfig;
 use crate::limits::Limits;
 use crate::store::{Store, StoreError, Tokens};
 
-/// How long a Scheduler waits before it tries again when a shared limiter's pool is
+/// How long a queue's dispatch waits before it tries again when a shared limiter's pool is
 /// empty and its refill is under way.
 const REFILL_RETRY: Duration = Duration::from_millis(10);
 
@@ -295,9 +295,9 @@ fn extend_pause(paused_until: &Mutex<Option<Instant>>, until: Instant) {
     }
 }
 
-/// Every configured limiter by name, shared by the Schedulers (which take tokens)
+/// Every configured limiter by name, shared by the queues' dispatches (which take tokens)
 /// and the admin handler (which reconfigures them). A reload adds, reconfigures and
-/// drops limiters here ([`Limiters::sync`]); a queue's Scheduler looks its limiter
+/// drops limiters here ([`Limiters::sync`]); a queue's dispatch looks its limiter
 /// up by name when it starts.
 #[derive(Default)]
 pub struct Limiters {

@@ -20,13 +20,11 @@ use crate::executor::ExecutorSpec;
 pub struct Plan {
     /// One line per change, in a stable order (`queues.q.lease: 30s -> 1m`).
     pub changes: Vec<String>,
-    /// Queues to start (scheduler, pool when in-process, metrics).
+    /// Queues to start (pool when in-process, metrics; the Broker builds their
+    /// dispatch when it sees the new config).
     pub added: Vec<String>,
     /// Queues to stop; the caller must first check they hold no jobs.
     pub removed: Vec<String>,
-    /// Existing queues whose Scheduler must be restarted to pick up a different
-    /// rate limiter or fairness unit.
-    pub rescheduled: Vec<String>,
 }
 
 /// Why a reload was refused; nothing was changed.
@@ -125,9 +123,6 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, Vec<String>> {
                     refused.push(format!(
                         "queues.{name}.executor: switching between external and in-process workers needs a restart"
                     ));
-                }
-                if before.rate_limiter != q.rate_limiter || before.fairness != q.fairness {
-                    p.rescheduled.push(name.clone());
                 }
                 queue_changes(&mut p.changes, before, q);
             }

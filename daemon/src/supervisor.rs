@@ -1,12 +1,12 @@
 //! The Supervisor actor: the root of qd's actor tree.
 //!
-//! It spawns, linked to itself: the Broker, one Scheduler per queue, the Dlq, one
+//! It spawns, linked to itself: the Broker (which also orders each queue's ready
+//! jobs), the Dlq, one
 //! WorkerPool per queue with an in-process executor, the Pruner (retention), the
 //! Periodic actor (schedules), the
 //! Gauges (metrics and watchdog), the HTTP Api and the AdminServer — listeners last,
 //! so nothing is accepted before the tree is up. It restarts a failed child
-//! one-for-one after a short delay, under the same name; the derived actors rebuild
-//! themselves from the Broker when they start. More than `restart.max_restarts`
+//! one-for-one after a short delay, under the same name. More than `restart.max_restarts`
 //! restarts within `restart.window` means something is persistently wrong: the
 //! supervisor stops with a failure, the daemon exits non-zero and systemd restarts it.
 //!
@@ -41,7 +41,6 @@ use crate::metrics;
 use crate::periodic::{self, Periodic};
 use crate::pruner::{self, Pruner, PrunerArgs};
 use crate::reload::ReloadError;
-use crate::scheduler::{self, Scheduler, SchedulerArgs, SchedulerMsg};
 use crate::worker_pool::{self, PoolArgs, PoolMsg, WorkerPool};
 
 /// A child of the supervisor, by role.
@@ -51,8 +50,6 @@ pub enum Child {
     Broker,
     /// The Cluster (a shared store only).
     Cluster,
-    /// A queue's Scheduler.
-    Scheduler(Arc<str>),
     /// The Dlq: operators' redrives and purges.
     Dlq,
     /// A queue's WorkerPool.
@@ -77,7 +74,6 @@ impl Child {
         match self {
             Child::Broker => "broker",
             Child::Cluster => "cluster",
-            Child::Scheduler(_) => "scheduler",
             Child::Dlq => "dlq",
             Child::Pool(_) => "worker_pool",
             Child::Pruner => "pruner",
@@ -146,11 +142,11 @@ impl Actor for Supervisor {
             shutting_down: false,
             broker_started: false,
         };
+        for q in state.daemon.config().queues.keys() {
+            metrics::register_queue(q);
+        }
         for child in state.all_children() {
             metrics::register_actor(child.kind());
-            if let Child::Scheduler(q) = &child {
-                metrics::register_queue(q);
-            }
             state.spawn(&myself, child).await?;
         }
         info!(queues = state.daemon.config().queues.len(), "qd is up.");
@@ -247,7 +243,6 @@ impl SupervisorState {
         if cfg.daemon.database.is_some() {
             children.push(Child::Cluster);
         }
-        children.extend(queues().map(Child::Scheduler));
         children.push(Child::Dlq);
         children.extend(
             queues()
@@ -280,12 +275,13 @@ impl SupervisorState {
                 let args = BrokerArgs {
                     store: d.store.clone(),
                     limits: d.limits.clone(),
+                    limiters: d.limiters.clone(),
                     restarted: self.broker_started,
                 };
                 let broker = Actor::spawn_linked(Some(broker::NAME.into()), Broker, args, sup)
                     .await?
                     .0;
-                // Before any Scheduler or pool exists, so before any dispatch.
+                // Before any pool or listener exists, so before any lease.
                 let left: Vec<_> =
                     std::mem::take(&mut *d.left_behind.lock().unwrap_or_else(|e| e.into_inner()))
                         .into_iter()
@@ -307,22 +303,6 @@ impl SupervisorState {
                     database,
                 };
                 Actor::spawn_linked(Some(cluster::NAME.into()), Cluster, args, sup)
-                    .await?
-                    .0
-                    .get_cell()
-            }
-            Child::Scheduler(q) => {
-                let qcfg = config
-                    .queues
-                    .get(&**q)
-                    .ok_or("queue no longer configured")?;
-                let args = SchedulerArgs {
-                    queue: q.clone(),
-                    fairness: qcfg.fairness,
-                    limits: d.limits.clone(),
-                    limiter: qcfg.rate_limiter.as_ref().and_then(|n| d.limiters.get(n)),
-                };
-                Actor::spawn_linked(Some(scheduler::name(q)), Scheduler, args, sup)
                     .await?
                     .0
                     .get_cell()
@@ -454,13 +434,9 @@ impl SupervisorState {
             "shutting down ({reason}): letting running jobs finish for up to {}",
             humantime::format_duration(grace)
         ));
+        // Intake and leasing stop together: waiting lessees are answered empty.
         broker::cast(BrokerMsg::StopIntake);
         let queues: Vec<String> = self.daemon.config().queues.keys().cloned().collect();
-        for q in &queues {
-            if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(q)) {
-                let _ = s.cast(SchedulerMsg::Drain);
-            }
-        }
         let pools: Vec<ActorRef<PoolMsg>> = queues
             .iter()
             .filter_map(|q| ActorRef::<PoolMsg>::where_is(worker_pool::name(q)))

@@ -5,7 +5,7 @@
 //! A Worker that panics is restarted after a backoff (100 ms doubling to 10 s per
 //! consecutive crash of that slot), and the Broker is told to fail the job it held
 //! (charged as `worker_crashed`, then retried or dead-lettered by the normal policy)
-//! — never lost. Every second the pool asks its Scheduler for the oldest ready age,
+//! — never lost. Every second the pool asks the Broker for its queue's oldest ready age,
 //! decides, logs each change with its reason, and exports `qd_workers` and
 //! `qd_workers_desired`.
 //!
@@ -39,7 +39,6 @@ use crate::executor::Executors;
 use crate::job::JobId;
 use crate::limits::Limits;
 use crate::metrics;
-use crate::scheduler::{self, SchedulerMsg};
 use autoscale::{Observation, Policy};
 use worker::{Worker, WorkerArgs, WorkerMsg};
 
@@ -255,9 +254,9 @@ impl PoolState {
         if self.draining.is_cancelled() {
             return Ok(());
         }
-        let stats = match ActorRef::<SchedulerMsg>::where_is(scheduler::name(&self.args.queue)) {
-            Some(s) => ractor::call_t!(s, SchedulerMsg::Stats, 1000).unwrap_or_default(),
-            None => return Ok(()),
+        let Ok(stats) = broker::dispatch_stats(&self.args.queue, Duration::from_secs(1)).await
+        else {
+            return Ok(());
         };
         let now = Instant::now();
         let wall = crate::clock::wall_ms();

@@ -7,20 +7,18 @@ use qd_proto::{
     QueueLimits, RedriveResult, Refusal, StatusInfo, TenantCounts, TenantLimits, Valued,
 };
 
-use crate::broker::{BatchOutcome, QueueCounts};
+use crate::broker::{BatchOutcome, DispatchStats, QueueCounts};
 use crate::clock::wall_ms;
 use crate::daemon::Daemon;
 use crate::job::{Job, State};
 use crate::limits::Source;
-use crate::scheduler::SchedulerStats;
 use crate::store::JobDetail as StoredJob;
 use crate::worker_pool::PoolStats;
 
 /// The actor kinds `qctl status` reports, in tree order.
-const ACTORS: [&str; 10] = [
+const ACTORS: [&str; 9] = [
     "broker",
     "cluster",
-    "scheduler",
     "dlq",
     "worker_pool",
     "worker",
@@ -176,7 +174,7 @@ pub fn tenant_counts(counts: &[(String, State, u64)]) -> Vec<TenantCounts> {
 /// One row of `qctl queues`.
 pub fn queue(
     name: &str,
-    sched: &SchedulerStats,
+    sched: &DispatchStats,
     counts: &QueueCounts,
     pool: &PoolStats,
     (min, max): (u32, u32),
@@ -185,12 +183,12 @@ pub fn queue(
     let now = wall_ms();
     QueueInfo {
         name: name.to_string(),
-        ready: sched.ready + counts.parked,
+        ready: sched.ready,
         delayed: sched.delayed,
         leased: counts.leased,
         dead: counts.dead,
-        oldest_ready_age_secs: counts
-            .oldest_ready_at(sched.oldest_ready_at)
+        oldest_ready_age_secs: sched
+            .oldest_ready_at
             .map(|at| (now - at).max(0) as f64 / 1000.0),
         workers_busy: pool.busy,
         workers_total: pool.total,

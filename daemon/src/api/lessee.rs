@@ -1,7 +1,7 @@
 //! External worker endpoints: lease (long poll), heartbeat, ack, nack, batch acks.
 //!
 //! Only queues with `executor = { kind = "external" }` are leased over HTTP; their
-//! jobs go through the same Scheduler (fairness, caps, rate limits), Broker
+//! jobs go through the same dispatch (fairness, caps, rate limits) and Broker
 //! (fencing tokens, lease deadlines, retries, DLQ) as in-process workers' jobs. A
 //! stale or unknown token gets 409 `stale_token` with the job's current state (also
 //! for a job that has finished and left the Broker's memory, or whose lease another
@@ -18,7 +18,6 @@ use axum::Json;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use base64::Engine;
-use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -27,13 +26,12 @@ use super::body::JsonBody;
 use super::params::ApiPath;
 use super::producer::{parse_id, parse_seconds_or_duration};
 use super::{ApiArgs, ApiError};
-use crate::broker::{self, BrokerError, BrokerMsg, LeasedJob};
+use crate::broker::{self, BrokerError, BrokerMsg, LeaseRequest, LeasedJob, MAX_WAIT};
 use crate::executor::ExecutorSpec;
 use crate::executor::OUTPUT_LIMIT;
 use crate::executor::http::MAX_RETRY_AFTER;
 use crate::job::{Failure, JobId, Token};
 use crate::results::ParentBody;
-use crate::scheduler::{self, LeaseRequest, MAX_WAIT, SchedulerMsg};
 
 /// The most jobs one lease request may take.
 pub const MAX_JOBS: u32 = 1000;
@@ -86,27 +84,12 @@ pub async fn lease(
         )));
     }
     let wait = parse_wait(body.wait)?;
-    let scheduler =
-        ActorRef::<SchedulerMsg>::where_is(scheduler::name(&queue)).ok_or_else(|| {
-            ApiError::from(broker::BrokerError::Unavailable(
-                "scheduler restarting".into(),
-            ))
-        })?;
     let request = LeaseRequest {
         worker: body.worker_id,
         max_jobs: body.max_jobs,
         wait,
     };
-    let jobs = match scheduler
-        .call(
-            |tx| SchedulerMsg::Lease(request, tx),
-            Some(wait + REPORT_TIMEOUT),
-        )
-        .await
-    {
-        Ok(ractor::rpc::CallResult::Success(jobs)) => jobs,
-        _ => Vec::new(),
-    };
+    let jobs = broker::lease(&queue, request).await?;
     let parents = parents_of(&args, &jobs).await?;
     Ok(Json(LeaseAnswer {
         jobs: jobs

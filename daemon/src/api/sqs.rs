@@ -6,7 +6,7 @@
 //! (`sqs/wire.rs`); it is authorised (`sqs/sigv4.rs`), dispatched by its action to
 //! a handler that, like the HTTP API's, holds no business logic: it checks the
 //! caller's role and queue, reads and checks the parameters against SQS's ranges,
-//! sends the Broker or the queue's Scheduler one message and renders the answer.
+//! sends the Broker one message and renders the answer.
 //! Queue actions are in `sqs/queues.rs`, sending in `sqs/send.rs`, receiving in
 //! `sqs/receive.rs`, deletes and visibility changes in `sqs/settle.rs`.
 //!

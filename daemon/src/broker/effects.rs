@@ -1,8 +1,7 @@
 //! What the Broker's state asks for while it handles one message, performed by the
 //! Broker actor afterwards: store operations (each with the completion that turns
 //! the store's answer into messages back to the Broker), local lease records, the
-//! message's replies, the Scheduler notifications ([`Outbox`]; a limiter pause goes
-//! ahead of everything else) and a new time for the lease timer. [`super::state::BrokerState::take`] returns them
+//! message's replies and a new time for the Broker's timer. [`super::state::BrokerState::take`] returns them
 //! instead of doing any of it, so the state machine can be driven message by message
 //! and its I/O run, or refused, by whoever drives it: the actor
 //! ([`Effects::perform`]) or a test. They must be performed in order and before
@@ -19,7 +18,6 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use super::BrokerMsg;
-use super::events::Outbox;
 use crate::job::Job;
 use crate::store::{Backend, DepthLock, Store, StoreError};
 
@@ -37,24 +35,17 @@ pub(crate) struct Effects {
     /// order, and lease records are written by the writer's next batch, before any
     /// operation handed over after them.
     pub(crate) store: Vec<StoreEffect>,
-    /// Scheduler notifications sent first, before the store effects are handed
-    /// over: a throttled result's limiter pause, in force before its write (whose
-    /// completion answers the lessee) can complete.
-    pub(crate) ahead: Outbox,
     /// Replies, sent after the store effects were handed over.
     pub(crate) replies: Vec<Reply>,
-    /// Scheduler notifications, sent last.
-    pub(crate) notify: Outbox,
-    /// Arm the lease timer to send `Tick` at this instant, replacing the armed one
+    /// Arm the Broker's timer to send `Tick` at this instant, replacing the armed one
     /// (kept by the actor; [`Effects::perform`] leaves it to the caller, and until
     /// some `Tick` arrives the state believes a timer armed for it).
     pub(crate) timer: Option<tokio::time::Instant>,
 }
 
 impl Effects {
-    /// Sends the notifications meant to go ahead, hands the store effects to `store`
-    /// (completions answer through `back`), sends the replies, then the Scheduler
-    /// notifications, one actor message per queue.
+    /// Hands the store effects to `store` (completions answer through `back`), then
+    /// sends the replies.
     pub(crate) fn perform(self, store: &Store, back: &Back) {
         self.perform_with(store, back, |write| write.submit(store, Arc::clone(back)));
     }
@@ -69,8 +60,7 @@ impl Effects {
     }
 
     /// Performs everything in order, each store operation through `write`.
-    fn perform_with(mut self, store: &Store, back: &Back, mut write: impl FnMut(Box<dyn Write>)) {
-        self.ahead.flush();
+    fn perform_with(self, store: &Store, back: &Back, mut write: impl FnMut(Box<dyn Write>)) {
         for effect in self.store {
             match effect {
                 StoreEffect::Write(op) => write(op),
@@ -80,7 +70,6 @@ impl Effects {
         for reply in self.replies {
             reply(back);
         }
-        self.notify.flush();
     }
 }
 

@@ -6,9 +6,15 @@
 //! `by_worker` hold exactly the leased ones; `counts` is derived from `jobs` plus
 //! enqueues whose write is still pending. Every change goes through [`BrokerState::replace`].
 //!
-//! The state does no I/O: store operations, lease records, replies, Scheduler
-//! notifications and the timer's next time are collected while a message is handled
-//! and returned by `BrokerState::take` as `Effects` (`broker/effects.rs`).
+//! Each configured queue's ready order is part of this state ([`Dispatches`]): every
+//! change of a job's state updates it in the same step (`broker/events.rs`), and
+//! after each message the waiting lessees are served from it ([`BrokerState::serve`]).
+//! Invariant: every ready or delayed job of a configured queue is in its
+//! Dispatch, once; every leased one counts as running for its tenant there.
+//!
+//! The state does no I/O: store operations, lease records, replies and the timer's
+//! next time are collected while a message is handled and returned by
+//! `BrokerState::take` as `Effects` (`broker/effects.rs`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -27,13 +33,14 @@ mod settle;
 mod shared;
 
 use super::deadlines::Deadlines;
+use super::dispatch::{Dispatch, Dispatches, Snapshot, Waiting};
 use super::effects::{Back, Effects, Reply, StoreEffect};
-use super::events::{self, Outbox};
+use super::events;
 use super::hot::HotPayloads;
 use super::table::JobTable;
 use super::{
     BatchError, BatchOutcome, BrokerArgs, BrokerError, BrokerMsg, EnqueueRequest, Enqueued,
-    LeaseInfo, LeasedJob, Resync,
+    LeaseInfo, LeasedJob,
 };
 use crate::backoff::{Backoff, Jitter};
 use crate::config::{Config, QueueConfig};
@@ -43,12 +50,11 @@ use crate::job::{
 };
 use crate::limits::Limits;
 use crate::metrics::{self, Completion, RejectReason, TenantLabels};
-use crate::scheduler::{Snapshot, Waiting};
 use crate::store::{Backend, Inserted, LeaseKind, NewRecord, StoreError};
 pub use fire::FireWrite;
+use settle::Intent;
 pub(crate) use settle::PROBE_EVERY;
 pub use settle::Settle;
-use settle::{Intent, Parked};
 
 /// The bytes of payloads the Broker keeps for jobs not yet leased (see
 /// [`HotPayloads`]): 16 MiB, 16 bytes per job with a million queued.
@@ -57,7 +63,7 @@ const HOT_PAYLOAD_BYTES: usize = 16 << 20;
 /// Unfinished jobs of one queue, by state, plus enqueues not yet durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueCounts {
-    /// Ready or delayed (the Scheduler knows which).
+    /// Ready or delayed (the queue's dispatch counts which).
     pub waiting: u64,
     /// Leased (running under a lease).
     pub leased: u64,
@@ -69,27 +75,12 @@ pub struct QueueCounts {
     pub held_blocked: u64,
     /// Enqueues whose write is in flight.
     pub pending: u64,
-    /// Ready jobs (among `waiting`) a Scheduler has picked for a lease request
-    /// that waits for the store to take writes again (see
-    /// [`BrokerState::counts`]): no longer in the Scheduler's ready count.
-    pub parked: u64,
-    /// The earliest time one of the `parked` jobs became ready (Unix ms).
-    pub parked_oldest_ready_at: Option<UnixMillis>,
 }
 
 impl QueueCounts {
     /// Jobs that count against `max_depth`: everything not dead.
     pub fn depth(&self) -> u64 {
         self.waiting + self.leased + self.pending + self.held_waiting + self.held_blocked
-    }
-
-    /// The earliest ready time (Unix ms) of the queue's ready jobs: the Scheduler's
-    /// (`scheduler`, its `oldest_ready_at`) or a parked pick's, whichever is older.
-    pub fn oldest_ready_at(&self, scheduler: Option<UnixMillis>) -> Option<UnixMillis> {
-        match (scheduler, self.parked_oldest_ready_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
     }
 
     fn slot(&mut self, state: State) -> Option<&mut u64> {
@@ -146,8 +137,6 @@ pub struct BrokerState {
     writing: HashSet<JobId>,
     /// False from a failed write until a write succeeds; no leasing meanwhile.
     store_writable: bool,
-    /// Lease requests that arrived while the store refused writes.
-    parked: Vec<Parked>,
     /// Leases qd ended without charging their job (the lessee went away before its
     /// answer, a shutdown stopped the attempt) whose write the store refused: job,
     /// token and reason. Written again whenever the store accepts writes, kept until
@@ -156,13 +145,10 @@ pub struct BrokerState {
     uncharged_ends: Vec<(JobId, Token, String)>,
     /// Payloads of recently accepted jobs, so their first lease needs no store read.
     hot: HotPayloads,
-    /// Scheduler messages of the Broker message being handled, returned with its
-    /// other effects.
-    pub(super) out: Outbox,
-    /// Scheduler notifications sent before this message's store effects are handed
-    /// over (a limiter pause, which must be in force before a write it comes with
-    /// can answer its caller).
-    out_ahead: Outbox,
+    /// Each configured queue's ready order, waiting lessees and limiter tokens.
+    pub(super) dispatches: Dispatches,
+    /// The shared rate limiters, for the queues' dispatches.
+    limiters: Arc<crate::rate_limit::Limiters>,
     /// Store effects of the Broker message being handled, in order.
     store_effects: Vec<StoreEffect>,
     /// Replies of the Broker message being handled, sent after its store effects.
@@ -204,11 +190,10 @@ impl BrokerState {
             rng,
             writing: HashSet::new(),
             store_writable: true,
-            parked: Vec::new(),
             uncharged_ends: Vec::new(),
             hot: HotPayloads::new(HOT_PAYLOAD_BYTES),
-            out: Outbox::default(),
-            out_ahead: Outbox::default(),
+            dispatches: Dispatches::default(),
+            limiters: args.limiters,
             store_effects: Vec::new(),
             replies: Vec::new(),
             refreshing: false,
@@ -226,6 +211,66 @@ impl BrokerState {
         if !Arc::ptr_eq(&current, &self.config) {
             self.labels = TenantLabels::new(current.tenants.keys().cloned());
             self.config = current;
+            let (now, mono) = self.dispatches.now();
+            self.sync_dispatches(now, mono);
+        }
+    }
+
+    /// Puts each configured queue's dispatch in step with the config and limits in
+    /// force: a queue configured now gets one, built from the jobs memory holds
+    /// (at start, or when a reload adds the queue back); a queue no longer
+    /// configured loses its own (its lessees are answered empty, its jobs wait in
+    /// memory); every one takes its fairness mode, rate limiter, weights, caps and
+    /// pause flag. `now` and `mono` place the due times of delayed jobs.
+    pub(super) fn sync_dispatches(&mut self, now: UnixMillis, mono: Instant) {
+        self.dispatches.at(now, mono);
+        let config = self.config.clone();
+        self.dispatches
+            .retain(|queue| config.queues.contains_key(queue));
+        for (name, qcfg) in &config.queues {
+            let limiter = qcfg
+                .rate_limiter
+                .as_ref()
+                .and_then(|n| self.limiters.get(n));
+            if !self.dispatches.contains(name) {
+                let queue = self.intern(name);
+                let mut d = Dispatch::new(qcfg.fairness, limiter.clone());
+                d.restore(self.snapshot(name), now, mono);
+                self.dispatches.insert(queue, d);
+            }
+            if let Some(d) = self.dispatches.get_mut(name) {
+                d.set_policy(qcfg.fairness, limiter);
+                d.configure(name, &self.limits);
+            }
+        }
+    }
+
+    /// Shutdown: no enqueue is taken and no job handed out any more; waiting
+    /// lessees are answered empty.
+    pub(super) fn stop_intake(&mut self) {
+        self.accepting = false;
+        for (_, d) in self.dispatches.iter_mut() {
+            d.drain();
+        }
+    }
+
+    /// Hands ready jobs to the lessees waiting for them, queue by queue, and
+    /// answers those whose long poll ended. Called after every message: whatever it
+    /// changed (a job ready, a slot freed, a lessee arrived, time passed) is served
+    /// in the same step. Nothing is picked while the store refuses writes: the
+    /// lessees wait, or end their poll empty.
+    pub(super) fn serve(&mut self, now: UnixMillis, mono: Instant) {
+        for queue in self.dispatches.names() {
+            let grants = match self.dispatches.get_mut(&queue) {
+                Some(d) if self.store_writable => d.grants(mono),
+                _ => Vec::new(),
+            };
+            for grant in grants {
+                self.lease(&queue, grant.picks, grant.worker, grant.reply, now, mono);
+            }
+            if let Some(d) = self.dispatches.get_mut(&queue) {
+                d.expire(mono);
+            }
         }
     }
 
@@ -437,24 +482,8 @@ impl BrokerState {
         );
     }
 
-    /// Rebuilds every derived actor from this state.
-    pub(super) fn push_all(&self) {
-        for queue in self.config.queues.keys() {
-            self.resync(Resync::Scheduler(Arc::from(queue.as_str())));
-        }
-    }
-
-    /// Rebuilds a derived actor from this state, in one message.
-    pub(super) fn resync(&self, what: Resync) {
-        match what {
-            Resync::Scheduler(queue) => {
-                events::restore(&queue, || self.snapshot(&queue));
-            }
-        }
-    }
-
-    /// The Scheduler's view of `queue`: its ready and delayed jobs per tenant,
-    /// oldest first, and its leased jobs counted per tenant.
+    /// What the dispatch of `queue` is built from: its ready and delayed jobs per
+    /// tenant, oldest first, and its leased jobs counted per tenant.
     ///
     /// Consecutive jobs of one tenant (the common case: the table is filled in key
     /// order) are filed without hashing the tenant's name.
@@ -536,8 +565,7 @@ impl BrokerState {
         self.replies.push(Box::new(move |_: &Back| reply()));
     }
 
-    /// Whether no store effect or reply waits to be taken (Scheduler notifications
-    /// may: recovery queues some before the first message).
+    /// Whether no store effect or reply waits to be taken.
     pub(super) fn no_effects_pending(&self) -> bool {
         self.store_effects.is_empty() && self.replies.is_empty()
     }
@@ -547,8 +575,6 @@ impl BrokerState {
         Effects {
             store: std::mem::take(&mut self.store_effects),
             replies: std::mem::take(&mut self.replies),
-            ahead: std::mem::take(&mut self.out_ahead),
-            notify: std::mem::take(&mut self.out),
             timer: self.arm_at.take(),
         }
     }
@@ -676,7 +702,6 @@ impl BrokerState {
         result: Result<(Inserted, Vec<u8>), StoreError>,
         reply: RpcReplyPort<Result<Enqueued, BrokerError>>,
         now: UnixMillis,
-        mono: Instant,
     ) {
         self.unreserve(&job);
         match &result {
@@ -686,7 +711,7 @@ impl BrokerState {
                 | StoreError::TenantFull { .. }
                 | StoreError::Busy(_)
                 | StoreError::After { .. },
-            ) => self.store_accepted(now, mono),
+            ) => self.store_accepted(now),
             Err(err) => self.store_refused(err),
         }
         let answer = self.accept(job, result);
@@ -694,7 +719,7 @@ impl BrokerState {
     }
 
     /// Applies one enqueue's store answer (the job was unreserved): a new job joins
-    /// memory and its Scheduler; a duplicate answers the holder's id, or a key
+    /// memory and its queue's dispatch; a duplicate answers the holder's id, or a key
     /// conflict when its payload differs.
     fn accept(
         &mut self,
@@ -711,12 +736,12 @@ impl BrokerState {
                     metrics::dependencies_blocked(&job.queue);
                 }
                 // On a shared store a held job is the database's alone: any node
-                // may release it, and the one that does offers it to its Scheduler
+                // may release it, and the one that does offers it to its queue's dispatch
                 // (`settle::dependents_moved`); a copy here would go stale.
                 if !(job.state.is_held() && self.shared()) {
                     self.hot.insert(id, payload);
                     if !job.state.is_held() {
-                        events::ready(&mut self.out, &job);
+                        events::ready(&mut self.dispatches, &job);
                     }
                     self.replace(job);
                 }
@@ -850,7 +875,6 @@ impl BrokerState {
         result: Result<Vec<(Inserted, Vec<u8>)>, StoreError>,
         reply: RpcReplyPort<Result<Vec<Enqueued>, BatchError>>,
         now: UnixMillis,
-        mono: Instant,
     ) {
         for job in &jobs {
             self.unreserve(job);
@@ -858,7 +882,7 @@ impl BrokerState {
         let queue = jobs.first().map(|j| j.queue.clone());
         let refused = match result {
             Ok(answers) => {
-                self.store_accepted(now, mono);
+                self.store_accepted(now);
                 // enqueue_all answered Ok: no item is a key conflict.
                 let answer = jobs
                     .into_iter()
@@ -875,7 +899,7 @@ impl BrokerState {
                 return;
             }
             Err(StoreError::KeyConflict { index, id }) => {
-                self.store_accepted(now, mono);
+                self.store_accepted(now);
                 // The holder may be an earlier item of this very batch, which was
                 // not stored: then name that item, not its unstored id.
                 let earlier = jobs.iter().position(|j| j.id == id);
@@ -893,7 +917,7 @@ impl BrokerState {
                 }
             }
             Err(StoreError::QueueFull { queue, depth, max }) => {
-                self.store_accepted(now, mono);
+                self.store_accepted(now);
                 batch_past_depth(&jobs, queue, depth, max)
             }
             Err(StoreError::TenantFull {
@@ -902,18 +926,18 @@ impl BrokerState {
                 depth,
                 max,
             }) => {
-                self.store_accepted(now, mono);
+                self.store_accepted(now);
                 batch_past_tenant_depth(&jobs, queue, tenant, depth, max)
             }
             Err(StoreError::After { index, error }) => {
-                self.store_accepted(now, mono);
+                self.store_accepted(now);
                 BatchError {
                     index: Some(index),
                     error: after_refused(error),
                 }
             }
             Err(err @ StoreError::Busy(_)) => {
-                self.store_accepted(now, mono);
+                self.store_accepted(now);
                 BatchError::whole(refusal(err))
             }
             Err(err) => {
@@ -932,7 +956,10 @@ impl BrokerState {
 
     // ---- workers ----
 
-    pub(super) fn lease(
+    /// Leases the jobs a queue's dispatch picked for one lessee (`picks`, each with
+    /// the tenant it was counted against); a pick no longer leasable gives its
+    /// tenant's slot back.
+    fn lease(
         &mut self,
         queue: &Arc<str>,
         picks: Vec<(Arc<str>, JobId)>,
@@ -945,37 +972,19 @@ impl BrokerState {
             self.answer(reply, Vec::new());
             return;
         };
-        if !self.accepting {
-            // Shutting down: no attempt starts. A pick sent before its Scheduler
-            // drained goes back, and no lease can slip in after the shared store's
-            // leases were released.
-            self.hand_back(queue, picks);
-            self.answer(reply, Vec::new());
-            return;
-        }
-        if !self.store_writable {
-            let queue = queue.clone();
-            self.parked.push(Parked {
-                queue,
-                picks,
-                worker,
-                reply,
-            });
-            return;
-        }
         let mut granted = Vec::new();
         for (tenant, id) in picks {
             if self.writing.contains(&id) {
                 // A change of this job waits for its write: hand it back, so the
-                // Scheduler still has it if that write fails.
+                // dispatch still has it if that write fails.
                 self.hand_back(queue, vec![(tenant, id)]);
                 continue;
             }
             match self.lease_one(id, &worker, now) {
                 Ok(pair) => granted.push(pair),
                 Err(err) => {
-                    debug!(queue = %queue, job = %id, error = %err, "Scheduler pick not leasable.");
-                    events::release(&mut self.out, queue, tenant);
+                    debug!(queue = %queue, job = %id, error = %err, "Pick not leasable.");
+                    events::release(&mut self.dispatches, queue, &tenant);
                 }
             }
         }
@@ -1097,7 +1106,7 @@ impl BrokerState {
     /// Takes back leases the store did not record, each given as the job's record
     /// before the lease and the lease planned: each job memory still holds under
     /// that very lease returns to its earlier record uncharged and is handed to its
-    /// Scheduler again (on a shared store it is dropped instead: another node took or
+    /// dispatch again (on a shared store it is dropped instead: another node took or
     /// changed it).
     pub(super) fn unclaimed(&mut self, unclaimed: Vec<(Job, Job)>, now: UnixMillis) {
         for (job, planned) in unclaimed {
@@ -1111,7 +1120,7 @@ impl BrokerState {
             }
             debug!(queue = %job.queue, job = %job.id, "Lease taken back: the store did not record it.");
             self.replace(job.clone());
-            events::changed(&mut self.out, &leased, &job, now);
+            events::changed(&mut self.dispatches, &leased, &job, now);
         }
     }
 
@@ -1294,10 +1303,10 @@ impl BrokerState {
         match self.plan_report(id, token, event, stored, now) {
             Ok(planned) => {
                 // The downstream said "slow down" whatever the store makes of the
-                // result: the Scheduler is told before the write is handed over, so
+                // result: the limiter pauses before the write is handed over, so
                 // the pause is in force before the lessee hears its nack's answer
                 // and asks for more.
-                events::throttled(&mut self.out_ahead, &planned.1, now);
+                events::throttled(&self.dispatches, &planned.1, now);
                 self.commit_each(Intent::End, vec![planned], move |r| {
                     if let Some(reply) = reply {
                         let _ = reply.send(reported(id, r));
@@ -1347,12 +1356,17 @@ impl BrokerState {
         }
     }
 
-    /// Asks for the one timer to be armed for the soonest lease deadline (replacing
-    /// the armed one), unless one is armed for that time or sooner. Called after
-    /// every message.
+    /// Asks for the one timer to be armed for the soonest lease deadline or
+    /// dispatch time (a delayed job due, a long poll's end, a limiter token),
+    /// replacing the armed one, unless one is armed for that time or sooner.
+    /// Called after every message.
     pub(super) fn arm(&mut self) {
-        let Some(next) = self.deadlines.soonest() else {
-            return;
+        let next = match (self.deadlines.soonest(), self.dispatches.soonest()) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => match a.or(b) {
+                Some(next) => next,
+                None => return,
+            },
         };
         if self.timer.is_some_and(|armed| armed <= next) {
             return;
@@ -1478,7 +1492,7 @@ impl BrokerState {
     /// Counts a blocked job's broken edges as met (an operator's release, as `by`)
     /// and settles it: answers what the store did, `None` when the job is not
     /// blocked (nothing written). The job's new state reaches memory and its
-    /// Scheduler only after the commit.
+    /// dispatch only after the commit.
     pub(super) fn release(
         &mut self,
         id: JobId,
@@ -1504,7 +1518,7 @@ impl BrokerState {
                     _ => Vec::new(),
                 };
                 let failed = result.as_ref().err().cloned();
-                let settle = Settle::with(move |state: &mut BrokerState, now, mono| {
+                let settle = Settle::with(move |state: &mut BrokerState, now, _| {
                     state.writing.remove(&id);
                     match failed {
                         None => {
@@ -1513,7 +1527,7 @@ impl BrokerState {
                             // still held (not blocked any more, or waiting on
                             // another parent), it stays the database's alone.
                             state.forget_held(id);
-                            state.store_accepted(now, mono);
+                            state.store_accepted(now);
                         }
                         Some(err) => state.store_refused(&err),
                     }
@@ -1547,24 +1561,9 @@ impl BrokerState {
         }
     }
 
-    /// Per queue; `parked` and `parked_oldest_ready_at` count the jobs picked for
-    /// lease requests parked while the store refuses writes, so the ready count and
-    /// oldest ready age of an outage still include them.
+    /// Per queue.
     pub(super) fn counts(&self) -> HashMap<Arc<str>, QueueCounts> {
-        let mut counts = self.counts.clone();
-        for parked in &self.parked {
-            let c = counts.entry(parked.queue.clone()).or_default();
-            for (_, id) in &parked.picks {
-                let Some(job) = self.jobs.get(*id) else {
-                    continue;
-                };
-                let since = job.ready_at.max(job.created_at);
-                c.parked += 1;
-                c.parked_oldest_ready_at =
-                    Some(c.parked_oldest_ready_at.map_or(since, |at| at.min(since)));
-            }
-        }
-        counts
+        self.counts.clone()
     }
 
     /// See [`super::BrokerMsg::TenantCounts`]: one pass over the queue's jobs.

@@ -12,7 +12,7 @@
 //! touched and costs no resident memory.
 //!
 //! Records convert to and from [`Job`] at the edges, where `job::apply`, the store
-//! and the Scheduler's messages need one. Owned by `BrokerState`; no messages.
+//! and the queues' dispatches need one. Owned by `BrokerState`; no messages.
 //! Costs: `get`, `insert` and `remove` are O(1) expected (one hash of the id, with
 //! foldhash's randomly seeded fast hasher).
 
@@ -77,7 +77,7 @@ struct Rare {
     priority_ms: i64,
 }
 
-/// What a Scheduler needs of a job ([`JobTable::in_queue`]).
+/// What a queue's dispatch needs of a job ([`JobTable::in_queue`]).
 pub(super) struct Brief<'a> {
     pub id: JobId,
     pub tenant: &'a Arc<str>,

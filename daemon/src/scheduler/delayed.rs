@@ -1,5 +1,5 @@
-//! Delayed jobs of one queue by due time: a pure min-heap, so the Scheduler actor can
-//! arm ONE timer for the soonest deadline instead of polling (as beanstalkd's core
+//! Delayed jobs of one queue by due time: a pure min-heap, so the Broker can arm
+//! ONE timer for the soonest deadline instead of polling (as beanstalkd's core
 //! loop does).
 //!
 //! The deadline type `D` is chosen by the caller (`D: Ord + Copy`): the actor may pass

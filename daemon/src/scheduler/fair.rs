@@ -1,5 +1,5 @@
 //! Weighted fair choice between tenants within one queue: the pure data structure
-//! behind the per-queue Scheduler actor (no async, no clock, no I/O).
+//! behind each queue's dispatch (`broker/dispatch.rs`; no async, no clock, no I/O).
 //!
 //! [`FairQueue`] holds the order of the queue's *ready* jobs (ids and ready times
 //! only, no payloads), per tenant, oldest `ready_at` first, and decides which job a

@@ -4,8 +4,8 @@
 //! check-config`), plan the changes ([`reload::plan`]), refuse the removal of a queue
 //! that still holds jobs, build the executors; only then swap the config in
 //! [`crate::limits::Limits`], the executors, the rate limiters and the API tokens,
-//! stop the actors of removed queues, start those of added ones and tell every
-//! Scheduler and WorkerPool to reread their limits. Runtime overrides (`qctl
+//! stop the pools of removed queues, start those of added ones and tell the Broker
+//! (each queue's dispatch) and every WorkerPool to reread their limits. Runtime overrides (`qctl
 //! limits`) live beside the config in `Limits` and keep their precedence.
 
 use std::sync::Arc;
@@ -21,7 +21,6 @@ use crate::config::Config;
 use crate::executor::Executors;
 use crate::metrics;
 use crate::reload::{self, Plan, ReloadError};
-use crate::scheduler::{self, SchedulerMsg};
 use crate::worker_pool::{self, PoolMsg};
 
 /// The executors built for a reload, by queue, ready to swap in.
@@ -123,19 +122,13 @@ impl SupervisorState {
         for queue in &plan.removed {
             self.stop_queue(queue).await;
         }
-        for queue in plan.added.iter().chain(&plan.rescheduled) {
-            if plan.rescheduled.contains(queue) {
-                self.stop_child(scheduler::name(queue)).await;
-            } else {
-                metrics::register_queue(queue);
-            }
-            self.start_queue(myself, queue, plan.added.contains(queue))
-                .await;
+        for queue in &plan.added {
+            metrics::register_queue(queue);
+            self.start_queue(myself, queue).await;
         }
+        // A changed fairness mode or rate limiter reaches the dispatch here too.
+        broker::cast(BrokerMsg::LimitsChanged);
         for queue in self.daemon.config().queues.keys() {
-            if let Some(s) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)) {
-                let _ = s.cast(SchedulerMsg::LimitsChanged);
-            }
             if let Some(p) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
                 let _ = p.cast(PoolMsg::LimitsChanged);
             }
@@ -219,13 +212,12 @@ impl SupervisorState {
         Ok(held)
     }
 
-    /// Stops a removed queue's pool (drained first) and scheduler.
+    /// Stops a removed queue's pool (drained first).
     async fn stop_queue(&mut self, queue: &str) {
         if let Some(pool) = ActorRef::<PoolMsg>::where_is(worker_pool::name(queue)) {
             let _ = pool.call(PoolMsg::Drain, Some(STOP_WAIT)).await;
         }
         self.stop_child(worker_pool::name(queue)).await;
-        self.stop_child(scheduler::name(queue)).await;
     }
 
     /// Stops the child registered as `name` without it counting as a failure.
@@ -242,24 +234,16 @@ impl SupervisorState {
         }
     }
 
-    /// Starts a queue's scheduler (and, when `with_pool`, its pool if it has an
-    /// in-process executor). A failure is handled as a failed child: restarted.
-    async fn start_queue(
-        &mut self,
-        myself: &ActorRef<SupervisorMsg>,
-        queue: &str,
-        with_pool: bool,
-    ) {
-        let q: Arc<str> = Arc::from(queue);
-        let mut children = vec![Child::Scheduler(q.clone())];
-        if with_pool && self.daemon.executors.has(queue) {
-            children.push(Child::Pool(q));
+    /// Starts an added queue's pool if it has an in-process executor. A failure is
+    /// handled as a failed child: restarted.
+    async fn start_queue(&mut self, myself: &ActorRef<SupervisorMsg>, queue: &str) {
+        if !self.daemon.executors.has(queue) {
+            return;
         }
-        for child in children {
-            metrics::register_actor(child.kind());
-            if let Err(err) = self.spawn(myself, child.clone()).await {
-                self.failed(myself, child, &err.to_string());
-            }
+        let child = Child::Pool(Arc::from(queue));
+        metrics::register_actor(child.kind());
+        if let Err(err) = self.spawn(myself, child.clone()).await {
+            self.failed(myself, child, &err.to_string());
         }
     }
 
@@ -267,7 +251,7 @@ impl SupervisorState {
     /// removed queue's actor is dropped).
     pub(super) fn still_configured(&self, child: &Child) -> bool {
         match child {
-            Child::Scheduler(q) | Child::Pool(q) => self.daemon.config().queues.contains_key(&**q),
+            Child::Pool(q) => self.daemon.config().queues.contains_key(&**q),
             _ => true,
         }
     }

@@ -1,6 +1,6 @@
 //! A Worker actor: lease → run the executor (heartbeating) → ack or nack, repeat.
 //!
-//! It asks its queue's Scheduler for one job with a long poll, runs it with the
+//! It asks for one job of its queue with a long poll ([`broker::lease`]), runs it with the
 //! queue's executor while renewing the lease every `heartbeat`, and reports the
 //! result to the Broker only after the executor finished — ack after the effect.
 //! If a heartbeat is refused (the lease was lost to expiry), the attempt is cut
@@ -30,12 +30,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::PoolMsg;
-use crate::broker::{self, BrokerError, BrokerMsg, LeasedJob};
+use crate::broker::{self, BrokerError, BrokerMsg, LeaseRequest, LeasedJob};
 use crate::executor::{ExecResult, Executors, JobRun};
 use crate::fence;
 use crate::job::Failure;
 use crate::limits::Limits;
-use crate::scheduler::{self, LeaseRequest, SchedulerMsg};
 
 /// How long a worker waits in one long poll for a job.
 const POLL: Duration = Duration::from_secs(5);
@@ -49,7 +48,7 @@ const REPORT_RETRY: Duration = Duration::from_secs(1);
 pub struct WorkerArgs {
     /// Its id, `"QUEUE/N"`; recorded as the lease holder.
     pub id: String,
-    /// The queue whose Scheduler it leases from.
+    /// The queue it leases from.
     pub queue: Arc<str>,
     /// Every queue's executor; this worker looks its queue's up for each attempt, so
     /// a reload applies to the next attempt.
@@ -140,24 +139,22 @@ async fn parents_of(
     }
 }
 
-/// One long poll on the Scheduler; `None` when nothing came.
+/// One long poll for a job of the worker's queue; `None` when nothing came.
 async fn lease(state: &WorkerArgs) -> Option<LeasedJob> {
-    let Some(scheduler) = ActorRef::<SchedulerMsg>::where_is(scheduler::name(&state.queue)) else {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        return None;
-    };
     let request = LeaseRequest {
         worker: state.id.clone(),
         max_jobs: 1,
         wait: POLL,
     };
     tokio::select! {
-        answer = scheduler.call(|tx| SchedulerMsg::Lease(request, tx), Some(POLL + REPORT_TIMEOUT)) => {
-            match answer {
-                Ok(ractor::rpc::CallResult::Success(jobs)) => jobs.into_iter().next(),
-                _ => None,
+        answer = broker::lease(&state.queue, request) => match answer {
+            Ok(jobs) => jobs.into_iter().next(),
+            Err(_) => {
+                // Restarting: ask again shortly rather than spin.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                None
             }
-        }
+        },
         _ = state.draining.cancelled() => None,
     }
 }

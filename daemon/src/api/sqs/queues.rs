@@ -3,7 +3,7 @@
 //! ListQueueTags, ListDeadLetterSourceQueues. SQS queues are qd's queues: those of
 //! the config file (read-only over SQS) and those created through SQS (stored in
 //! the store, `created.rs`; changed here, put in force by the Supervisor). Counts
-//! come from the Broker and the queue's Scheduler; a dead-letter queue's include
+//! come from the Broker (the queue's counts and dispatch); a dead-letter queue's include
 //! its sources' dead jobs (`dead.rs`).
 
 use std::time::Duration;
@@ -24,7 +24,6 @@ use crate::config::Config;
 use crate::dlq::{self, DlqMsg, Selection};
 use crate::job::State as JobState;
 use crate::reload::ReloadError;
-use crate::scheduler::{self, SchedulerMsg};
 use crate::store::JobFilter;
 
 /// SQS's largest message, in bytes (qd's `max_payload` when that is smaller).
@@ -548,28 +547,10 @@ pub async fn get_queue_attributes(ctx: &Ctx) -> Result<Value, SqsError> {
     Ok(json!({ "Attributes": attrs }))
 }
 
-/// `(ready, leased, delayed)` of a queue: the Scheduler's ready and delayed counts
+/// `(ready, leased, delayed)` of a queue: its dispatch ready and delayed counts
 /// and the Broker's leased count.
 async fn counts(queue: &str) -> Result<(u64, u64, u64), SqsError> {
-    let scheduler =
-        ActorRef::<SchedulerMsg>::where_is(scheduler::name(queue)).ok_or_else(|| {
-            SqsError::new(
-                ErrorKind::ServiceUnavailable,
-                "the queue's scheduler is restarting",
-            )
-        })?;
-    let stats = match scheduler
-        .call(SchedulerMsg::Stats, Some(BROKER_TIMEOUT))
-        .await
-    {
-        Ok(ractor::rpc::CallResult::Success(s)) => s,
-        _ => {
-            return Err(SqsError::new(
-                ErrorKind::ServiceUnavailable,
-                "the queue's scheduler did not answer",
-            ));
-        }
-    };
+    let stats = broker::dispatch_stats(queue, BROKER_TIMEOUT).await?;
     let all = broker::request(BrokerMsg::Counts, BROKER_TIMEOUT).await?;
     let leased = all.get(queue).map_or(0, |c| c.leased);
     Ok((stats.ready, leased, stats.delayed))

@@ -1,4 +1,4 @@
-//! ReceiveMessage: leases 1 to 10 jobs from the queue's Scheduler (a long poll of
+//! ReceiveMessage: leases 1 to 10 jobs through [`crate::broker::lease`] (a long poll of
 //! `WaitTimeSeconds`, 0 to 20), with `VisibilityTimeout` as the lease (the queue's
 //! `lease` when not given), and answers each as an SQS message with the system and
 //! message attributes asked for. A dead-letter queue (one a `RedrivePolicy`
@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-use ractor::ActorRef;
 use serde_json::{Map, Value, json};
 use tracing::debug;
 
@@ -20,11 +19,10 @@ use super::params::{opt_int, str_list};
 use super::retention;
 use super::{BROKER_TIMEOUT, Ctx};
 use crate::api::auth::Role;
-use crate::broker::{self, BrokerMsg, LeasedJob, MAX_EXTEND};
+use crate::broker::{self, BrokerMsg, LeaseRequest, LeasedJob, MAX_EXTEND};
 use crate::config::DEFAULT_TENANT;
 use crate::executor::ExecutorSpec;
 use crate::job::Failure;
-use crate::scheduler::{self, LeaseRequest, SchedulerMsg};
 
 /// The lessee name in a job's history for a lease taken through SQS.
 const WORKER: &str = "sqs";
@@ -88,13 +86,6 @@ pub async fn receive_message(ctx: &Ctx) -> Result<Value, SqsError> {
             ),
         ));
     }
-    let scheduler =
-        ActorRef::<SchedulerMsg>::where_is(scheduler::name(&queue)).ok_or_else(|| {
-            SqsError::new(
-                ErrorKind::ServiceUnavailable,
-                "the queue's scheduler is restarting",
-            )
-        })?;
     // A dead-letter queue also hands out its sources' dead jobs (`dead.rs`), each
     // invisible for the receive's visibility timeout, else the queue's.
     let sources = dead::sources(ctx, &queue);
@@ -110,7 +101,7 @@ pub async fn receive_message(ctx: &Ctx) -> Result<Value, SqsError> {
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         // With dead-letter sources a long poll waits in slices, so a message that
-        // dies meanwhile is found too; without, the Scheduler's poll is the wait.
+        // dies meanwhile is found too; without, the lease's long poll is the wait.
         let slice = match (sources.is_empty(), first) {
             (true, _) => left,
             (false, true) => Duration::ZERO,
@@ -118,7 +109,14 @@ pub async fn receive_message(ctx: &Ctx) -> Result<Value, SqsError> {
         };
         first = false;
         let mut expired = false;
-        for job in lease(&scheduler, max - messages.len(), slice).await {
+        // Messages already received are answered rather than lost to a later
+        // slice's failure (they stay leased until their visibility timeout).
+        let jobs = match lease(&queue, max - messages.len(), slice).await {
+            Ok(jobs) => jobs,
+            Err(e) if messages.is_empty() => return Err(e),
+            Err(_) => break,
+        };
+        for job in jobs {
             let received_at = crate::clock::wall_ms();
             if retention.is_some_and(|period| retention::is_expired(job.id, period, received_at)) {
                 retention::expire(job.id).await;
@@ -195,24 +193,14 @@ pub async fn receive_message(ctx: &Ctx) -> Result<Value, SqsError> {
 /// messages before looking at its sources' dead jobs again.
 const DEAD_POLL: Duration = Duration::from_millis(500);
 
-/// Leases up to `max` jobs through the queue's Scheduler, waiting up to `wait` for
-/// the first; none when the Scheduler does not answer.
-async fn lease(scheduler: &ActorRef<SchedulerMsg>, max: usize, wait: Duration) -> Vec<LeasedJob> {
+/// Leases up to `max` jobs of `queue`, waiting up to `wait` for the first.
+async fn lease(queue: &str, max: usize, wait: Duration) -> Result<Vec<LeasedJob>, SqsError> {
     let request = LeaseRequest {
         worker: WORKER.to_string(),
         max_jobs: u32::try_from(max).unwrap_or(1),
         wait,
     };
-    match scheduler
-        .call(
-            |tx| SchedulerMsg::Lease(request, tx),
-            Some(wait + BROKER_TIMEOUT),
-        )
-        .await
-    {
-        Ok(ractor::rpc::CallResult::Success(jobs)) => jobs,
-        _ => Vec::new(),
-    }
+    Ok(broker::lease(queue, request).await?)
 }
 
 /// Gives a fresh lease the visibility timeout the receive asked for: a heartbeat

@@ -20,7 +20,7 @@
 //!   asks the store to end the lease if the stored end passed too
 //!   ([`crate::store::SharedStore::end_if_due`]): a lease heartbeated elsewhere is
 //!   re-armed for what it has left; one acked, nacked or cancelled elsewhere is let
-//!   go (its Scheduler slot and depth are freed). A lease of a node's own worker
+//!   go (its dispatch slot and depth are freed). A lease of a node's own worker
 //!   stores no end and expires by its node's memory, as before.
 //! - **The node holding a lease learns of reports applied elsewhere** at its next
 //!   sweep (every cluster heartbeat, `node_timeout / 5`: [`BrokerMsg::Sweep`]),
@@ -280,7 +280,7 @@ impl BrokerState {
                     self.deadlines
                         .track(old.id, old.lease_seq, mono + left.max(RECHECK_AFTER));
                 }
-                self.store_accepted(now, mono);
+                self.store_accepted(now);
             }
             Err(err) => self.settle(Intent::End, planned, Err(err), now, mono),
         }

@@ -5,7 +5,6 @@
 //! advance commit together or not at all.
 
 use ractor::RpcReplyPort;
-use tokio::time::Instant;
 
 use super::{BrokerMsg, BrokerState, first, reject_reason};
 use crate::broker::{BrokerError, Fire, Fired};
@@ -96,14 +95,13 @@ impl BrokerState {
         result: Result<(FireWrite, Vec<u8>), StoreError>,
         reply: RpcReplyPort<Result<Fired, BrokerError>>,
         now: UnixMillis,
-        mono: Instant,
     ) {
         self.unreserve(&job);
         match &result {
             Ok(_)
             | Err(
                 StoreError::QueueFull { .. } | StoreError::TenantFull { .. } | StoreError::Busy(_),
-            ) => self.store_accepted(now, mono),
+            ) => self.store_accepted(now),
             Err(err) => self.store_refused(err),
         }
         let answer = match result {

@@ -1,12 +1,12 @@
 //! Property tests of the Broker's state, driven message by message through
-//! [`BrokerState::take`] with no actor running it: random enqueues, leases (picked
-//! the way a Scheduler would), acks (current and stale tokens), nacks, lease
+//! [`BrokerState::take`] with no actor running it: random enqueues, lease requests
+//! (answered from the queue's dispatch), acks (current and stale tokens), nacks, lease
 //! expiries, lost workers, cancels, redrives and purges, against the in-memory store.
 //! Some steps start an outage (a full disk) lasting one to four steps: every write
 //! of those steps is refused, the probe the Broker's timer sends after some steps
-//! too until the outage ends, and lease requests made meanwhile are parked until a
-//! write succeeds again (the probe's, or an operation's when no probe came first). Some lessees go away before their answer (the lease must be
-//! handed back). The state's effects are performed (or refused) by the harness;
+//! too until the outage ends, and nothing is handed out meanwhile (a lessee asking
+//! then is answered empty at the end of its poll). Some lessees go away before
+//! their answer (the lease must be handed back). The state's effects are performed (or refused) by the harness;
 //! the store's completions come back through a forwarding actor and are fed to the
 //! state in order, so every step is settled before the invariants are checked:
 //!
@@ -18,6 +18,8 @@
 //!   the store refuses;
 //! - the derived indexes (counts, tenant depths, deadlines, leases per worker, DLQ)
 //!   match the jobs, and nothing is left waiting for a write;
+//! - the queue's dispatch holds every ready or delayed job once, and counts as
+//!   running for each tenant exactly its leased jobs;
 //! - the store holds exactly the unfinished jobs memory holds, in the same states,
 //!   tokens and attempt counts (a refused write charges nothing), and every accepted
 //!   job is in the store until it is purged.
@@ -30,6 +32,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::{mpsc, oneshot};
 
 use super::*;
+use crate::broker::LeaseRequest;
 use crate::store::Store;
 
 /// Forwards every message the store's completions send to the Broker to the test.
@@ -67,7 +70,7 @@ enum Op {
     },
     /// `gone`: the lessee stops waiting before it is answered.
     Lease {
-        n: usize,
+        n: u32,
         worker: u8,
         gone: bool,
     },
@@ -98,7 +101,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0u8..3, proptest::option::of(0u8..4))
             .prop_map(|(tenant, key)| Op::Enqueue { tenant, key }),
-        3 => (1usize..4, 0u8..3, proptest::bool::weighted(0.1))
+        3 => (1u32..4, 0u8..3, proptest::bool::weighted(0.1))
             .prop_map(|(n, worker, gone)| Op::Lease { n, worker, gone }),
         3 => (any::<usize>(), proptest::bool::weighted(0.2))
             .prop_map(|(pick, stale)| Op::Ack { pick, stale }),
@@ -133,7 +136,7 @@ struct Harness {
     purged: HashSet<JobId>,
     /// Steps, this one included, whose writes the store refuses (probes too).
     outage: u8,
-    /// Lease requests not answered yet (parked while the store refuses writes).
+    /// Lease requests not answered yet (their claim's write is in flight).
     waiting: Vec<oneshot::Receiver<Vec<LeasedJob>>>,
     /// Completions' messages, to the forwarder.
     back: Back,
@@ -150,12 +153,15 @@ impl Harness {
         let (me, _) = Actor::spawn(None, Forward, tx).await.expect("forwarder");
         let forwarder = me.clone();
         let store = Store::open_memory();
+        let limits = Arc::new(Limits::new(config, Vec::new()));
         let args = BrokerArgs {
-            limits: Arc::new(Limits::new(config, Vec::new())),
+            limiters: Arc::new(crate::rate_limit::Limiters::build(&limits, None)),
+            limits,
             store: store.clone(),
             restarted: false,
         };
-        let state = BrokerState::new(args, rand::SeedableRng::seed_from_u64(11));
+        let mut state = BrokerState::new(args, rand::SeedableRng::seed_from_u64(11));
+        state.sync_dispatches(1_700_000_000_000, Instant::now());
         Harness {
             state,
             rx,
@@ -179,6 +185,11 @@ impl Harness {
     /// whose completions come back through the forwarder.
     fn take(&mut self, msg: BrokerMsg) {
         let effects = self.state.take(msg, self.now, self.mono);
+        self.perform(effects);
+    }
+
+    /// Performs `effects`, refused while an outage lasts.
+    fn perform(&mut self, effects: Effects) {
         if self.outage > 0 {
             let full = StoreError::Full("test: the disk is full".into());
             effects.perform_refused(&self.store, &self.back, &full);
@@ -259,26 +270,21 @@ impl Harness {
                 }
             }
             Op::Lease { n, worker, gone } => {
-                let mut picks = Vec::new();
-                for pick in 0..n {
-                    if let Some(id) = self.pick(&[State::Ready, State::Delayed], pick)
-                        && !picks.iter().any(|(_, p)| *p == id)
-                    {
-                        picks.push((self.state.jobs.get(id).expect("picked").tenant, id));
-                    }
-                }
                 let (tx, rx) = oneshot::channel();
+                let request = LeaseRequest {
+                    worker: format!("w{worker}"),
+                    max_jobs: n,
+                    wait: Duration::ZERO,
+                };
+                let msg = BrokerMsg::Lease(QUEUE.into(), request, tx.into());
+                let effects = self.state.take(msg, self.now, self.mono);
+                // Gone after the jobs were picked, before the answer.
                 if gone {
                     drop(rx);
                 } else {
                     self.waiting.push(rx);
                 }
-                self.take(BrokerMsg::Lease {
-                    queue: Arc::from(QUEUE),
-                    picks,
-                    worker: format!("w{worker}"),
-                    reply: tx.into(),
-                });
+                self.perform(effects);
                 self.settle().await;
             }
             Op::Ack { pick, stale } => {
@@ -374,7 +380,8 @@ impl Harness {
         self.check().await
     }
 
-    /// Records the leases answered so far; a request still parked keeps waiting.
+    /// Records the leases answered so far; a request whose claim is still being
+    /// written keeps waiting.
     fn take_leases(&mut self) -> Result<(), TestCaseError> {
         let mut still = Vec::new();
         for mut rx in std::mem::take(&mut self.waiting) {
@@ -472,6 +479,26 @@ impl Harness {
             }
         }
         prop_assert_eq!(s.counts.get(QUEUE).copied().unwrap_or_default(), counts);
+        let d = s.dispatches.get(QUEUE).expect("the queue's dispatch");
+        let stats = d.stats();
+        prop_assert_eq!(
+            stats.ready + stats.delayed,
+            counts.waiting,
+            "every waiting job is in the dispatch, once"
+        );
+        for tenant in ["t0", "t1", "t2"] {
+            let leased_here = s
+                .jobs
+                .values()
+                .filter(|j| j.state == State::Leased && &*j.tenant == tenant)
+                .count();
+            prop_assert_eq!(
+                d.running(tenant) as usize,
+                leased_here,
+                "tenant {}'s running count is its leased jobs",
+                tenant
+            );
+        }
         let by_worker: usize = s.by_worker.values().map(HashSet::len).sum();
         prop_assert_eq!(by_worker, leased.len(), "leases per worker match");
         let dead = s.dead.get(QUEUE).map_or(0, BTreeSet::len) as u64;

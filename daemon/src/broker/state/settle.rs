@@ -9,9 +9,9 @@
 //! (a lease gets a fresh deadline: a failed write is never charged to a job).
 //!
 //! The same answers tell the Broker whether the store accepts writes: while it does
-//! not, leasing stops (lease requests are parked), lease expiries wait, and a probe
-//! write every [`PROBE_EVERY`] finds out when it does again; then parked requests are
-//! served and everything resumes by itself. `qd_store_writable` shows it.
+//! not, nothing is picked for lessees (they wait in their long poll), lease
+//! expiries wait, and a probe write every [`PROBE_EVERY`] finds out when it does
+//! again; then everything resumes by itself. `qd_store_writable` shows it.
 
 use std::time::Duration;
 
@@ -19,12 +19,11 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::{BrokerState, events, record_end};
-use crate::broker::{BrokerMsg, LeasedJob};
+use crate::broker::BrokerMsg;
 use crate::job::{Failure, Job, JobId, Outcome, State, Token, Transition, UnixMillis};
 use crate::metrics::{self, Completion};
 use crate::store::StoreError;
 
-use ractor::RpcReplyPort;
 use std::sync::Arc;
 
 /// How often the Broker tries a small write while the store refuses writes.
@@ -83,14 +82,6 @@ pub(super) struct Purged {
     pub(super) held: Vec<(JobId, Vec<JobId>)>,
     /// Children a released edge moved (their new records).
     pub(super) released: Vec<Job>,
-}
-
-/// A lease request that arrived while the store refused writes.
-pub(super) struct Parked {
-    pub(super) queue: Arc<str>,
-    pub(super) picks: Vec<(Arc<str>, JobId)>,
-    pub(super) worker: String,
-    pub(super) reply: RpcReplyPort<Vec<LeasedJob>>,
 }
 
 impl BrokerState {
@@ -221,9 +212,10 @@ impl BrokerState {
                 error!(job = %old.id, state = %old.state, "The store did not hold the state the Broker expected; the change was not written.");
             }
         }
-        // Only now, with this write applied, may parked leases and uncharged ends
-        // be planned: they must see what it changed (a cancel, an end).
-        self.store_accepted(now, mono);
+        // Only now, with this write applied, may uncharged ends be planned (and
+        // waiting lessees served, after this message): they must see what it
+        // changed (a cancel, an end).
+        self.store_accepted(now);
         self.end_uncharged(now);
     }
 
@@ -232,8 +224,8 @@ impl BrokerState {
         debug!(queue = %old.queue, job = %old.id, from = %old.state, to = %t.job.state,
             attempts = t.job.attempts, "Job state changed.");
         // A lease memory did not hold as this node's (another node's, or one read
-        // from the store for a report sent here) took no slot of this node's
-        // Scheduler: only a job that waits again is handed to it.
+        // from the store for a report sent here) took no slot in this node's
+        // dispatch: only a job that waits again is handed to it.
         let foreign = old.state == State::Leased
             && self
                 .jobs
@@ -242,10 +234,10 @@ impl BrokerState {
         self.replace(t.job.clone());
         if foreign {
             if matches!(t.job.state, State::Ready | State::Delayed) {
-                events::ready(&mut self.out, &t.job);
+                events::ready(&mut self.dispatches, &t.job);
             }
         } else {
-            events::changed(&mut self.out, &old, &t.job, now);
+            events::changed(&mut self.dispatches, &old, &t.job, now);
         }
         match intent {
             Intent::End | Intent::Expire(_) | Intent::Orphan | Intent::CancelElsewhere => {
@@ -268,7 +260,7 @@ impl BrokerState {
     }
 
     /// Files children whose state a parent's committed change moved (`deps.rs`):
-    /// a released one goes to its Scheduler, a blocked one is counted. On a shared
+    /// a released one goes to its queue's dispatch, a blocked one is counted. On a shared
     /// store a released child this node did not hold is offered like one of its
     /// own enqueues (other nodes find it through their refresh, as another node's
     /// enqueue), and a held one stays (or becomes again) the database's alone.
@@ -290,13 +282,13 @@ impl BrokerState {
                 Some(old) if self.shared() && child.state.is_held() => self.drop_stale(&old),
                 Some(old) => {
                     self.replace(child.clone());
-                    events::changed(&mut self.out, &old, &child, now);
+                    events::changed(&mut self.dispatches, &old, &child, now);
                 }
                 None if self.shared() && child.state.is_held() => {}
                 None => {
                     let child = self.interned(child);
                     if !child.state.is_held() {
-                        events::ready(&mut self.out, &child);
+                        events::ready(&mut self.dispatches, &child);
                     }
                     self.replace(child);
                 }
@@ -357,7 +349,7 @@ impl BrokerState {
                 })
             },
             move |result, back| {
-                let settle = Settle(Box::new(move |state: &mut BrokerState, now, mono| {
+                let settle = Settle(Box::new(move |state: &mut BrokerState, now, _| {
                     for id in &ids {
                         state.writing.remove(id);
                     }
@@ -365,7 +357,7 @@ impl BrokerState {
                         Ok(purged) => {
                             state.forget(&purged.gone);
                             state.dependents_moved(purged.released.clone(), now);
-                            state.store_accepted(now, mono);
+                            state.store_accepted(now);
                         }
                         Err(err) => state.store_refused(err),
                     }
@@ -414,34 +406,17 @@ impl BrokerState {
         metrics::store_writable(false);
     }
 
-    /// A write committed: if the store had refused writes, leasing resumes, the
-    /// uncharged lease ends it refused are written again and the lease requests
-    /// parked meanwhile are served (or handed back if their worker went away).
-    pub(super) fn store_accepted(&mut self, now: UnixMillis, mono: Instant) {
+    /// A write committed: if the store had refused writes, leasing resumes (the
+    /// lessees still waiting are served after this message) and the uncharged
+    /// lease ends it refused are written again.
+    pub(super) fn store_accepted(&mut self, now: UnixMillis) {
         if self.store_writable {
             return;
         }
-        info!(
-            parked = self.parked.len(),
-            "Store accepts writes again; leasing resumes."
-        );
+        info!("Store accepts writes again; leasing resumes.");
         self.store_writable = true;
         metrics::store_writable(true);
         self.end_uncharged(now);
-        for parked in std::mem::take(&mut self.parked) {
-            if parked.reply.is_closed() {
-                self.hand_back(&parked.queue, parked.picks);
-            } else {
-                self.lease(
-                    &parked.queue,
-                    parked.picks,
-                    parked.worker,
-                    parked.reply,
-                    now,
-                    mono,
-                );
-            }
-        }
     }
 
     /// Remembers an uncharged end of the lease `token` of job `id` the store refused
@@ -481,17 +456,17 @@ impl BrokerState {
         }
     }
 
-    /// Returns the Scheduler's picks unleased: each slot is released and each job
-    /// still waiting is handed to the Scheduler again.
+    /// Returns a dispatch's picks unleased: each slot is released and each job
+    /// still waiting is handed to the dispatch again.
     pub(super) fn hand_back(&mut self, queue: &Arc<str>, picks: Vec<(Arc<str>, JobId)>) {
         for (tenant, id) in picks {
-            events::release(&mut self.out, queue, tenant);
+            events::release(&mut self.dispatches, queue, &tenant);
             if let Some(job) = self
                 .jobs
                 .get(id)
                 .filter(|j| matches!(j.state, State::Ready | State::Delayed))
             {
-                events::ready(&mut self.out, &job);
+                events::ready(&mut self.dispatches, &job);
             }
         }
     }
@@ -505,8 +480,8 @@ impl BrokerState {
             move |b| b.probe(now),
             move |result, back| {
                 let settle = Settle(Box::new(
-                    move |state: &mut BrokerState, now, mono| match result {
-                        Ok(()) => state.store_accepted(now, mono),
+                    move |state: &mut BrokerState, now, _| match result {
+                        Ok(()) => state.store_accepted(now),
                         Err(err) => debug!(error = %err, "Store still refuses writes."),
                     },
                 ));

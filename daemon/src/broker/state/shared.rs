@@ -21,7 +21,7 @@
 //!   and the store grants at most what the cap leaves across every node
 //!   ([`crate::store::SharedStore::claim_capped`]). A pick refused for its cap is
 //!   not stale: it returns to its record before the lease, uncharged, and to its
-//!   Scheduler, which holds the tenant at its cap until one of its leases ends here
+//!   queue's dispatch, which holds the tenant at its cap until one of its leases ends here
 //!   or the Cluster actor's next poll or heartbeat ([`BrokerMsg::AtCap`]).
 //! - **Lessees' reports** (heartbeat, ack, nack, batch acks) of a lease memory does
 //!   not hold are read from the store first, as operators' changes are, and
@@ -385,7 +385,7 @@ impl BrokerState {
     /// across the cluster, each given as the job's record before the lease and the
     /// lease planned. Unlike a lost claim the job is not stale (the store did not
     /// change it): each job memory still holds under that very lease returns to
-    /// its earlier record uncharged and goes back to its Scheduler, which holds the
+    /// its earlier record uncharged and goes back to its queue's dispatch, which holds the
     /// tenant at its cap ([`events::at_cap`]).
     pub(in crate::broker) fn at_cap(&mut self, refused: Vec<(Job, Job)>) {
         for (job, planned) in refused {
@@ -394,7 +394,7 @@ impl BrokerState {
             }
             debug!(queue = %job.queue, tenant = %job.tenant, job = %job.id, "Lease refused: the tenant is at its max_concurrency across the cluster.");
             self.replace(job.clone());
-            events::at_cap(&mut self.out, &job);
+            events::at_cap(&mut self.dispatches, &job);
         }
     }
 
@@ -523,9 +523,9 @@ impl BrokerState {
         };
         self.replace(job.clone());
         match known {
-            Some(old) => events::changed(&mut self.out, &old, &job, now),
+            Some(old) => events::changed(&mut self.dispatches, &old, &job, now),
             None if matches!(job.state, State::Ready | State::Delayed) => {
-                events::ready(&mut self.out, &job)
+                events::ready(&mut self.dispatches, &job)
             }
             None => {}
         }
@@ -545,14 +545,14 @@ impl BrokerState {
     }
 
     /// Drops a job memory held in a state the store no longer has (another node
-    /// changed it): the Scheduler forgets it or, if it was leased here, frees its slot.
+    /// changed it): its queue's dispatch forgets it or, if it was leased here, frees its slot.
     pub(in crate::broker) fn drop_stale(&mut self, job: &Job) {
         debug!(queue = %job.queue, job = %job.id, state = %job.state, "Dropped a stale copy: another node changed the job.");
         if let Some(gone) = self.jobs.remove(job.id) {
             self.account(&gone, false);
         }
         self.hot.forget(job.id);
-        events::dropped(&mut self.out, job);
+        events::dropped(&mut self.dispatches, job);
     }
 
     /// Reads the current records of `ids` before an operator's change, then handles
@@ -648,7 +648,7 @@ impl BrokerState {
     }
 
     /// A lease request got other jobs in place of picks another node took first
-    /// ([`claim_others`]): the picks leave memory, their Scheduler slots pass to the
+    /// ([`claim_others`]): the picks leave memory, their dispatch slots pass to the
     /// jobs taken instead, which memory now holds as this node's leases.
     pub(in crate::broker) fn substituted(
         &mut self,
@@ -672,7 +672,7 @@ impl BrokerState {
                 ..job
             };
             if let Some(known) = self.jobs.get(job.id) {
-                events::dropped(&mut self.out, &known);
+                events::dropped(&mut self.dispatches, &known);
             }
             let lease = self.queue(&job.queue).map_or(MAX_EXTEND, |q| q.lease);
             self.deadlines.track(job.id, job.lease_seq, mono + lease);
@@ -775,7 +775,7 @@ impl BrokerState {
     /// Lets go of leases memory held when the sweep asked that the store no longer
     /// gives this node (`stored`): an operator on another node cancelled the job, or
     /// the leader ended the lease while this node was silent. Memory drops them
-    /// (freeing their Scheduler slots) and the queue's pool stops the attempt; an
+    /// (freeing their dispatch slots) and the queue's pool stops the attempt; an
     /// external lessee learns it from its next heartbeat or report.
     fn let_go(&mut self, held: Vec<(JobId, Token, UnixMillis)>, stored: &HashSet<(JobId, Token)>) {
         for (id, token, at) in held {

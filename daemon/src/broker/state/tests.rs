@@ -1,49 +1,15 @@
-//! Tests of the broker's state against stand-in derived actors.
+//! Tests of the broker's state, message by message, with its effects performed
+//! (or refused) by the test.
 
 use std::path::Path;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::sync::mpsc;
+use tokio::sync::oneshot;
 
 use super::*;
+use crate::broker::LeaseRequest;
 use crate::job::NewJob;
-use crate::scheduler::SchedulerMsg;
+use crate::rate_limit::Limiters;
 use crate::store::Store;
-
-/// A Scheduler stand-in that forwards the tenants of `Finished` messages.
-struct FakeScheduler;
-
-impl Actor for FakeScheduler {
-    type Msg = SchedulerMsg;
-    type State = mpsc::UnboundedSender<Arc<str>>;
-    type Arguments = mpsc::UnboundedSender<Arc<str>>;
-
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<SchedulerMsg>,
-        tx: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(tx)
-    }
-
-    async fn handle(
-        &self,
-        _myself: ActorRef<SchedulerMsg>,
-        msg: SchedulerMsg,
-        tx: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        let msgs = match msg {
-            SchedulerMsg::Batch(msgs) => msgs,
-            msg => vec![msg],
-        };
-        for msg in msgs {
-            if let SchedulerMsg::Finished(tenant, _) = msg {
-                let _ = tx.send(tenant);
-            }
-        }
-        Ok(())
-    }
-}
 
 fn state(queue: &str) -> BrokerState {
     state_on(queue, Store::open_memory())
@@ -52,13 +18,36 @@ fn state(queue: &str) -> BrokerState {
 /// A state of one external queue whose effects are meant for `store`.
 fn state_on(queue: &str, store: Store) -> BrokerState {
     let text = format!("[queues.{queue}]\nexecutor = {{ kind = \"external\" }}\n");
-    let config = Arc::new(Config::parse(&text, Path::new("/tmp/qd.toml")).expect("config"));
+    state_of(&text, store)
+}
+
+/// A state of the config `text` whose effects are meant for `store`.
+fn state_of(text: &str, store: Store) -> BrokerState {
+    let config = Arc::new(Config::parse(text, Path::new("/tmp/qd.toml")).expect("config"));
+    let limits = Arc::new(Limits::new(config, Vec::new()));
     let args = BrokerArgs {
-        limits: Arc::new(Limits::new(config, Vec::new())),
+        limiters: Arc::new(Limiters::build(&limits, None)),
+        limits,
         store,
         restarted: false,
     };
     BrokerState::new(args, rand::SeedableRng::seed_from_u64(7))
+}
+
+/// Loads `jobs` as at a start: memory first, then each queue's dispatch from it.
+fn load(state: &mut BrokerState, jobs: Vec<Job>) {
+    state.recover(jobs, None);
+    state.sync_dispatches(2_000, Instant::now());
+}
+
+/// A lessee's request for one job of `queue`, waiting up to `wait`.
+fn lease_request(queue: &str, wait: Duration, reply: oneshot::Sender<Vec<LeasedJob>>) -> BrokerMsg {
+    let request = LeaseRequest {
+        worker: "w".into(),
+        max_jobs: 1,
+        wait,
+    };
+    BrokerMsg::Lease(queue.into(), request, reply.into())
 }
 
 fn ready_job(queue: &str) -> Job {
@@ -74,42 +63,26 @@ fn ready_job(queue: &str) -> Job {
 }
 
 #[tokio::test]
-async fn a_pick_cancelled_before_its_lease_frees_the_tenants_concurrency_slot() {
-    let queue = "cancel-race";
-    let (tx, mut finished) = mpsc::unbounded_channel();
-    let (_sched, sched_task) = Actor::spawn(Some(crate::scheduler::name(queue)), FakeScheduler, tx)
-        .await
-        .expect("fake scheduler");
-    let mut state = state(queue);
-    let job = ready_job(queue);
-    let id = job.id;
-    state.recover(vec![job], None);
+async fn a_pick_whose_job_has_a_write_in_flight_goes_back_with_its_tenants_slot() {
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    let id = hot_job(&store, &mut state).await;
+    // An operator's cancel is planned; its write has not committed yet.
+    let _cancel = state.take(cancel_of(id), 2_000, Instant::now());
+    assert!(state.writing.contains(&id));
 
-    // The Scheduler popped the job (counting it as running for "acme") and sent the
-    // Lease; an operator's cancel reached the Broker first.
-    let (cancel_tx, _cancel_rx) = tokio::sync::oneshot::channel();
-    state.cancel(id, "test", cancel_tx.into(), 2_000);
-    let (lease_tx, _lease_rx) = tokio::sync::oneshot::channel();
-    let picks = vec![(Arc::<str>::from("acme"), id)];
-    let queue_name: Arc<str> = Arc::from(queue);
-    state.lease(
-        &queue_name,
-        picks,
-        "w".into(),
-        lease_tx.into(),
-        2_000,
-        Instant::now(),
+    let (tx, answer) = oneshot::channel();
+    let lease = lease_request("q", Duration::from_secs(5), tx);
+    let effects = state.take(lease, 2_000, Instant::now());
+    let d = state.dispatches.get("q").expect("dispatch");
+    assert_eq!(d.running("acme"), 0, "the pick's slot is given back");
+    assert_eq!(
+        d.stats().ready,
+        1,
+        "the job waits in the dispatch until its write settles"
     );
-    state.out.flush();
-
-    let tenant = tokio::time::timeout(Duration::from_secs(5), finished.recv())
-        .await
-        .expect("the Scheduler is told the pick was not leased")
-        .expect("channel open");
-    assert_eq!(&*tenant, "acme");
-
-    _sched.stop(None);
-    let _ = sched_task.await;
+    effects.perform(&store, &(Arc::new(|_| {}) as Back));
+    assert!(answer.await.expect("answered").is_empty(), "nothing leased");
 }
 
 /// A job as the store holds it while a worker runs it.
@@ -168,8 +141,10 @@ async fn a_batch_is_admitted_whole_or_not_at_all_and_a_refusal_frees_its_reserva
     let text = "[queues.q]\nexecutor = { kind = \"external\" }\nmax_depth = 4\n\n\
                 [tenants.acme]\nmax_depth = 2\n";
     let config = Arc::new(Config::parse(text, Path::new("/tmp/qd.toml")).expect("config"));
+    let limits = Arc::new(Limits::new(config, Vec::new()));
     let args = BrokerArgs {
-        limits: Arc::new(Limits::new(config, Vec::new())),
+        limiters: Arc::new(Limiters::build(&limits, None)),
+        limits,
         store: Store::open_memory(),
         restarted: false,
     };
@@ -291,7 +266,7 @@ async fn recovery_in_runs_counts_interns_and_snapshots_as_one_job_at_a_time() {
         assert!(Arc::ptr_eq(&held.tenant, &state.intern(&job.tenant)));
     }
 
-    // The Scheduler's view: every waiting job of the queue, per tenant, sorted.
+    // What the queue's dispatch is built from: every waiting job, per tenant, sorted.
     let snapshot = state.snapshot("runs");
     let mut seen: Vec<(Arc<str>, Waiting)> = Vec::new();
     for (tenant, waiting) in &snapshot.jobs {
@@ -348,20 +323,11 @@ async fn a_queues_tenant_counts_come_from_memory_per_tenant_and_state() {
     assert!(state.tenant_counts("unknown").is_empty());
 }
 
-/// Leases `id` from `queue` through [`BrokerState::take`] at monotonic `mono`; the
+/// Leases a job of `queue` through [`BrokerState::take`] at monotonic `mono`; the
 /// claim's store write is left unperformed.
-fn lease_at(state: &mut BrokerState, queue: &str, id: JobId, mono: Instant) -> Effects {
-    let (tx, _rx) = tokio::sync::oneshot::channel();
-    state.take(
-        BrokerMsg::Lease {
-            queue: Arc::from(queue),
-            picks: vec![(Arc::from("acme"), id)],
-            worker: "w".into(),
-            reply: tx.into(),
-        },
-        2_000,
-        mono,
-    )
+fn lease_at(state: &mut BrokerState, queue: &str, mono: Instant) -> Effects {
+    let (tx, _rx) = oneshot::channel();
+    state.take(lease_request(queue, Duration::ZERO, tx), 2_000, mono)
 }
 
 #[tokio::test]
@@ -369,16 +335,16 @@ async fn the_lease_timer_is_asked_for_only_when_the_soonest_deadline_moves_earli
     let mut state = state("q");
     let lease = state.config.queues["q"].lease;
     let (a, b) = (ready_job("q"), ready_job("q"));
-    state.recover(vec![a.clone(), b.clone()], None);
+    load(&mut state, vec![a, b]);
     let start = Instant::now();
 
-    let first = lease_at(&mut state, "q", a.id, start);
+    let first = lease_at(&mut state, "q", start);
     assert_eq!(
         first.timer,
         Some(start + lease),
         "armed for the first deadline"
     );
-    let later = lease_at(&mut state, "q", b.id, start + Duration::from_secs(1));
+    let later = lease_at(&mut state, "q", start + Duration::from_secs(1));
     assert_eq!(later.timer, None, "the armed timer fires sooner");
     assert_eq!(
         later.store.len(),
@@ -407,7 +373,7 @@ async fn hot_job(store: &Store, state: &mut BrokerState) -> JobId {
         .run(move |b| b.enqueue(&[stored]))
         .await
         .expect("stored");
-    state.recover(vec![job], None);
+    load(state, vec![job]);
     state.hot.insert(id, b"p".to_vec());
     id
 }
@@ -418,14 +384,9 @@ async fn a_lease_answered_from_memory_is_answered_only_after_its_record_is_hande
     let mut state = state_on("q", store.clone());
     let id = hot_job(&store, &mut state).await;
 
-    let (tx, mut answer) = tokio::sync::oneshot::channel();
+    let (tx, mut answer) = oneshot::channel();
     let effects = state.take(
-        BrokerMsg::Lease {
-            queue: Arc::from("q"),
-            picks: vec![(Arc::from("acme"), id)],
-            worker: "w".into(),
-            reply: tx.into(),
-        },
+        lease_request("q", Duration::ZERO, tx),
         2_000,
         Instant::now(),
     );
@@ -505,11 +466,10 @@ async fn answered_after_effects<T>(
 
 #[tokio::test]
 async fn every_reply_waits_until_its_message_effects_are_performed() {
-    use tokio::sync::oneshot;
     let store = Store::open_memory();
     let mut state = state_on("q", store.clone());
     let job = ready_job("q");
-    state.recover(vec![job.clone()], None);
+    load(&mut state, vec![job.clone()]);
 
     let (tx, rx) = oneshot::channel();
     let counts = BrokerMsg::Counts(tx.into());
@@ -537,12 +497,7 @@ async fn every_reply_waits_until_its_message_effects_are_performed() {
     assert!(enqueue.is_err(), "unknown queue");
 
     let (tx, rx) = oneshot::channel();
-    let lease = BrokerMsg::Lease {
-        queue: Arc::from("nope"),
-        picks: Vec::new(),
-        worker: "w".into(),
-        reply: tx.into(),
-    };
+    let lease = lease_request("nope", Duration::from_secs(1), tx);
     let lease = answered_after_effects(&mut state, &store, lease, rx).await;
     assert!(lease.is_empty(), "unknown queue");
 
@@ -553,27 +508,33 @@ async fn every_reply_waits_until_its_message_effects_are_performed() {
 }
 
 #[tokio::test]
-async fn once_intake_stopped_a_lease_hands_its_pick_back_and_starts_nothing() {
+async fn once_intake_stopped_lessees_are_answered_empty_and_nothing_starts() {
     let store = Store::open_memory();
     let mut state = state_on("q", store.clone());
     let id = hot_job(&store, &mut state).await;
     drive(&mut state, &store, BrokerMsg::StopIntake, false).await;
-    let (tx, answer) = tokio::sync::oneshot::channel();
-    drive(&mut state, &store, lease_of(id, tx), false).await;
+    let (tx, answer) = oneshot::channel();
+    drive(&mut state, &store, lease_of(tx), false).await;
     assert!(answer.await.expect("answered").is_empty(), "nothing leased");
     assert_eq!(state.jobs.get(id).expect("held").state, State::Ready);
 }
 
-/// A state on a memory store whose one hot job was leased to a lessee already
-/// gone while the disk was full: an uncharged end is left to write.
+/// A state on a memory store whose one hot job was leased to a lessee that left
+/// before its answer, while the disk was full: an uncharged end is left to write.
 async fn abandoned_during_outage() -> (Store, BrokerState, JobId) {
     let store = Store::open_memory();
     let mut state = state_on("q", store.clone());
     let id = hot_job(&store, &mut state).await;
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (tx, rx) = oneshot::channel();
+    let effects = state.take(lease_of(tx), 3_000, Instant::now());
     drop(rx);
-    let lease = lease_of(id, tx);
-    drive(&mut state, &store, lease, true).await;
+    let (back, returned) = channel_back();
+    let full = StoreError::Full("test: the disk is full".into());
+    effects.perform_refused(&store, &back, &full);
+    store.run(|_| Ok(())).await.expect("store barrier");
+    for msg in returned.try_iter().collect::<Vec<_>>() {
+        drive(&mut state, &store, msg, true).await;
+    }
     assert!(!state.store_writable);
     assert_eq!(state.uncharged_ends.len(), 1);
     (store, state, id)
@@ -607,15 +568,10 @@ fn take_returned(
     }
 }
 
-/// A lease of job `id` of queue `q` for worker `w` of tenant `acme`, answered to
+/// A lessee's request for one job of queue `q`, waiting up to 5 s, answered to
 /// `reply`.
-fn lease_of(id: JobId, reply: tokio::sync::oneshot::Sender<Vec<LeasedJob>>) -> BrokerMsg {
-    BrokerMsg::Lease {
-        queue: Arc::from("q"),
-        picks: vec![(Arc::from("acme"), id)],
-        worker: "w".into(),
-        reply: reply.into(),
-    }
+fn lease_of(reply: oneshot::Sender<Vec<LeasedJob>>) -> BrokerMsg {
+    lease_request("q", Duration::from_secs(5), reply)
 }
 
 #[tokio::test]
@@ -684,7 +640,7 @@ async fn an_uncharged_end_waiting_behind_a_refused_write_of_its_job_is_still_wri
 }
 
 #[tokio::test]
-async fn a_parked_lease_served_when_a_cancel_commits_does_not_hand_out_the_cancelled_job() {
+async fn a_lessee_waiting_through_an_outage_is_not_handed_a_job_cancelled_as_writes_resume() {
     let store = Store::open_memory();
     let mut state = state_on("q", store.clone());
     let id = hot_job(&store, &mut state).await;
@@ -698,13 +654,12 @@ async fn a_parked_lease_served_when_a_cancel_commits_does_not_hand_out_the_cance
     )
     .await;
     assert!(!state.store_writable);
-    // A lessee asks for the job: parked.
-    let (tx, mut leased) = tokio::sync::oneshot::channel();
-    let lease = lease_of(id, tx);
-    let effects = state.take(lease, 3_000, Instant::now());
+    // A lessee asks for a job: nothing is picked while the store refuses writes.
+    let (tx, mut leased) = oneshot::channel();
+    let effects = state.take(lease_of(tx), 3_000, Instant::now());
     let (back, rx) = channel_back();
     effects.perform(&store, &back);
-    assert!(leased.try_recv().is_err(), "parked");
+    assert!(leased.try_recv().is_err(), "waits");
     // The disk has room again; the first write is the operator's cancel of that job.
     let cancel = state.take(cancel_of(id), 3_000, Instant::now());
     cancel.perform(&store, &back);
@@ -756,16 +711,19 @@ async fn tenants_whose_jobs_all_finished_cost_no_memory() {
 #[tokio::test]
 async fn a_throttled_nack_pauses_the_limiter_before_its_write_is_answered() {
     let store = Store::open_memory();
-    let mut state = state_on("q", store.clone());
+    let text = "[queues.q]\nexecutor = { kind = \"external\" }\nrate_limiter = \"r\"\n\n\
+                [rate_limiters.r]\nper_second = 1000\n";
+    let mut state = state_of(text, store.clone());
+    let limiter = state.limiters.get("r").expect("limiter");
     let id = hot_job(&store, &mut state).await;
-    let (tx, answer) = tokio::sync::oneshot::channel();
+    let (tx, answer) = oneshot::channel();
     let back: Back = Arc::new(|_| {});
     state
-        .take(lease_of(id, tx), 2_000, Instant::now())
+        .take(lease_of(tx), 2_000, Instant::now())
         .perform(&store, &back);
     let token = answer.await.expect("leased")[0].token;
 
-    let (tx, _nacked) = tokio::sync::oneshot::channel();
+    let (tx, _nacked) = oneshot::channel();
     let failure = Failure::Throttled {
         retry_after: Duration::from_secs(2),
         error: "429".into(),
@@ -775,24 +733,27 @@ async fn a_throttled_nack_pauses_the_limiter_before_its_write_is_answered() {
         3_000,
         Instant::now(),
     );
-    // The nack's answer comes from its write's completion: the Scheduler is told
-    // before that write is handed over.
-    assert!(effects.notify.throttle_pauses().is_empty());
-    let pauses = effects.ahead.throttle_pauses();
-    assert_eq!(pauses.len(), 1, "{pauses:?}");
-    assert!(pauses[0] >= Duration::from_secs(2), "{pauses:?}");
+    // The nack's answer comes from its write's completion: the limiter paused
+    // before that write is even handed over.
+    let paused = limiter.paused_until(Instant::now());
+    let until = paused.expect("paused");
+    assert!(
+        until >= Instant::now() + Duration::from_secs(1),
+        "{until:?}"
+    );
     let (back, rx) = channel_back();
     effects.perform(&store, &back);
     store.run(|_| Ok(())).await.expect("store barrier");
     for msg in rx.try_iter().collect::<Vec<_>>() {
-        let effects = state.take(msg, 3_100, Instant::now());
-        let later = [&effects.ahead, &effects.notify].map(|o| o.throttle_pauses());
-        assert!(
-            later.iter().all(Vec::is_empty),
-            "paused once, not again when the write settles"
-        );
-        effects.perform(&store, &back);
+        state
+            .take(msg, 3_100, Instant::now())
+            .perform(&store, &back);
     }
+    assert_eq!(
+        limiter.paused_until(Instant::now()),
+        paused,
+        "paused once, not again when the write settles"
+    );
     assert_eq!(state.jobs.get(id).expect("kept").attempts, 0, "not charged");
 }
 
@@ -823,4 +784,51 @@ fn a_batch_past_the_clusters_depth_names_its_first_item_past_the_limit() {
         matches!(refused.error, BrokerError::QueueFull { depth: 10, .. }),
         "{refused}"
     );
+}
+
+/// Handles `msg` and every message its effects' completions send back, until
+/// none is left; answers how many Broker messages that was.
+async fn count_messages(state: &mut BrokerState, store: &Store, msg: BrokerMsg) -> usize {
+    let (back, rx) = channel_back();
+    let mut next = vec![msg];
+    let mut taken = 0;
+    while !next.is_empty() {
+        for msg in next {
+            taken += 1;
+            state.take(msg, 3_000, Instant::now()).perform(store, &back);
+        }
+        store.run(|_| Ok(())).await.expect("store barrier");
+        next = rx.try_iter().collect();
+    }
+    taken
+}
+
+#[tokio::test]
+async fn one_external_job_costs_five_broker_messages() {
+    let store = Store::open_memory();
+    let mut state = state_on("q", store.clone());
+    load(&mut state, Vec::new());
+
+    let (tx, enqueued) = oneshot::channel();
+    let enqueue = BrokerMsg::Enqueue(request("q", Some("acme")), tx.into());
+    let n_enqueue = count_messages(&mut state, &store, enqueue).await;
+    let id = enqueued.await.expect("answered").expect("accepted").id;
+
+    let (tx, leased) = oneshot::channel();
+    let n_lease = count_messages(&mut state, &store, lease_of(tx)).await;
+    let leased = leased.await.expect("answered");
+    assert_eq!(leased.len(), 1, "the job is leased at once");
+    let token = leased[0].token;
+
+    let (tx, acked) = oneshot::channel();
+    let ack = BrokerMsg::Ack(id, token, tx.into());
+    let n_ack = count_messages(&mut state, &store, ack).await;
+    acked.await.expect("answered").expect("acked");
+
+    // Enqueue + Inserted, Lease (answered from memory: the payload is hot), Ack +
+    // Settle; the dispatch is the Broker's own state, so no other actor hears of it.
+    assert_eq!((n_enqueue, n_lease, n_ack), (2, 1, 2));
+    let d = state.dispatches.get("q").expect("dispatch");
+    assert_eq!((d.stats().ready, d.running("acme")), (0, 0));
+    assert!(state.jobs.get(id).is_none(), "finished");
 }
