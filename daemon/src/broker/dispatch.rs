@@ -175,6 +175,30 @@ impl Dispatch {
         }
     }
 
+    /// Takes a waiting job out of the order as leased outside a pick (an attempt an
+    /// earlier run left, recorded as interrupted): it counts as running for its
+    /// tenant until its lease ends, as a picked job does.
+    pub(crate) fn take(&mut self, tenant: &str, id: JobId, ready_at: UnixMillis) {
+        self.remove(tenant, id, ready_at);
+        self.fair.start_running(tenant);
+    }
+
+    /// While the store refuses writes nothing is picked, but time still passes:
+    /// due delayed jobs join the ready order, and a limiter retry time is dropped
+    /// (the next pick asks the limiter again), so no passed time keeps the Broker's
+    /// timer firing.
+    pub(crate) fn hold(&mut self, now: Instant) {
+        self.promote_due(now);
+        self.limiter_retry = None;
+    }
+
+    fn promote_due(&mut self, now: Instant) {
+        for (tenant, id, ready_at) in self.delayed.pop_due(now) {
+            let priority = self.delayed_priorities.remove(&id).unwrap_or(0);
+            self.fair.push_prioritized(tenant, id, ready_at, priority);
+        }
+    }
+
     /// A picked job of `tenant` ended after running `run` (zero: it was not leased
     /// after all), freeing its slot.
     pub(crate) fn finish(&mut self, tenant: &str, run: Duration) {
@@ -290,10 +314,7 @@ impl Dispatch {
     /// none is ready, every backlogged tenant is capped, the limiter says wait, or
     /// nobody waits. Each picked job counts as running for its tenant from here on.
     pub(crate) fn grants(&mut self, now: Instant) -> Vec<Grant> {
-        for (tenant, id, ready_at) in self.delayed.pop_due(now) {
-            let priority = self.delayed_priorities.remove(&id).unwrap_or(0);
-            self.fair.push_prioritized(tenant, id, ready_at, priority);
-        }
+        self.promote_due(now);
         self.waiters.retain(|w| !w.reply.is_closed());
         let mut grants = Vec::new();
         if self.paused || self.draining {
@@ -374,12 +395,13 @@ impl Dispatch {
     }
 
     /// When something here is next due: a delayed job, a waiter's deadline, or the
-    /// limiter's next token while jobs are ready and a lessee waits (with nobody
-    /// waiting a passed retry time would only wake the Broker again and again).
+    /// limiter's next token while jobs are ready, a lessee waits and the queue is
+    /// neither paused nor draining (otherwise nothing is picked, and a passed retry
+    /// time would only wake the Broker again and again).
     pub(crate) fn soonest(&self) -> Option<Instant> {
-        let limiter = self
-            .limiter_retry
-            .filter(|_| !self.fair.is_empty() && !self.waiters.is_empty());
+        let limiter = self.limiter_retry.filter(|_| {
+            !self.fair.is_empty() && !self.waiters.is_empty() && !self.paused && !self.draining
+        });
         [
             self.delayed.next_due(),
             self.waiters.iter().map(|w| w.deadline).min(),

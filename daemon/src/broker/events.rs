@@ -33,7 +33,10 @@ pub fn changed(d: &mut Dispatches, old: &Job, new: &Job, now: UnixMillis) {
     // Still waiting at another ready time (another node retried it): the entry
     // is found by the old time and queued again at the new one.
     let moved = waiting(old) && waiting(new) && old.ready_at != new.ready_at;
-    if waiting(old) && (new.state == State::Cancelled || moved) {
+    // Any way out of waiting takes the entry out (cancelled; or made dead or
+    // leased by a change read from the store); a pick already took it, and taking
+    // out what is not there does nothing.
+    if waiting(old) && (!waiting(new) || moved) {
         remove(d, old);
     }
     if waiting(new) && (!waiting(old) || moved) {

@@ -263,7 +263,11 @@ impl BrokerState {
         for queue in self.dispatches.names() {
             let grants = match self.dispatches.get_mut(&queue) {
                 Some(d) if self.store_writable => d.grants(mono),
-                _ => Vec::new(),
+                Some(d) => {
+                    d.hold(mono);
+                    Vec::new()
+                }
+                None => Vec::new(),
             };
             for grant in grants {
                 self.lease(&queue, grant.picks, grant.worker, grant.reply, now, mono);

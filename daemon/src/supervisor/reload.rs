@@ -116,6 +116,9 @@ impl SupervisorState {
         self.daemon.limits.replace_config(new);
         self.daemon.executors.replace(executors);
         self.daemon.limiters.sync(&self.daemon.limits);
+        // At once, not only after the queues stopped below: the Broker may already
+        // follow the new config, and a limiter it names exists only from here.
+        broker::cast(BrokerMsg::LimitsChanged);
         if let Some(tokens) = tokens {
             self.daemon.tokens.replace(tokens);
         }

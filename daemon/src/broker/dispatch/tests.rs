@@ -319,3 +319,40 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn while_the_store_refuses_writes_due_jobs_become_ready_and_no_passed_time_stays_due() {
+    let now = Instant::now();
+    let mut d = Dispatch::new(Fairness::Jobs, None);
+    let t: Arc<str> = Arc::from("t");
+    let id = JobId::new();
+    d.ready(t.clone(), id, WALL + 100, 0, WALL, now);
+    let _rx = enlist(&mut d, 1, Duration::from_secs(10), now);
+    let later = now + Duration::from_millis(100);
+    // The Broker holds instead of granting: the job is due, so it leaves the
+    // delayed heap, and only the lessee's deadline is still ahead.
+    d.hold(later);
+    let s = d.stats();
+    assert_eq!((s.ready, s.delayed), (1, 0));
+    assert_eq!(d.soonest(), Some(now + Duration::from_secs(10)));
+    assert!(d.soonest().is_some_and(|at| at > later));
+    // Writes resume: the next pass grants it.
+    assert_eq!(picked(&d.grants(later)), vec![id]);
+}
+
+#[test]
+fn a_job_taken_outside_a_pick_leaves_the_order_and_holds_a_slot() {
+    let now = Instant::now();
+    let mut d = Dispatch::new(Fairness::Jobs, None);
+    let t: Arc<str> = Arc::from("t");
+    let id = JobId::new();
+    d.ready(t.clone(), id, WALL - 10, 0, WALL, now);
+    d.take("t", id, WALL - 10);
+    assert_eq!((d.stats().ready, d.running("t")), (0, 1));
+    let _rx = enlist(&mut d, 1, Duration::from_secs(1), now);
+    assert!(d.grants(now).is_empty(), "it is in the order no more");
+    // Its attempt ends (recorded as interrupted) and it is ready once again.
+    d.finish("t", Duration::ZERO);
+    d.ready(t, id, WALL, 0, WALL, now);
+    assert_eq!(picked(&d.grants(now)), vec![id]);
+}

@@ -29,16 +29,22 @@ impl BrokerState {
             return;
         }
         for (id, reason) in attempts {
-            let ready = self
+            let waiting = self
                 .jobs
                 .get(id)
-                .is_some_and(|j| matches!(j.state, State::Ready | State::Delayed));
-            if !ready {
+                .filter(|j| matches!(j.state, State::Ready | State::Delayed))
+                .map(|j| (j.queue.clone(), j.tenant.clone(), j.ready_at));
+            let Some((queue, tenant, ready_at)) = waiting else {
                 info!(job = %id, "The job of an attempt an earlier run left is no longer waiting; no history entry added.");
                 continue;
-            }
+            };
             match self.lease_one(id, EARLIER_RUN, now) {
                 Ok((_, leased)) => {
+                    // Leased outside a pick: out of the ready order and running, so
+                    // the end of this attempt puts it back once, with its slot.
+                    if let Some(d) = self.dispatches.get_mut(&queue) {
+                        d.take(&tenant, id, ready_at);
+                    }
                     let failure = Failure::Interrupted { reason };
                     self.fail(id, leased.lease_seq, failure, None, now);
                 }
