@@ -20,7 +20,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::{Job, JobId, State, UnixMillis};
+use crate::job::{Job, JobId, Outcome, State, UnixMillis};
 
 /// The most parents one job may name.
 pub const MAX_PARENTS: usize = 1000;
@@ -419,6 +419,24 @@ impl Graph {
         }
         self.policy.remove(&id);
         self.counts.remove(&id);
+    }
+}
+
+/// The history line a child's settled change writes, the same on every engine:
+/// blocked by the parent that died (`blamed`), or released by an operator
+/// (`released_by`); `None` for a change that needs no line.
+pub(crate) fn settle_note(
+    next: State,
+    blamed: Option<JobId>,
+    released_by: Option<&str>,
+) -> Option<(Outcome, String)> {
+    match (next, blamed, released_by) {
+        (State::Blocked, Some(parent), _) => Some((
+            Outcome::Blocked,
+            format!("blocked: parent job {parent} died or was cancelled"),
+        )),
+        (_, _, Some(by)) => Some((Outcome::Released, format!("released by {by}"))),
+        _ => None,
     }
 }
 

@@ -23,7 +23,7 @@ use super::{
     ParentView, PruneScope, SqliteOptions, SqsQueueRecord, StoreError, history, sort_counts, space,
 };
 use crate::deps::{self, After, AfterError, AfterPolicy, Counts, Edge};
-use crate::job::{HistoryEntry, Job, JobId, Outcome, State, Token, Transition, UnixMillis};
+use crate::job::{HistoryEntry, Job, JobId, State, Token, Transition, UnixMillis};
 
 mod edges;
 mod prune;
@@ -829,15 +829,7 @@ impl SqliteBackend {
         if applied != 1 {
             return Ok(None);
         }
-        let detail = match (next.state, blamed, released_by) {
-            (State::Blocked, Some(parent), _) => Some((
-                Outcome::Blocked,
-                format!("blocked: parent job {parent} died or was cancelled"),
-            )),
-            (_, _, Some(by)) => Some((Outcome::Released, format!("released by {by}"))),
-            _ => None,
-        };
-        if let Some((outcome, detail)) = detail {
+        if let Some((outcome, detail)) = crate::deps::settle_note(next.state, blamed, released_by) {
             let entry = HistoryEntry {
                 attempt: job.attempts,
                 outcome,

@@ -30,7 +30,7 @@ use uuid::Uuid;
 
 use super::{JOB_COLUMNS, PgBackend, job_from_row_offset};
 use crate::deps::{self, After, AfterError, AfterPolicy, Counts, Edge};
-use crate::job::{HistoryEntry, Job, JobId, Outcome, State, UnixMillis};
+use crate::job::{HistoryEntry, Job, JobId, State, UnixMillis};
 use crate::store::{
     Backend, BlockedCounts, Edges, Inserted, NewRecord, ParentView, Released, StoreError,
 };
@@ -515,15 +515,7 @@ impl PgBackend {
             ready.push(next.as_ref().map(|n| n.ready_at));
             updated.push(next.as_ref().map(|n| n.updated_at));
             let Some(next) = next else { continue };
-            let detail = match (next.state, blamed, released_by) {
-                (State::Blocked, Some(parent), _) => Some((
-                    Outcome::Blocked,
-                    format!("blocked: parent job {parent} died or was cancelled"),
-                )),
-                (_, _, Some(by)) => Some((Outcome::Released, format!("released by {by}"))),
-                _ => None,
-            };
-            if let Some((outcome, detail)) = detail {
+            if let Some((outcome, detail)) = deps::settle_note(next.state, blamed, released_by) {
                 history.push((
                     id.0,
                     HistoryEntry {
