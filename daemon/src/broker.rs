@@ -16,8 +16,7 @@
 //! by messages; after every message the waiting lessees are served from it. One
 //! timer serves both: the soonest lease deadline, delayed job, poll end or limiter
 //! token. An external worker's job (HTTP enqueue, lease, ack) costs five Broker
-//! messages: `Enqueue`, `Inserted`, `Lease`, `Ack`, `Settle` (eight when a
-//! per-queue Scheduler actor held a copy of the ready jobs).
+//! messages: `Enqueue`, `Inserted`, `Lease`, `Ack`, `Settle`.
 //!
 //! Messages: [`BrokerMsg`] — enqueue and batch enqueue (from the API and the admin
 //! socket), lease (from Workers, the HTTP lease API and SQS receive, through

@@ -646,7 +646,7 @@ fn two_nodes_claiming_one_capped_tenant_never_exceed_its_cap_together() {
                 while done.load(std::sync::atomic::Ordering::SeqCst) < JOBS as usize {
                     assert!(std::time::Instant::now() < deadline, "node {name} stalled");
                     // Each node claims four of the tenant's oldest claimable jobs at a
-                    // time, a in order and b from the back, as two Schedulers would.
+                    // time, a in order and b from the back, as two nodes' Brokers would.
                     let caps = caps.clone();
                     let held = block(&store, move |st| {
                         let shared = st.shared().expect("shared");
